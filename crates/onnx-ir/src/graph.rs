@@ -1,0 +1,454 @@
+//! The graph: nodes, inputs, outputs, initialisers and the type of every value.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+
+use crate::{ops, DType, Dim, IrError, Shape, Tensor, ValueType};
+
+/// A named value in a graph (a graph input, an initialiser or a node output).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Value(String);
+
+impl Value {
+    /// A handle for the value named `name`.
+    pub fn named(name: impl Into<String>) -> Self {
+        Value(name.into())
+    }
+
+    /// The value's name.
+    pub fn name(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// An attribute value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Attribute {
+    /// An integer.
+    Int(i64),
+    /// A float.
+    Float(f32),
+    /// Integers.
+    Ints(Vec<i64>),
+    /// Floats.
+    Floats(Vec<f32>),
+    /// A string.
+    Str(String),
+    /// A tensor (the `value` of `Constant`).
+    Tensor(Tensor),
+}
+
+/// One operator application.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    /// Unique node name.
+    pub name: String,
+    /// Operator type (`MatMul`).
+    pub op_type: String,
+    /// Operator domain (`""` for the standard one, `com.microsoft`, ...).
+    pub domain: String,
+    /// Input value names; `""` marks an absent optional input.
+    pub inputs: Vec<String>,
+    /// Output value names; `""` marks an unused optional output.
+    pub outputs: Vec<String>,
+    /// Attributes by name.
+    pub attributes: BTreeMap<String, Attribute>,
+}
+
+impl Node {
+    /// An integer attribute.
+    pub fn int(&self, name: &str) -> Option<i64> {
+        match self.attributes.get(name) {
+            Some(Attribute::Int(v)) => Some(*v),
+            _ => None,
+        }
+    }
+
+    /// A float attribute.
+    pub fn float(&self, name: &str) -> Option<f32> {
+        match self.attributes.get(name) {
+            Some(Attribute::Float(v)) => Some(*v),
+            _ => None,
+        }
+    }
+
+    /// An integer-list attribute.
+    pub fn ints(&self, name: &str) -> Option<&[i64]> {
+        match self.attributes.get(name) {
+            Some(Attribute::Ints(v)) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// A string attribute.
+    pub fn string(&self, name: &str) -> Option<&str> {
+        match self.attributes.get(name) {
+            Some(Attribute::Str(v)) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The `i`-th input, when present.
+    pub fn input(&self, i: usize) -> Option<&str> {
+        self.inputs.get(i).map(String::as_str).filter(|s| !s.is_empty())
+    }
+}
+
+/// A graph under construction or finished: nodes in topological order, typed values.
+#[derive(Debug, Clone, Default)]
+pub struct Graph {
+    /// Graph name.
+    pub name: String,
+    /// Nodes, each after the producers of its inputs.
+    pub nodes: Vec<Node>,
+    /// Graph input names, in order.
+    pub inputs: Vec<String>,
+    /// Graph output names, in order.
+    pub outputs: Vec<String>,
+    /// Initialisers (constant tensors stored in the model), by name, in insertion order.
+    pub initializers: Vec<(String, Tensor)>,
+    /// Extra operator domains used, with their versions (`com.microsoft` = 1).
+    pub domains: BTreeMap<String, i64>,
+    types: HashMap<String, ValueType>,
+    constants: HashMap<String, Tensor>,
+    sym_values: HashMap<String, Vec<Dim>>,
+    constant_cache: HashMap<(DType, Vec<i64>, Vec<u8>), String>,
+    producers: HashMap<String, usize>,
+    scope: Vec<String>,
+    counter: usize,
+}
+
+/// Arguments of one node, before it is added.
+#[derive(Debug, Clone, Default)]
+pub struct NodeSpec<'a> {
+    /// Operator type.
+    pub op_type: &'a str,
+    /// Domain (`""` for standard ONNX).
+    pub domain: &'a str,
+    /// Inputs; `None` for an absent optional input.
+    pub inputs: Vec<Option<&'a Value>>,
+    /// Attributes.
+    pub attributes: Vec<(&'a str, Attribute)>,
+    /// How many outputs to create.
+    pub outputs: usize,
+}
+
+impl Graph {
+    /// An empty graph.
+    pub fn new(name: &str) -> Self {
+        Graph { name: name.to_string(), ..Graph::default() }
+    }
+
+    /// The type of a value, when known.
+    pub fn value_type(&self, value: &Value) -> Result<&ValueType, IrError> {
+        self.type_of(value.name())
+    }
+
+    pub(crate) fn type_of(&self, name: &str) -> Result<&ValueType, IrError> {
+        self.types.get(name).ok_or_else(|| IrError::UnknownValue(name.to_string()))
+    }
+
+    /// Shape of a value of known rank.
+    pub fn shape(&self, value: &Value) -> Result<&Shape, IrError> {
+        self.value_type(value)?.shape.as_ref().ok_or_else(|| IrError::UnknownRank(value.name().to_string()))
+    }
+
+    /// Rank of a value, when known.
+    pub fn rank_of(&self, value: &Value) -> Option<usize> {
+        self.types.get(value.name()).and_then(ValueType::rank)
+    }
+
+    /// Element type of a value.
+    pub fn dtype(&self, value: &Value) -> Result<DType, IrError> {
+        Ok(self.value_type(value)?.dtype)
+    }
+
+    /// The constant data of a value (an initialiser or a `Constant` node output), when it has one.
+    pub fn constant_value(&self, name: &str) -> Option<&Tensor> {
+        self.constants.get(name)
+    }
+
+    /// The value of a small integer tensor as dimensions, when known before running: constants,
+    /// and shapes of values (`Shape`, and what `Gather`, `Slice`, `Concat` make of them).
+    pub fn sym_value(&self, name: &str) -> Option<Vec<Dim>> {
+        if let Some(v) = self.sym_values.get(name) {
+            return Some(v.clone());
+        }
+        let t = self.constants.get(name)?;
+        (t.dims.len() <= 1).then(|| t.as_i64s().map(|v| v.into_iter().map(Dim::Known).collect()))?
+    }
+
+    /// A `Constant` node holding `tensor`, shared with any earlier identical constant.
+    pub fn constant(&mut self, tensor: Tensor) -> Result<Value, IrError> {
+        let key = (tensor.dtype, tensor.dims.clone(), tensor.data.clone());
+        if let Some(name) = self.constant_cache.get(&key) {
+            return Ok(Value::named(name.as_str()));
+        }
+        let name = self.fresh_name("const");
+        let node = Node {
+            name: format!("{name}_node"),
+            op_type: "Constant".into(),
+            domain: String::new(),
+            inputs: vec![],
+            outputs: vec![name.clone()],
+            attributes: [("value".to_string(), Attribute::Tensor(tensor))].into_iter().collect(),
+        };
+        self.push_node(node)?;
+        self.constant_cache.insert(key, name.clone());
+        Ok(Value::named(name))
+    }
+
+    /// An `i64` vector constant (shapes, axes).
+    pub fn const_i64(&mut self, values: &[i64]) -> Result<Value, IrError> {
+        self.constant(Tensor::from_i64(&[values.len() as i64], values))
+    }
+
+    /// A scalar constant of a floating type.
+    pub fn scalar(&mut self, dtype: DType, value: f64) -> Result<Value, IrError> {
+        self.constant(Tensor::scalar_float(dtype, value))
+    }
+
+    /// The node that produces `name`, when a node does.
+    pub fn producer(&self, name: &str) -> Option<&Node> {
+        self.producers.get(name).map(|&i| &self.nodes[i])
+    }
+
+    /// Whether `name` is defined (input, initialiser or node output).
+    pub fn has_value(&self, name: &str) -> bool {
+        self.types.contains_key(name)
+    }
+
+    /// Prefixes the names of values and nodes created until [`Graph::pop_scope`].
+    pub fn push_scope(&mut self, scope: &str) {
+        self.scope.push(scope.to_string());
+    }
+
+    /// Ends the innermost scope.
+    pub fn pop_scope(&mut self) {
+        self.scope.pop();
+    }
+
+    /// A name not used yet, under the current scope.
+    pub fn fresh_name(&mut self, hint: &str) -> String {
+        loop {
+            self.counter += 1;
+            let mut name = self.scope.join("/");
+            if !name.is_empty() {
+                name.push('/');
+            }
+            name.push_str(&format!("{hint}_{}", self.counter));
+            if !self.types.contains_key(&name) && !self.producers.contains_key(&name) {
+                return name;
+            }
+        }
+    }
+
+    /// Declares a graph input.
+    pub fn input(&mut self, name: &str, dtype: DType, shape: Shape) -> Result<Value, IrError> {
+        self.define(name, ValueType::new(dtype, shape))?;
+        self.inputs.push(name.to_string());
+        Ok(Value::named(name))
+    }
+
+    /// Adds an initialiser (a constant stored in the model).
+    pub fn initializer(&mut self, name: &str, tensor: Tensor) -> Result<Value, IrError> {
+        let ty = ValueType::new(tensor.dtype, tensor.dims.iter().map(|&d| d.into()).collect());
+        self.define(name, ty)?;
+        self.constants.insert(name.to_string(), tensor.clone());
+        self.initializers.push((name.to_string(), tensor));
+        Ok(Value::named(name))
+    }
+
+    /// Marks a value as a graph output.
+    pub fn output(&mut self, value: &Value) -> Result<(), IrError> {
+        self.type_of(value.name())?;
+        if self.outputs.iter().any(|o| o == value.name()) {
+            return Err(IrError::Duplicate(value.name().to_string()));
+        }
+        self.outputs.push(value.name().to_string());
+        Ok(())
+    }
+
+    /// Marks a value as a graph output under a new name (through an `Identity` when renamed).
+    pub fn output_as(&mut self, value: &Value, name: &str) -> Result<Value, IrError> {
+        let out = if value.name() == name {
+            value.clone()
+        } else {
+            let id = self.add_named(
+                NodeSpec { op_type: "Identity", inputs: vec![Some(value)], outputs: 1, ..NodeSpec::default() },
+                &[name],
+            )?;
+            id.into_iter().next().ok_or_else(|| IrError::Invalid("Identity made no output".into()))?
+        };
+        self.output(&out)?;
+        Ok(out)
+    }
+
+    fn define(&mut self, name: &str, ty: ValueType) -> Result<(), IrError> {
+        if name.is_empty() {
+            return Err(IrError::Invalid("a value needs a non-empty name".into()));
+        }
+        if self.types.contains_key(name) {
+            return Err(IrError::Duplicate(name.to_string()));
+        }
+        self.types.insert(name.to_string(), ty);
+        Ok(())
+    }
+
+    /// Adds a node with fresh output names; infers and records the output types.
+    pub fn node(&mut self, spec: NodeSpec<'_>) -> Result<Vec<Value>, IrError> {
+        let hint = spec.op_type.to_ascii_lowercase();
+        let names: Vec<String> = (0..spec.outputs).map(|_| self.fresh_name(&hint)).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        self.add_named(spec, &refs)
+    }
+
+    /// Adds a node whose outputs get the given names (`""` for an unused optional output).
+    pub fn add_named(&mut self, spec: NodeSpec<'_>, output_names: &[&str]) -> Result<Vec<Value>, IrError> {
+        let node_name = self.fresh_name(spec.op_type);
+        let node = Node {
+            name: node_name,
+            op_type: spec.op_type.to_string(),
+            domain: spec.domain.to_string(),
+            inputs: spec.inputs.iter().map(|v| v.map(|v| v.name().to_string()).unwrap_or_default()).collect(),
+            outputs: output_names.iter().map(|s| s.to_string()).collect(),
+            attributes: spec.attributes.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+        };
+        self.push_node(node)
+    }
+
+    /// Appends a fully formed node (inputs must already be defined), inferring its output types.
+    pub fn push_node(&mut self, node: Node) -> Result<Vec<Value>, IrError> {
+        for input in node.inputs.iter().filter(|i| !i.is_empty()) {
+            if !self.types.contains_key(input) {
+                return Err(IrError::UndefinedInput { node: node.name.clone(), input: input.clone() });
+            }
+        }
+        let inferred = ops::infer(self, &node).map_err(|reason| IrError::Shape {
+            node: node.name.clone(),
+            op: node.op_type.clone(),
+            reason,
+        })?;
+        let types = inferred.types;
+        if types.len() < node.outputs.iter().filter(|o| !o.is_empty()).count() {
+            return Err(IrError::Invalid(format!(
+                "node {} ({}) has more outputs than the operator makes",
+                node.name, node.op_type
+            )));
+        }
+        let mut outputs = Vec::new();
+        for (name, ty) in node.outputs.iter().zip(types) {
+            if name.is_empty() {
+                continue;
+            }
+            self.define(name, ty)?;
+            self.producers.insert(name.clone(), self.nodes.len());
+            outputs.push(Value::named(name.as_str()));
+        }
+        if let (Some(dims), Some(first)) = (inferred.sym_value, node.outputs.first()) {
+            self.sym_values.insert(first.clone(), dims);
+        }
+        if node.op_type == "Constant" {
+            if let Some(Attribute::Tensor(t)) = node.attributes.get("value") {
+                self.constants.insert(node.outputs[0].clone(), t.clone());
+            }
+        }
+        if !node.domain.is_empty() {
+            self.domains.entry(node.domain.clone()).or_insert(1);
+        }
+        self.nodes.push(node);
+        Ok(outputs)
+    }
+
+    /// Checks the graph: names unique, every input defined before use, outputs defined.
+    pub fn validate(&self) -> Result<(), IrError> {
+        let mut defined: HashSet<&str> = HashSet::new();
+        for name in self.inputs.iter().chain(self.initializers.iter().map(|(n, _)| n)) {
+            if !defined.insert(name) && !self.inputs.contains(name) {
+                return Err(IrError::Duplicate(name.clone()));
+            }
+        }
+        let mut node_names = HashSet::new();
+        for node in &self.nodes {
+            if !node_names.insert(node.name.as_str()) {
+                return Err(IrError::Duplicate(node.name.clone()));
+            }
+            for input in node.inputs.iter().filter(|i| !i.is_empty()) {
+                if !defined.contains(input.as_str()) {
+                    return Err(IrError::UndefinedInput { node: node.name.clone(), input: input.clone() });
+                }
+            }
+            for output in node.outputs.iter().filter(|o| !o.is_empty()) {
+                if !defined.insert(output) {
+                    return Err(IrError::Duplicate(output.clone()));
+                }
+            }
+        }
+        for output in &self.outputs {
+            if !defined.contains(output.as_str()) {
+                return Err(IrError::UnknownValue(output.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes nodes whose outputs reach no graph output, and initialisers nobody reads.
+    pub fn prune(&mut self) {
+        let mut live: HashSet<String> = self.outputs.iter().cloned().collect();
+        let mut keep = vec![false; self.nodes.len()];
+        for (i, node) in self.nodes.iter().enumerate().rev() {
+            if node.outputs.iter().any(|o| live.contains(o)) {
+                keep[i] = true;
+                live.extend(node.inputs.iter().filter(|s| !s.is_empty()).cloned());
+            }
+        }
+        let mut index = 0;
+        self.nodes.retain(|_| {
+            index += 1;
+            keep[index - 1]
+        });
+        self.initializers.retain(|(name, _)| live.contains(name));
+        self.producers =
+            self.nodes.iter().enumerate().flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.clone(), i))).collect();
+    }
+
+    /// Every value's recorded type (for passes that rebuild graphs).
+    pub fn types(&self) -> &HashMap<String, ValueType> {
+        &self.types
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{shape, Dim};
+
+    #[test]
+    fn builds_validates_and_prunes() {
+        let mut g = Graph::new("t");
+        let x = g.input("x", DType::F32, shape(&[Dim::sym("batch"), Dim::Known(4)])).expect("x");
+        let y = g.relu(&x).expect("relu");
+        let unused = g.neg(&x).expect("neg");
+        g.output(&y).expect("output");
+        g.validate().expect("valid");
+        assert_eq!(g.nodes.len(), 2);
+        g.prune();
+        assert_eq!(g.nodes.len(), 1);
+        assert!(g.producer(unused.name()).is_none());
+        assert!(matches!(g.input("x", DType::F32, vec![]), Err(IrError::Duplicate(_))));
+    }
+
+    #[test]
+    fn undefined_inputs_are_named() {
+        let mut g = Graph::new("t");
+        let ghost = Value::named("ghost");
+        let err = g.relu(&ghost).expect_err("undefined");
+        assert!(err.to_string().contains("ghost"), "{err}");
+    }
+}

@@ -1,0 +1,39 @@
+//! The only crate that talks to ONNX Runtime (through `ort`).
+//!
+//! Owns: finding and loading the ONNX Runtime library (`RINGTUNE_ORT_LIB`, else `ORT_DYLIB_PATH`,
+//! else the cache folder that `just setup` fills), the one ORT environment of the process,
+//! sessions with the options training needs (threads, graph optimisation, arena, execution
+//! provider), running them on borrowed tensors, and binding flat `f32` buffers to a session so
+//! that parameters go in and gradients come out without a copy per step.
+//!
+//! Does not own: building graphs (`onnx-ir`, `bert`, `autodiff`) or deciding what the buffers
+//! hold (the parameter layout lives in `bert`).
+//!
+//! ```
+//! use runtime::{FlatBuffer, SessionOptions, Provider};
+//! let mut buf = FlatBuffer::zeros(10);
+//! buf[3] = 1.5;
+//! assert_eq!(buf.as_ptr() as usize % 64, 0);
+//! assert_eq!(buf.iter().sum::<f32>(), 1.5);
+//! let opts = SessionOptions { threads: 2, ..SessionOptions::default() };
+//! assert_eq!(opts.provider, Provider::Cpu);
+//! ```
+
+mod binding;
+mod cpu;
+mod error;
+mod flat;
+mod library;
+mod session;
+mod tensor;
+
+pub use binding::{BoundTensor, FlatBinding};
+pub use cpu::CpuFeatures;
+pub use error::RuntimeError;
+pub use flat::FlatBuffer;
+pub use library::{default_library_path, LibraryChoice, Runtime, ORT_VERSION};
+pub use session::{GraphOptimization, Provider, Session, SessionOptions};
+pub use tensor::{OwnedTensor, TensorData, TensorView};
+
+/// Result with this crate's error.
+pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;

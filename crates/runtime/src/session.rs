@@ -1,0 +1,278 @@
+//! Sessions: options, execution providers, running on borrowed tensors.
+
+use std::borrow::Cow;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use ort::ep::{self, ExecutionProviderDispatch};
+use ort::session::builder::{GraphOptimizationLevel, SessionBuilder};
+use ort::session::{OutputSelector, RunOptions, SessionInputValue};
+
+use crate::{OwnedTensor, Result, Runtime, RuntimeError, TensorView};
+
+const CPU: &str = "CPUExecutionProvider";
+const DNNL: &str = "DnnlExecutionProvider";
+const OPENVINO: &str = "OpenVINOExecutionProvider";
+
+/// Which execution provider runs the graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Provider {
+    /// ONNX Runtime's own CPU kernels (MLAS).
+    #[default]
+    Cpu,
+    /// The oneDNN (DNNL) provider, in builds that have it.
+    OneDnn,
+    /// The OpenVINO provider, in builds that have it.
+    OpenVino,
+    /// The best provider the library has (OpenVINO, then oneDNN, then CPU).
+    Auto,
+}
+
+impl Provider {
+    fn ort_name(self) -> &'static str {
+        match self {
+            Provider::Cpu | Provider::Auto => CPU,
+            Provider::OneDnn => DNNL,
+            Provider::OpenVino => OPENVINO,
+        }
+    }
+}
+
+impl FromStr for Provider {
+    type Err = RuntimeError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "cpu" | "mlas" => Ok(Provider::Cpu),
+            "onednn" | "dnnl" => Ok(Provider::OneDnn),
+            "openvino" => Ok(Provider::OpenVino),
+            "auto" => Ok(Provider::Auto),
+            _ => Err(RuntimeError::UnknownProvider(s.to_string())),
+        }
+    }
+}
+
+impl std::fmt::Display for Provider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Provider::Cpu => "cpu",
+            Provider::OneDnn => "onednn",
+            Provider::OpenVino => "openvino",
+            Provider::Auto => "auto",
+        })
+    }
+}
+
+/// How much ONNX Runtime rewrites the graph before running it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GraphOptimization {
+    /// Run the graph as built.
+    Disable,
+    /// Constant folding and redundancy removal.
+    Basic,
+    /// Plus fusions (Gelu, LayerNorm, MatMul+Transpose, ...).
+    Extended,
+    /// Everything, including layout changes.
+    #[default]
+    All,
+}
+
+/// Options for a session.
+#[derive(Debug, Clone)]
+pub struct SessionOptions {
+    /// Intra-op threads (0: ONNX Runtime's default, one per core).
+    pub threads: usize,
+    /// Graph optimisation level.
+    pub optimization: GraphOptimization,
+    /// Whether the CPU memory arena is on.
+    pub arena: bool,
+    /// Whether idle intra-op threads spin (faster steps, but they steal a core from other work).
+    pub spinning: bool,
+    /// The execution provider.
+    pub provider: Provider,
+    /// Writes ONNX Runtime's profile (JSON) with this file prefix.
+    pub profile: Option<PathBuf>,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions {
+            threads: 0,
+            optimization: GraphOptimization::All,
+            arena: true,
+            spinning: true,
+            provider: Provider::Cpu,
+            profile: None,
+        }
+    }
+}
+
+/// A graph loaded into ONNX Runtime.
+pub struct Session {
+    pub(crate) inner: ort::session::Session,
+    provider: &'static str,
+    inputs: Vec<String>,
+    outputs: Vec<String>,
+}
+
+impl Session {
+    /// Loads the ONNX model `model` (serialised `ModelProto`) with `options`.
+    pub fn from_bytes(runtime: &Runtime, model: &[u8], options: &SessionOptions) -> Result<Self> {
+        let (builder, provider) = configure(runtime, options)?;
+        let mut builder = builder;
+        let inner =
+            builder.commit_from_memory(model).map_err(RuntimeError::ort("loading the model into ONNX Runtime"))?;
+        let inputs = inner.inputs().iter().map(|o| o.name().to_string()).collect();
+        let outputs = inner.outputs().iter().map(|o| o.name().to_string()).collect();
+        Ok(Session { inner, provider, inputs, outputs })
+    }
+
+    /// The graph's input names, in order.
+    pub fn input_names(&self) -> &[String] {
+        &self.inputs
+    }
+
+    /// The graph's output names, in order.
+    pub fn output_names(&self) -> &[String] {
+        &self.outputs
+    }
+
+    /// The execution provider the session was built with (`CPUExecutionProvider`, ...).
+    pub fn provider(&self) -> &str {
+        self.provider
+    }
+
+    /// Runs the graph on borrowed `inputs` (no copy) and returns copies of the named `outputs`
+    /// (every output when `outputs` is empty).
+    pub fn run(&mut self, inputs: &[(&str, TensorView<'_>)], outputs: &[&str]) -> Result<Vec<OwnedTensor>> {
+        let feeds = inputs
+            .iter()
+            .map(|(name, view)| Ok((Cow::Borrowed(*name), view.to_ort(name)?)))
+            .collect::<Result<Vec<(Cow<'_, str>, SessionInputValue<'_>)>>>()?;
+        let wanted: Vec<String> = if outputs.is_empty() {
+            self.outputs.clone()
+        } else {
+            for name in outputs {
+                if !self.outputs.iter().any(|o| o == name) {
+                    return Err(RuntimeError::Binding(format!(
+                        "the graph has no output `{name}`; it has: {}",
+                        self.outputs.join(", ")
+                    )));
+                }
+            }
+            outputs.iter().map(|s| s.to_string()).collect()
+        };
+        let selector = wanted.iter().fold(OutputSelector::no_default(), |sel, name| sel.with(name.as_str()));
+        let options = RunOptions::new().map_err(RuntimeError::ort("creating run options"))?.with_outputs(selector);
+        let results = self.inner.run_with_options(feeds, &options).map_err(RuntimeError::ort("running the graph"))?;
+        wanted
+            .iter()
+            .map(|name| {
+                let value = results
+                    .get(name.as_str())
+                    .ok_or_else(|| RuntimeError::Binding(format!("ONNX Runtime returned no `{name}`")))?;
+                OwnedTensor::from_ort(name, value)
+            })
+            .collect()
+    }
+
+    /// Ends profiling and returns the profile file, when profiling was on.
+    pub fn end_profiling(&mut self) -> Result<String> {
+        self.inner.end_profiling().map_err(RuntimeError::ort("ending the profile"))
+    }
+}
+
+fn configure(runtime: &Runtime, options: &SessionOptions) -> Result<(SessionBuilder, &'static str)> {
+    let context = "configuring the session";
+    let level = match options.optimization {
+        GraphOptimization::Disable => GraphOptimizationLevel::Disable,
+        GraphOptimization::Basic => GraphOptimizationLevel::Level1,
+        GraphOptimization::Extended => GraphOptimizationLevel::Level2,
+        GraphOptimization::All => GraphOptimizationLevel::All,
+    };
+    let provider = choose_provider(runtime, options.provider)?;
+    let dispatch: ExecutionProviderDispatch = match provider {
+        DNNL => ep::OneDNN::default().with_arena_allocator(options.arena).build(),
+        OPENVINO => ep::OpenVINO::default().with_device_type("CPU").build(),
+        _ => ep::CPU::default().with_arena_allocator(options.arena).build(),
+    };
+    let mut builder = ort::session::Session::builder(&runtime.env)
+        .map_err(RuntimeError::ort(context))?
+        .with_optimization_level(level)
+        .map_err(RuntimeError::ort(context))?
+        .with_intra_threads(options.threads)
+        .map_err(RuntimeError::ort(context))?
+        .with_intra_op_spinning(options.spinning)
+        .map_err(RuntimeError::ort(context))?
+        .with_execution_providers([dispatch.error_on_failure()])
+        .map_err(RuntimeError::ort(format!("registering {provider}")))?;
+    if provider != CPU {
+        // Nodes the provider does not take fall back to the CPU provider; keep its arena setting.
+        builder = builder
+            .with_execution_providers([ep::CPU::default().with_arena_allocator(options.arena).build()])
+            .map_err(RuntimeError::ort(context))?;
+    }
+    if let Some(prefix) = &options.profile {
+        builder = builder.with_profiling(prefix).map_err(RuntimeError::ort(context))?;
+    }
+    Ok((builder, provider))
+}
+
+/// The ONNX Runtime name of the provider to use, or an error listing what the library has.
+fn choose_provider(runtime: &Runtime, wanted: Provider) -> Result<&'static str> {
+    let has = |name: &str| runtime.providers().iter().any(|p| p == name);
+    if wanted == Provider::Auto {
+        let best = [OPENVINO, DNNL].into_iter().find(|p| has(p)).unwrap_or(CPU);
+        tracing::info!(provider = best, "execution provider chosen automatically");
+        return Ok(best);
+    }
+    let name = wanted.ort_name();
+    if has(name) {
+        Ok(name)
+    } else {
+        Err(RuntimeError::ProviderUnavailable {
+            requested: wanted.to_string(),
+            library: runtime.library().to_path_buf(),
+            available: runtime.providers().to_vec(),
+        })
+    }
+}
+
+/// Every execution provider the loaded library offers, through `GetAvailableProviders`.
+#[allow(unsafe_code)]
+pub(crate) fn available_providers() -> Result<Vec<String>> {
+    use std::ffi::{c_char, c_int, CStr};
+    let api = ort::api();
+    let mut names: *mut *mut c_char = std::ptr::null_mut();
+    let mut count: c_int = 0;
+    // SAFETY: ONNX Runtime fills `names` with `count` NUL-terminated strings, which we copy
+    // before handing them back with ReleaseAvailableProviders.
+    let status = unsafe { (api.GetAvailableProviders)(&mut names, &mut count) };
+    // SAFETY: `status` comes straight from the call above.
+    unsafe { ort::Error::result_from_status(status) }.map_err(RuntimeError::ort("listing execution providers"))?;
+    if names.is_null() {
+        return Ok(Vec::new());
+    }
+    let providers = (0..count.max(0) as usize)
+        // SAFETY: index below `count`, each entry a valid C string (see above).
+        .map(|i| unsafe { CStr::from_ptr(*names.add(i)) }.to_string_lossy().into_owned())
+        .collect();
+    // SAFETY: releases exactly what GetAvailableProviders allocated.
+    let status = unsafe { (api.ReleaseAvailableProviders)(names, count) };
+    // SAFETY: as above.
+    unsafe { ort::Error::result_from_status(status) }.map_err(RuntimeError::ort("listing execution providers"))?;
+    Ok(providers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn provider_names_parse() {
+        assert_eq!("CPU".parse::<Provider>().expect("cpu"), Provider::Cpu);
+        assert_eq!("onednn".parse::<Provider>().expect("onednn"), Provider::OneDnn);
+        assert_eq!("auto".parse::<Provider>().expect("auto"), Provider::Auto);
+        let err = "cuda".parse::<Provider>().expect_err("cuda");
+        assert!(err.to_string().contains("cpu, onednn, openvino, auto"));
+    }
+}

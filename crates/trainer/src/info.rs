@@ -1,0 +1,46 @@
+//! `ringtune info`: what this machine and the loaded ONNX Runtime offer.
+
+use std::fmt;
+
+use runtime::{default_library_path, CpuFeatures, Runtime};
+
+/// Everything `ringtune info` prints.
+pub struct Report {
+    /// The ONNX Runtime library, its version and providers, or why it did not load.
+    pub runtime: Result<(String, String, Vec<String>), String>,
+    /// CPU features.
+    pub cpu: CpuFeatures,
+}
+
+impl Report {
+    /// Loads ONNX Runtime (from the usual places) and reads the CPU's features.
+    pub fn gather() -> Self {
+        let runtime = Runtime::get()
+            .map(|rt| (rt.library().display().to_string(), rt.version().to_string(), rt.providers().to_vec()))
+            .map_err(|e| e.to_string());
+        Report { runtime, cpu: CpuFeatures::detect() }
+    }
+
+    /// The CPU part only (for contexts where loading ONNX Runtime is not wanted).
+    pub fn gather_without_runtime() -> Self {
+        Report {
+            runtime: Err(format!("not loaded (would load {})", default_library_path().path.display())),
+            cpu: CpuFeatures::detect(),
+        }
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.runtime {
+            Ok((library, version, providers)) => {
+                writeln!(f, "ONNX Runtime   {version}")?;
+                writeln!(f, "library        {library}")?;
+                writeln!(f, "providers      {}", providers.join(", "))?;
+            }
+            Err(e) => writeln!(f, "ONNX Runtime   {e}")?,
+        }
+        writeln!(f, "CPU            {}", self.cpu)?;
+        writeln!(f, "threads        {}", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+    }
+}

@@ -1,0 +1,14 @@
+//! The training loop, evaluation, checkpoints, metrics and the `ringtune` command line.
+//!
+//! Owns: everything a training run does from the outside (configuration, progress, metrics,
+//! checkpoints, outputs); it wires the other crates together.
+//!
+//! Does not own: the model graph (`bert`), gradients (`autodiff`), ONNX Runtime (`runtime`),
+//! the optimizer (`optim`) or the network (`collective`, `quic`).
+//!
+//! ```
+//! let report = trainer::info::Report::gather_without_runtime();
+//! assert!(report.to_string().contains("AVX-512"));
+//! ```
+
+pub mod info;
