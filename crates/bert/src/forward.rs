@@ -1,0 +1,245 @@
+//! The forward graph of BERT for sequence classification, exact to Hugging Face's
+//! `BertForSequenceClassification`.
+//!
+//! Hidden states run as 2-D `[batch*seq, hidden]` so that every dense layer is one `Gemm` with
+//! `transB` (Hugging Face stores weights as `[out, in]`): no transposed weight copies, and the
+//! backward pass is plain `Gemm`s too. Only attention goes to 4-D and back.
+
+use onnx_ir::{shape, DType, Dim, Graph, Tensor, Value};
+
+use crate::{ModelConfig, ModelError, ParamLayout};
+
+/// Graph input names of a batch.
+pub const INPUT_IDS: &str = "input_ids";
+/// Token types (segment ids).
+pub const TOKEN_TYPE_IDS: &str = "token_type_ids";
+/// 1 for real tokens, 0 for padding.
+pub const ATTENTION_MASK: &str = "attention_mask";
+/// Class labels.
+pub const LABELS: &str = "labels";
+/// Graph output: `[batch, num_labels]` scores.
+pub const LOGITS: &str = "logits";
+/// Graph output: mean cross-entropy.
+pub const LOSS: &str = "loss";
+
+/// Where the parameters come from.
+#[derive(Debug, Clone, Copy)]
+pub enum Params<'a> {
+    /// Graph inputs named as the layout names them (training: the trainer feeds them).
+    Inputs,
+    /// Initialisers holding these values (a self-contained inference model).
+    Embedded(&'a [f32]),
+}
+
+/// What to build.
+#[derive(Debug, Clone, Copy)]
+pub struct GraphOptions<'a> {
+    /// Parameter source.
+    pub params: Params<'a>,
+    /// Add `labels` and the mean cross-entropy `loss` output.
+    pub with_loss: bool,
+    /// Apply the config's dropout (training mode).
+    pub dropout: bool,
+}
+
+/// A built forward graph.
+#[derive(Debug, Clone)]
+pub struct ForwardGraph {
+    /// The graph.
+    pub graph: Graph,
+    /// The `logits` output.
+    pub logits: Value,
+    /// The `loss` output, when asked for.
+    pub loss: Option<Value>,
+    /// The parameter values (graph inputs or initialisers), in layout order.
+    pub params: Vec<Value>,
+}
+
+/// Builds the forward graph of `config` over the parameters of `layout`.
+pub fn forward_graph(
+    config: &ModelConfig,
+    layout: &ParamLayout,
+    options: &GraphOptions<'_>,
+) -> Result<ForwardGraph, ModelError> {
+    if let Params::Embedded(values) = options.params {
+        layout.check_len(values.len())?;
+    }
+    let mut b = Builder {
+        g: Graph::new("bert_for_sequence_classification"),
+        config,
+        layout,
+        options: *options,
+        params: Vec::new(),
+    };
+    let (logits, loss) = b.build()?;
+    Ok(ForwardGraph { graph: b.g, logits, loss, params: b.params })
+}
+
+struct Builder<'a> {
+    g: Graph,
+    config: &'a ModelConfig,
+    layout: &'a ParamLayout,
+    options: GraphOptions<'a>,
+    params: Vec<Value>,
+}
+
+impl Builder<'_> {
+    fn build(&mut self) -> Result<(Value, Option<Value>), ModelError> {
+        let c = self.config;
+        let batch_seq = shape(&["batch", "seq"]);
+        let ids = self.g.input(INPUT_IDS, DType::I64, batch_seq.clone())?;
+        let types = self.g.input(TOKEN_TYPE_IDS, DType::I64, batch_seq.clone())?;
+        let mask = self.g.input(ATTENTION_MASK, DType::I64, batch_seq)?;
+        let labels = if self.options.with_loss {
+            Some(self.g.input(LABELS, DType::I64, vec![Dim::sym("batch")])?)
+        } else {
+            None
+        };
+        // Declare every parameter first, in layout order, so graph inputs follow the layout.
+        for entry in self.layout.entries() {
+            let v = match self.options.params {
+                Params::Inputs => self.g.input(&entry.name, DType::F32, shape(&entry.dims_i64()))?,
+                Params::Embedded(values) => {
+                    self.g.initializer(&entry.name, Tensor::from_f32(&entry.dims_i64(), &values[entry.range()]))?
+                }
+            };
+            self.params.push(v);
+        }
+
+        let dims = self.g.shape_of(&ids)?;
+        let x = self.embeddings(&ids, &types, &dims)?;
+        let h = c.hidden_size as i64;
+        let mut x = self.g.reshape(&x, &[-1, h])?;
+        let additive_mask = self.additive_mask(&mask)?;
+        let heads = self.g.const_i64(&[c.num_heads as i64, c.head_size() as i64])?;
+        let split_heads = self.g.concat(&[&dims, &heads], 0)?;
+        for layer in 0..c.num_layers {
+            self.g.push_scope(&format!("layer{layer}"));
+            x = self.encoder_layer(layer, &x, &additive_mask, &split_heads)?;
+            self.g.pop_scope();
+        }
+
+        // Pooler: dense + tanh on the first token.
+        let hidden = self.g.const_i64(&[h])?;
+        let unflatten = self.g.concat(&[&dims, &hidden], 0)?;
+        let x3 = self.g.reshape_to(&x, &unflatten)?;
+        let first = self.g.slice(&x3, &[0], &[1], &[1])?;
+        let first = self.g.reshape(&first, &[-1, h])?;
+        let pooled = self.dense(&first, "bert.pooler.dense")?;
+        let pooled = self.g.tanh(&pooled)?;
+        let pooled = self.dropout(&pooled, c.classifier_dropout)?;
+        let logits = self.dense(&pooled, "classifier")?;
+        let logits = self.g.output_as(&logits, LOGITS)?;
+        let loss = match labels {
+            Some(labels) => {
+                let (loss, _) = self.g.softmax_cross_entropy(&logits, &labels)?;
+                Some(self.g.output_as(&loss, LOSS)?)
+            }
+            None => None,
+        };
+        Ok((logits, loss))
+    }
+
+    fn param(&self, name: &str) -> Result<Value, ModelError> {
+        match self.layout.entries().iter().position(|e| e.name == name) {
+            Some(i) => Ok(self.params[i].clone()),
+            None => Err(onnx_ir::IrError::UnknownValue(name.to_string()).into()),
+        }
+    }
+
+    /// word + token type + position embeddings, LayerNorm, dropout: `[batch, seq, hidden]`.
+    fn embeddings(&mut self, ids: &Value, types: &Value, dims: &Value) -> Result<Value, ModelError> {
+        let word = self.param("bert.embeddings.word_embeddings.weight")?;
+        let position = self.param("bert.embeddings.position_embeddings.weight")?;
+        let token_type = self.param("bert.embeddings.token_type_embeddings.weight")?;
+        let words = self.g.gather(&word, ids, 0)?;
+        let type_rows = self.g.gather(&token_type, types, 0)?;
+        let one = self.g.constant(Tensor::scalar_i64(1))?;
+        let zero = self.g.constant(Tensor::scalar_i64(0))?;
+        let seq = self.g.gather(dims, &one, 0)?;
+        let positions = self.g.range(&zero, &seq, &one)?;
+        let position_rows = self.g.gather(&position, &positions, 0)?;
+        let sum = self.g.add(&words, &type_rows)?;
+        let sum = self.g.add(&sum, &position_rows)?;
+        let normed = self.layer_norm(&sum, "bert.embeddings.LayerNorm")?;
+        self.dropout(&normed, self.config.hidden_dropout)
+    }
+
+    /// `(1 - mask) * f32::MIN` as `[batch, 1, 1, seq]`, added to attention scores.
+    fn additive_mask(&mut self, mask: &Value) -> Result<Value, ModelError> {
+        let m = self.g.cast(mask, DType::F32)?;
+        let one = self.g.scalar(DType::F32, 1.0)?;
+        let inverted = self.g.sub(&one, &m)?;
+        let additive = self.g.scale(&inverted, f32::MIN as f64)?;
+        Ok(self.g.unsqueeze(&additive, &[1, 2])?)
+    }
+
+    fn encoder_layer(
+        &mut self,
+        layer: usize,
+        x: &Value,
+        mask: &Value,
+        split_heads: &Value,
+    ) -> Result<Value, ModelError> {
+        let c = self.config;
+        let p = format!("bert.encoder.layer.{layer}.");
+        let heads = |b: &mut Self, name: &str, perm: &[i64]| -> Result<Value, ModelError> {
+            let projected = b.dense(x, &format!("{p}attention.self.{name}"))?;
+            let split = b.g.reshape_to(&projected, split_heads)?;
+            Ok(b.g.transpose(&split, perm)?)
+        };
+        let q = heads(self, "query", &[0, 2, 1, 3])?;
+        let k = heads(self, "key", &[0, 2, 3, 1])?;
+        let v = heads(self, "value", &[0, 2, 1, 3])?;
+        let q = self.g.scale(&q, 1.0 / (c.head_size() as f64).sqrt())?;
+        let scores = self.g.matmul(&q, &k)?;
+        let scores = self.g.add(&scores, mask)?;
+        let probs = self.g.softmax(&scores, -1)?;
+        let probs = self.dropout(&probs, c.attention_dropout)?;
+        let context = self.g.matmul(&probs, &v)?;
+        let context = self.g.transpose(&context, &[0, 2, 1, 3])?;
+        let context = self.g.reshape(&context, &[-1, c.hidden_size as i64])?;
+
+        let attended = self.dense(&context, &format!("{p}attention.output.dense"))?;
+        let attended = self.dropout(&attended, c.hidden_dropout)?;
+        let attended = self.g.add(&attended, x)?;
+        let attended = self.layer_norm(&attended, &format!("{p}attention.output.LayerNorm"))?;
+
+        let inner = self.dense(&attended, &format!("{p}intermediate.dense"))?;
+        let inner = self.g.gelu(&inner)?;
+        let out = self.dense(&inner, &format!("{p}output.dense"))?;
+        let out = self.dropout(&out, c.hidden_dropout)?;
+        let out = self.g.add(&out, &attended)?;
+        self.layer_norm(&out, &format!("{p}output.LayerNorm"))
+    }
+
+    /// `x @ W^T + b` for a Hugging Face linear layer named `prefix`.
+    fn dense(&mut self, x: &Value, prefix: &str) -> Result<Value, ModelError> {
+        let w = self.param(&format!("{prefix}.weight"))?;
+        let b = self.param(&format!("{prefix}.bias"))?;
+        Ok(self.g.gemm(x, &w, Some(&b), false, true)?)
+    }
+
+    fn layer_norm(&mut self, x: &Value, prefix: &str) -> Result<Value, ModelError> {
+        let scale = self.param(&format!("{prefix}.weight"))?;
+        let bias = self.param(&format!("{prefix}.bias"))?;
+        Ok(self.g.layer_norm(x, &scale, &bias, self.config.layer_norm_eps as f32)?.y)
+    }
+
+    fn dropout(&mut self, x: &Value, p: f64) -> Result<Value, ModelError> {
+        if self.options.dropout && p > 0.0 {
+            Ok(self.g.dropout(x, p as f32)?.y)
+        } else {
+            Ok(x.clone())
+        }
+    }
+}
+
+/// A self-contained inference model (parameters embedded; inputs ids, types, mask; output
+/// logits) as ONNX bytes, loadable by ONNX Runtime in any language.
+pub fn export_inference(config: &ModelConfig, layout: &ParamLayout, params: &[f32]) -> Result<Vec<u8>, ModelError> {
+    let options = GraphOptions { params: Params::Embedded(params), with_loss: false, dropout: false };
+    let mut forward = forward_graph(config, layout, &options)?;
+    forward.graph.prune();
+    Ok(forward.graph.to_bytes()?)
+}

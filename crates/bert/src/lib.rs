@@ -1,0 +1,43 @@
+//! BERT-family models as ONNX graphs.
+//!
+//! Owns: the model config (from Hugging Face `config.json`, unsupported values refused by name),
+//! checkpoints (`model.safetensors` in, with or without the `bert.` prefix; Hugging Face names
+//! out), the flat parameter layout shared by gradients, optimizer, checkpoints and the
+//! all-reduce, seeded initialisation, the forward graph with parameters as graph inputs, and the
+//! self-contained inference export.
+//!
+//! Does not own: gradients (`autodiff`), running graphs (`runtime`) or tokenization (`mrpc`).
+//!
+//! ```
+//! use std::path::Path;
+//! use bert::{forward_graph, layout, GraphOptions, ModelConfig, Params};
+//! let config = ModelConfig::from_json(
+//!     r#"{"vocab_size": 30, "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+//!         "intermediate_size": 16, "max_position_embeddings": 10}"#,
+//!     Path::new("config.json"),
+//! ).unwrap();
+//! let layout = layout(&config);
+//! let options = GraphOptions { params: Params::Inputs, with_loss: true, dropout: false };
+//! let forward = forward_graph(&config, &layout, &options).unwrap();
+//! assert_eq!(forward.params.len(), layout.entries().len());
+//! assert!(forward.graph.to_bytes().is_ok());
+//! ```
+
+mod checkpoint;
+mod config;
+mod error;
+mod forward;
+mod layout;
+mod params;
+mod tensor_file;
+
+pub use checkpoint::{load_params, save_params, write_atomically, LoadReport};
+pub use config::{Family, ModelConfig};
+pub use error::ModelError;
+pub use forward::{
+    export_inference, forward_graph, ForwardGraph, GraphOptions, Params, ATTENTION_MASK, INPUT_IDS, LABELS, LOGITS,
+    LOSS, TOKEN_TYPE_IDS,
+};
+pub use layout::{ParamEntry, ParamLayout, ALIGN_FLOATS};
+pub use params::{init_all, init_param, is_head, layout, param_shapes};
+pub use tensor_file::{read_tensor_file, write_tensor_file, HostTensor};

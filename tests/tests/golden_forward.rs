@@ -1,0 +1,92 @@
+//! The forward graph against PyTorch: logits and loss of `tiny-bert` and `minilm-mrpc` within
+//! 1e-4, and the exported inference model giving the same logits.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use bert::{forward_graph, layout, load_params, read_tensor_file, GraphOptions, HostTensor, ModelConfig, Params};
+use ringtune_tests::{fixtures, max_abs_diff, minilm_dir, runtime};
+use runtime::{Session, SessionOptions, TensorView};
+
+struct Case {
+    config: ModelConfig,
+    weights: Vec<PathBuf>,
+    batch: BTreeMap<String, HostTensor>,
+    outputs: BTreeMap<String, HostTensor>,
+}
+
+fn tiny_bert() -> Case {
+    let dir = fixtures().join("tiny-bert");
+    Case {
+        config: ModelConfig::from_dir(&dir).expect("config"),
+        weights: vec![dir.join("model.safetensors")],
+        batch: read_tensor_file(&dir.join("batch.safetensors")).expect("batch"),
+        outputs: read_tensor_file(&dir.join("outputs.safetensors")).expect("outputs"),
+    }
+}
+
+fn minilm_mrpc() -> Case {
+    let dir = fixtures().join("minilm-mrpc");
+    let model = minilm_dir();
+    Case {
+        config: ModelConfig::from_dir(&model).expect("config").with_dropout(0.0),
+        weights: vec![model.join("model.safetensors"), dir.join("classifier.safetensors")],
+        batch: read_tensor_file(&dir.join("batch.safetensors")).expect("batch"),
+        outputs: read_tensor_file(&dir.join("outputs.safetensors")).expect("outputs"),
+    }
+}
+
+fn view<'a>(batch: &'a BTreeMap<String, HostTensor>, name: &str) -> TensorView<'a> {
+    let t = &batch[name];
+    let shape: Vec<i64> = t.shape().iter().map(|&d| d as i64).collect();
+    TensorView::i64(&shape, t.i64s().expect("integer batch tensor"))
+}
+
+fn check(case: Case) {
+    let layout = layout(&case.config);
+    let mut params = vec![0.0f32; layout.total_len()];
+    let report = load_params(&case.weights, &case.config, &layout, 0, &mut params).expect("weights");
+    assert!(report.initialized.is_empty(), "every parameter comes from the files: {report:?}");
+    let options = GraphOptions { params: Params::Inputs, with_loss: true, dropout: false };
+    let forward = forward_graph(&case.config, &layout, &options).expect("graph");
+    let mut session =
+        Session::from_bytes(runtime(), &forward.graph.to_bytes().expect("bytes"), &SessionOptions::default()).expect("session");
+    let shapes: Vec<Vec<i64>> = layout.entries().iter().map(|e| e.dims_i64()).collect();
+    let mut inputs: Vec<(&str, TensorView<'_>)> = layout
+        .entries()
+        .iter()
+        .zip(&shapes)
+        .map(|(e, s)| (e.name.as_str(), TensorView::f32(s, &params[e.range()])))
+        .collect();
+    for name in [bert::INPUT_IDS, bert::TOKEN_TYPE_IDS, bert::ATTENTION_MASK, bert::LABELS] {
+        inputs.push((name, view(&case.batch, name)));
+    }
+    let out = session.run(&inputs, &[bert::LOGITS, bert::LOSS]).expect("run");
+    let logits = out[0].as_f32().expect("logits");
+    let want_logits = case.outputs["logits"].f32s().expect("f32");
+    assert!(max_abs_diff(logits, want_logits) < 1e-4, "logits {logits:?} vs {want_logits:?}");
+    let loss = out[1].as_f32().expect("loss");
+    let want_loss = case.outputs["loss"].f32s().expect("f32");
+    assert!((loss[0] - want_loss[0]).abs() < 1e-4, "loss {loss:?} vs {want_loss:?}");
+
+    // The exported, self-contained inference model gives the same logits.
+    let exported = bert::export_inference(&case.config, &layout, &params).expect("export");
+    let mut inference = Session::from_bytes(runtime(), &exported, &SessionOptions::default()).expect("session");
+    assert_eq!(inference.input_names(), [bert::INPUT_IDS, bert::TOKEN_TYPE_IDS, bert::ATTENTION_MASK]);
+    let batch_inputs: Vec<(&str, TensorView<'_>)> = [bert::INPUT_IDS, bert::TOKEN_TYPE_IDS, bert::ATTENTION_MASK]
+        .into_iter()
+        .map(|name| (name, view(&case.batch, name)))
+        .collect();
+    let exported_logits = inference.run(&batch_inputs, &[bert::LOGITS]).expect("run");
+    assert!(max_abs_diff(exported_logits[0].as_f32().expect("f32"), want_logits) < 1e-4);
+}
+
+#[test]
+fn tiny_bert_matches_pytorch() {
+    check(tiny_bert());
+}
+
+#[test]
+fn minilm_on_mrpc_matches_pytorch() {
+    check(minilm_mrpc());
+}
