@@ -418,6 +418,61 @@ impl Graph {
             self.nodes.iter().enumerate().flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.clone(), i))).collect();
     }
 
+    /// Renames a value produced by a node, everywhere it is used. Graph inputs and initialisers
+    /// keep their names (their names are their interface).
+    pub fn rename_value(&mut self, old: &str, new: &str) -> Result<(), IrError> {
+        let index = *self.producers.get(old).ok_or_else(|| IrError::UnknownValue(old.to_string()))?;
+        if self.types.contains_key(new) {
+            return Err(IrError::Duplicate(new.to_string()));
+        }
+        for node in &mut self.nodes {
+            for name in node.inputs.iter_mut().chain(node.outputs.iter_mut()) {
+                if name == old {
+                    *name = new.to_string();
+                }
+            }
+        }
+        for name in &mut self.outputs {
+            if name == old {
+                *name = new.to_string();
+            }
+        }
+        self.producers.remove(old);
+        self.producers.insert(new.to_string(), index);
+        if let Some(ty) = self.types.remove(old) {
+            self.types.insert(new.to_string(), ty);
+        }
+        if let Some(v) = self.sym_values.remove(old) {
+            self.sym_values.insert(new.to_string(), v);
+        }
+        if let Some(t) = self.constants.remove(old) {
+            self.constants.insert(new.to_string(), t);
+        }
+        self.constant_cache.retain(|_, name| name != old);
+        Ok(())
+    }
+
+    /// Replaces the recorded type of a value by a more precise one that a pass knows to hold
+    /// (a gradient always has its input's type).
+    pub fn refine_type(&mut self, value: &Value, ty: ValueType) -> Result<(), IrError> {
+        let slot = self.types.get_mut(value.name()).ok_or_else(|| IrError::UnknownValue(value.name().to_string()))?;
+        if slot.dtype != ty.dtype {
+            return Err(IrError::Invalid(format!(
+                "`{}` is {} and cannot become {}",
+                value.name(),
+                slot.dtype,
+                ty.dtype
+            )));
+        }
+        *slot = ty;
+        Ok(())
+    }
+
+    /// Names of the nodes that read `name`.
+    pub fn consumers(&self, name: &str) -> Vec<usize> {
+        self.nodes.iter().enumerate().filter(|(_, n)| n.inputs.iter().any(|i| i == name)).map(|(i, _)| i).collect()
+    }
+
     /// Every value's recorded type (for passes that rebuild graphs).
     pub fn types(&self) -> &HashMap<String, ValueType> {
         &self.types

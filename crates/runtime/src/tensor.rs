@@ -15,6 +15,13 @@ pub enum TensorView<'a> {
         /// Row-major values.
         data: &'a [f32],
     },
+    /// 64-bit floats (finite-difference checks).
+    F64 {
+        /// Dimensions.
+        shape: Vec<i64>,
+        /// Row-major values.
+        data: &'a [f64],
+    },
     /// 64-bit integers.
     I64 {
         /// Dimensions.
@@ -30,6 +37,11 @@ impl<'a> TensorView<'a> {
         TensorView::F32 { shape: shape.to_vec(), data }
     }
 
+    /// A double tensor over `data`.
+    pub fn f64(shape: &[i64], data: &'a [f64]) -> Self {
+        TensorView::F64 { shape: shape.to_vec(), data }
+    }
+
     /// An integer tensor over `data`.
     pub fn i64(shape: &[i64], data: &'a [i64]) -> Self {
         TensorView::I64 { shape: shape.to_vec(), data }
@@ -39,6 +51,7 @@ impl<'a> TensorView<'a> {
         let bad = |e: ort::Error| RuntimeError::Binding(format!("input `{name}`: {}", e.message()));
         Ok(match self {
             TensorView::F32 { shape, data } => TensorRef::from_array_view((shape.clone(), *data)).map_err(bad)?.into(),
+            TensorView::F64 { shape, data } => TensorRef::from_array_view((shape.clone(), *data)).map_err(bad)?.into(),
             TensorView::I64 { shape, data } => TensorRef::from_array_view((shape.clone(), *data)).map_err(bad)?.into(),
         })
     }
@@ -49,6 +62,8 @@ impl<'a> TensorView<'a> {
 pub enum TensorData {
     /// 32-bit floats.
     F32(Vec<f32>),
+    /// 64-bit floats.
+    F64(Vec<f64>),
     /// 64-bit integers.
     I64(Vec<i64>),
 }
@@ -67,7 +82,15 @@ impl OwnedTensor {
     pub fn as_f32(&self) -> Option<&[f32]> {
         match &self.data {
             TensorData::F32(v) => Some(v),
-            TensorData::I64(_) => None,
+            _ => None,
+        }
+    }
+
+    /// The values, when they are doubles.
+    pub fn as_f64(&self) -> Option<&[f64]> {
+        match &self.data {
+            TensorData::F64(v) => Some(v),
+            _ => None,
         }
     }
 
@@ -75,7 +98,16 @@ impl OwnedTensor {
     pub fn as_i64(&self) -> Option<&[i64]> {
         match &self.data {
             TensorData::I64(v) => Some(v),
-            TensorData::F32(_) => None,
+            _ => None,
+        }
+    }
+
+    /// The values as doubles, whatever the float type.
+    pub fn to_f64s(&self) -> Option<Vec<f64>> {
+        match &self.data {
+            TensorData::F32(v) => Some(v.iter().map(|&x| x as f64).collect()),
+            TensorData::F64(v) => Some(v.clone()),
+            TensorData::I64(_) => None,
         }
     }
 
@@ -83,6 +115,7 @@ impl OwnedTensor {
     pub fn view(&self) -> TensorView<'_> {
         match &self.data {
             TensorData::F32(v) => TensorView::f32(&self.shape, v),
+            TensorData::F64(v) => TensorView::f64(&self.shape, v),
             TensorData::I64(v) => TensorView::i64(&self.shape, v),
         }
     }
@@ -94,12 +127,16 @@ impl OwnedTensor {
                 let (shape, data) = value.try_extract_tensor::<f32>().map_err(bad)?;
                 Ok(OwnedTensor { shape: shape.to_vec(), data: TensorData::F32(data.to_vec()) })
             }
+            TensorElementType::Float64 => {
+                let (shape, data) = value.try_extract_tensor::<f64>().map_err(bad)?;
+                Ok(OwnedTensor { shape: shape.to_vec(), data: TensorData::F64(data.to_vec()) })
+            }
             TensorElementType::Int64 => {
                 let (shape, data) = value.try_extract_tensor::<i64>().map_err(bad)?;
                 Ok(OwnedTensor { shape: shape.to_vec(), data: TensorData::I64(data.to_vec()) })
             }
             other => Err(RuntimeError::Binding(format!(
-                "output `{name}` has element type {other:?}; only f32 and i64 outputs are read"
+                "output `{name}` has element type {other:?}; only f32, f64 and i64 outputs are read"
             ))),
         }
     }

@@ -21,6 +21,7 @@ pub(super) fn register(rules: &mut HashMap<&'static str, Rule>) {
         rules.insert(op, compare);
     }
     rules.insert("Not", unary);
+    rules.insert("Sum", sum_rule);
     rules.insert("Where", where_rule);
     rules.insert("Cast", cast);
 }
@@ -46,6 +47,17 @@ fn binary(ctx: &Ctx<'_>) -> Result<Inferred, String> {
         return Err(format!("element types differ: {a} and {b}"));
     }
     Ok(Inferred::one(ValueType { dtype: a, shape: broadcast_inputs(ctx, &[0, 1])? }))
+}
+
+fn sum_rule(ctx: &Ctx<'_>) -> Result<Inferred, String> {
+    let n = ctx.node.inputs.len();
+    let dtype = ctx.dtype(0)?;
+    for i in 1..n {
+        if ctx.dtype(i)? != dtype {
+            return Err("element types differ".into());
+        }
+    }
+    Ok(Inferred::one(ValueType { dtype, shape: broadcast_inputs(ctx, &(0..n).collect::<Vec<_>>())? }))
 }
 
 fn compare(ctx: &Ctx<'_>) -> Result<Inferred, String> {
@@ -154,6 +166,11 @@ impl Graph {
             outputs: 1,
         })?;
         outs.into_iter().next().ok_or_else(|| IrError::Invalid(format!("{op_type} made no output")))
+    }
+
+    /// `Sum(xs...)` with broadcasting.
+    pub fn sum(&mut self, xs: &[&Value]) -> Result<Value, IrError> {
+        self.op1("Sum", xs, vec![])
     }
 
     /// `Gelu(x)` (opset 20), exact (`erf`) form.

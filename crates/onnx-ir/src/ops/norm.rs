@@ -18,7 +18,8 @@ fn layer_norm(ctx: &Ctx<'_>) -> Result<Inferred, String> {
     let axis = norm_axis(ctx.int("axis", -1), input.len())?;
     let stats: Vec<Dim> =
         input.iter().enumerate().map(|(i, d)| if i < axis { d.clone() } else { Dim::Known(1) }).collect();
-    let stat_type = ValueType::new(x.dtype, stats);
+    // Mean and InvStdDev are computed and returned in float32 (`stash_type` 1, the default).
+    let stat_type = ValueType::new(crate::DType::F32, stats);
     Ok(Inferred::types(vec![x, stat_type.clone(), stat_type]))
 }
 

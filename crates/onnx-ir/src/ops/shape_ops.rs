@@ -256,8 +256,11 @@ fn range(ctx: &Ctx<'_>) -> Result<Inferred, String> {
 fn pad(ctx: &Ctx<'_>) -> Result<Inferred, String> {
     let dtype = ctx.dtype(0)?;
     let input = ctx.ranked(0)?;
-    let pads = ctx.const_ints(1)?.ok_or("Pad needs constant pads")?;
     let rank = input.len();
+    let Some(pads) = ctx.const_ints(1)? else {
+        // Computed pads: the rank stays, the sizes are known only when running.
+        return Ok(Inferred::one(ValueType::new(dtype, vec![Dim::Unknown; rank])));
+    };
     let axes: Vec<usize> = if ctx.has_input(3) {
         let axes = ctx.const_ints(3)?.ok_or("Pad needs constant axes")?;
         axes.iter().map(|&a| norm_axis(a, rank)).collect::<Result<_, _>>()?
@@ -418,6 +421,11 @@ impl Graph {
             outputs: 1,
         })?;
         outs.into_iter().next().ok_or_else(|| IrError::Invalid("Pad made no output".into()))
+    }
+
+    /// `Pad(x, pads)` with zeros and pads computed in the graph (begins then ends, all axes).
+    pub fn pad_to(&mut self, x: &Value, pads: &Value) -> Result<Value, IrError> {
+        self.op1("Pad", &[x, pads], vec![])
     }
 
     /// `Slice(x, starts, ends, axes)` with unit steps.
