@@ -23,3 +23,8 @@ test: setup lint
 # Shows the ONNX Runtime version, providers and CPU features.
 info: setup
     cargo run -q --release -p trainer --bin ringtune -- info
+
+# Finds MRPC (MRPC_DIR, data/mrpc, ../shared/data/mrpc) or downloads it, checks it, and tokenizes it into the cache.
+data: setup
+    cargo run -q --release -p mrpc-prep -- fetch
+    cargo run -q --release -p mrpc-prep

@@ -17,7 +17,8 @@ fn existing(path: PathBuf, what: &str, fix: &str) -> PathBuf {
 
 /// `RINGTUNE_FIXTURES`, else `../shared/fixtures` next to the workspace.
 pub fn fixtures() -> PathBuf {
-    let dir = std::env::var_os("RINGTUNE_FIXTURES").map(PathBuf::from).unwrap_or_else(|| root().join("../shared/fixtures"));
+    let dir =
+        std::env::var_os("RINGTUNE_FIXTURES").map(PathBuf::from).unwrap_or_else(|| root().join("../shared/fixtures"));
     existing(dir, "the PyTorch reference fixtures", "set RINGTUNE_FIXTURES to the fixtures folder")
 }
 

@@ -50,7 +50,8 @@ fn check(case: Case) {
     let options = GraphOptions { params: Params::Inputs, with_loss: true, dropout: false };
     let forward = forward_graph(&case.config, &layout, &options).expect("graph");
     let mut session =
-        Session::from_bytes(runtime(), &forward.graph.to_bytes().expect("bytes"), &SessionOptions::default()).expect("session");
+        Session::from_bytes(runtime(), &forward.graph.to_bytes().expect("bytes"), &SessionOptions::default())
+            .expect("session");
     let shapes: Vec<Vec<i64>> = layout.entries().iter().map(|e| e.dims_i64()).collect();
     let mut inputs: Vec<(&str, TensorView<'_>)> = layout
         .entries()

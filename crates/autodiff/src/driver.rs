@@ -18,7 +18,8 @@ pub fn backward(graph: &mut Graph, loss: &Value, wrt: &[Value]) -> Result<Vec<Va
         return Err(AutodiffError::BadLoss(loss.name().into()));
     }
     for w in wrt {
-        let is_source = graph.inputs.iter().any(|i| i == w.name()) || graph.initializers.iter().any(|(n, _)| n == w.name());
+        let is_source =
+            graph.inputs.iter().any(|i| i == w.name()) || graph.initializers.iter().any(|(n, _)| n == w.name());
         if !is_source || !graph.dtype(w)?.is_float() {
             return Err(AutodiffError::BadParameter(w.name().into()));
         }
@@ -29,10 +30,8 @@ pub fn backward(graph: &mut Graph, loss: &Value, wrt: &[Value]) -> Result<Vec<Va
 
     let mut pending: HashMap<String, Vec<Value>> = HashMap::new();
     let seed_dims = loss_type.static_dims().unwrap_or_default();
-    let seed = graph.constant(onnx_ir::Tensor {
-        dims: seed_dims,
-        ..onnx_ir::Tensor::scalar_float(loss_type.dtype, 1.0)
-    })?;
+    let seed =
+        graph.constant(onnx_ir::Tensor { dims: seed_dims, ..onnx_ir::Tensor::scalar_float(loss_type.dtype, 1.0) })?;
     pending.insert(loss.name().to_string(), vec![seed]);
 
     for index in (0..forward_len).rev() {

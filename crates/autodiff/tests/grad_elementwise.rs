@@ -107,7 +107,10 @@ fn dropout_gradient_reuses_the_mask() {
     let xs = vec![1.0f32; 4000];
     let ws: Vec<f32> = (0..4000).map(|i| (i % 7) as f32 - 3.0).collect();
     let out = s
-        .run(&[("x", runtime::TensorView::f32(&[4000], &xs)), ("w", runtime::TensorView::f32(&[4000], &ws))], &["x_grad", "mask"])
+        .run(
+            &[("x", runtime::TensorView::f32(&[4000], &xs)), ("w", runtime::TensorView::f32(&[4000], &ws))],
+            &["x_grad", "mask"],
+        )
         .expect("run");
     let (dx, mask) = (out[0].as_f32().expect("dx"), out[1].as_f32().expect("mask"));
     let kept = mask.iter().filter(|&&m| m == 1.0).count() as f64 / 4000.0;

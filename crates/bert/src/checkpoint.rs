@@ -228,6 +228,9 @@ mod tests {
         let big_layout = crate::params::layout(&bigger);
         save_params(&path, &big_layout, &vec![0.0; big_layout.total_len()]).expect("save");
         let err = load_params(&[path], &config, &layout, 1, &mut out).expect_err("shape").to_string();
-        assert!(err.contains("has shape") && err.contains(", 8] but the config needs") && err.contains(", 4]"), "{err}");
+        assert!(
+            err.contains("has shape") && err.contains(", 8] but the config needs") && err.contains(", 4]"),
+            "{err}"
+        );
     }
 }

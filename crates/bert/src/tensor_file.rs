@@ -105,7 +105,9 @@ pub fn write_tensor_file(path: &Path, tensors: &BTreeMap<String, HostTensor>) ->
     let bad = |e: safetensors::SafeTensorError| ModelError::Checkpoint { path: path.into(), reason: e.to_string() };
     let views = encoded
         .iter()
-        .map(|(name, dtype, shape, bytes)| Ok((name.clone(), TensorView::new(*dtype, shape.clone(), bytes).map_err(bad)?)))
+        .map(|(name, dtype, shape, bytes)| {
+            Ok((name.clone(), TensorView::new(*dtype, shape.clone(), bytes).map_err(bad)?))
+        })
         .collect::<Result<Vec<_>, ModelError>>()?;
     let bytes = safetensors::serialize(views, None).map_err(bad)?;
     write_atomically(path, &bytes)

@@ -91,7 +91,11 @@ impl RuleCtx<'_> {
     }
 
     fn unsupported(&self, reason: &str) -> AutodiffError {
-        AutodiffError::Unsupported { node: self.node.name.clone(), op: self.node.op_type.clone(), reason: reason.into() }
+        AutodiffError::Unsupported {
+            node: self.node.name.clone(),
+            op: self.node.op_type.clone(),
+            reason: reason.into(),
+        }
     }
 
     /// A scalar constant of `like`'s element type.
@@ -99,5 +103,4 @@ impl RuleCtx<'_> {
         let dtype = self.graph.dtype(like)?;
         Ok(self.graph.scalar(dtype, value)?)
     }
-
 }

@@ -55,7 +55,9 @@ fn slice(ctx: &mut RuleCtx<'_>) -> Result<Vec<Option<Value>>, AutodiffError> {
     let (x, dy) = (ctx.input(0), ctx.dy(0)?);
     let x_shape = ctx.shape(&x)?;
     let rank = x_shape.len() as i64;
-    let consts = |ctx: &RuleCtx<'_>, i: usize| ctx.node.input(i).and_then(|n| ctx.graph.constant_value(n)).and_then(Tensor::as_i64s);
+    let consts = |ctx: &RuleCtx<'_>, i: usize| {
+        ctx.node.input(i).and_then(|n| ctx.graph.constant_value(n)).and_then(Tensor::as_i64s)
+    };
     let (Some(starts), Some(ends)) = (consts(ctx, 1), consts(ctx, 2)) else {
         return Err(ctx.unsupported("starts and ends must be constants"));
     };
@@ -121,9 +123,8 @@ fn concat(ctx: &mut RuleCtx<'_>) -> Result<Vec<Option<Value>>, AutodiffError> {
     let mut grads = Vec::new();
     for i in 0..ctx.node.inputs.len() {
         let x = ctx.input(i);
-        let len = ctx.shape(&x)?[axis as usize]
-            .known()
-            .ok_or_else(|| ctx.unsupported("concatenated sizes must be fixed"))?;
+        let len =
+            ctx.shape(&x)?[axis as usize].known().ok_or_else(|| ctx.unsupported("concatenated sizes must be fixed"))?;
         grads.push(if ctx.need(i) { Some(ctx.graph.slice(&dy, &[offset], &[offset + len], &[axis])?) } else { None });
         offset += len;
     }

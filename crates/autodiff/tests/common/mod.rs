@@ -32,7 +32,12 @@ pub enum Data {
 pub fn float(name: &'static str, shape: &[i64], lo: f64, hi: f64, seed: u64) -> Input {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let n = shape.iter().product::<i64>() as usize;
-    Input { name, shape: shape.to_vec(), data: Data::Float((0..n).map(|_| rng.random_range(lo..hi)).collect()), grad: true }
+    Input {
+        name,
+        shape: shape.to_vec(),
+        data: Data::Float((0..n).map(|_| rng.random_range(lo..hi)).collect()),
+        grad: true,
+    }
 }
 
 /// An integer input (indices, labels): never differentiated.
@@ -58,7 +63,12 @@ pub fn check(dtype: DType, inputs: &[Input], build: impl Fn(&mut Graph, &[Value]
     }
 }
 
-fn check_subset(dtype: DType, inputs: &[Input], wrt: &[usize], build: &impl Fn(&mut Graph, &[Value]) -> Result<Value, IrError>) {
+fn check_subset(
+    dtype: DType,
+    inputs: &[Input],
+    wrt: &[usize],
+    build: &impl Fn(&mut Graph, &[Value]) -> Result<Value, IrError>,
+) {
     let mut g = Graph::new("fd");
     let values: Vec<Value> = inputs
         .iter()

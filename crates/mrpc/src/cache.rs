@@ -1,0 +1,155 @@
+//! The tokenized cache: every split's examples in one binary file, with a versioned header,
+//! the hash of the tokenizer, settings and source files it was built from, and a checksum.
+//!
+//! Layout (little endian): magic `RTMRPC01`, version `u32`, fingerprint `[u8; 32]`, split count
+//! `u32`; per split: name length `u16` and name, example count `u32`, then per example label
+//! `i8` (-1 for none), truncated `u8`, length `u16`, ids `u32 x len`, types `u8 x len`; last,
+//! the sha256 of everything before it.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use sha2::{Digest, Sha256};
+
+use crate::error::DataError;
+use crate::Example;
+
+const MAGIC: &[u8; 8] = b"RTMRPC01";
+/// The cache format version; a different one is stale.
+pub const CACHE_VERSION: u32 = 1;
+
+/// Tokenized splits by name (`train`, `dev`, `test`).
+pub type Splits = BTreeMap<String, Vec<Example>>;
+
+/// Writes the cache atomically.
+pub fn save_cache(path: &Path, fingerprint: &[u8; 32], splits: &Splits) -> Result<(), DataError> {
+    let mut out = Vec::new();
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&CACHE_VERSION.to_le_bytes());
+    out.extend_from_slice(fingerprint);
+    out.extend_from_slice(&(splits.len() as u32).to_le_bytes());
+    for (name, examples) in splits {
+        out.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(&(examples.len() as u32).to_le_bytes());
+        for e in examples {
+            out.push(e.label.map_or(-1i8, |l| l as i8) as u8);
+            out.push(e.truncated as u8);
+            out.extend_from_slice(&(e.ids.len() as u16).to_le_bytes());
+            for id in &e.ids {
+                out.extend_from_slice(&id.to_le_bytes());
+            }
+            out.extend_from_slice(&e.type_ids);
+        }
+    }
+    let checksum: [u8; 32] = Sha256::digest(&out).into();
+    out.extend_from_slice(&checksum);
+    let io = |source| DataError::Io { path: path.into(), source };
+    let temp = path.with_extension("partial");
+    std::fs::write(&temp, &out).map_err(io)?;
+    std::fs::rename(&temp, path).map_err(io)
+}
+
+/// Reads the cache; a different fingerprint or version is stale, damage is corrupt.
+pub fn load_cache(path: &Path, fingerprint: &[u8; 32]) -> Result<Splits, DataError> {
+    let bytes = std::fs::read(path).map_err(|source| DataError::Io { path: path.into(), source })?;
+    let corrupt = |reason: &str| DataError::CorruptCache { path: path.into(), reason: reason.into() };
+    if bytes.len() < MAGIC.len() + 4 + 32 + 4 + 32 || &bytes[..8] != MAGIC {
+        return Err(corrupt("not a ringtune MRPC cache"));
+    }
+    let (body, checksum) = bytes.split_at(bytes.len() - 32);
+    if Sha256::digest(body).as_slice() != checksum {
+        return Err(corrupt("checksum mismatch"));
+    }
+    let mut r = Cursor { bytes: body, at: 8 };
+    let version = r.u32().ok_or_else(|| corrupt("truncated header"))?;
+    if version != CACHE_VERSION {
+        return Err(DataError::StaleCache {
+            path: path.into(),
+            reason: format!("format version {version}, this build reads {CACHE_VERSION}"),
+        });
+    }
+    if r.take(32).ok_or_else(|| corrupt("truncated header"))? != fingerprint {
+        return Err(DataError::StaleCache {
+            path: path.into(),
+            reason: "built from another tokenizer, other settings or other data files".into(),
+        });
+    }
+    let mut splits = Splits::new();
+    let count = r.u32().ok_or_else(|| corrupt("truncated header"))?;
+    for _ in 0..count {
+        let name_len = r.u16().ok_or_else(|| corrupt("truncated split"))? as usize;
+        let name = String::from_utf8(r.take(name_len).ok_or_else(|| corrupt("truncated split"))?.to_vec())
+            .map_err(|_| corrupt("split name is not UTF-8"))?;
+        let n = r.u32().ok_or_else(|| corrupt("truncated split"))? as usize;
+        let mut examples = Vec::with_capacity(n);
+        for _ in 0..n {
+            let e = r.example().ok_or_else(|| corrupt("truncated example"))?;
+            examples.push(e);
+        }
+        splits.insert(name, examples);
+    }
+    if r.at != body.len() {
+        return Err(corrupt("trailing bytes"));
+    }
+    Ok(splits)
+}
+
+struct Cursor<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let s = self.bytes.get(self.at..self.at.checked_add(n)?)?;
+        self.at += n;
+        Some(s)
+    }
+
+    fn u16(&mut self) -> Option<u16> {
+        self.take(2).map(|b| u16::from_le_bytes([b[0], b[1]]))
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        self.take(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn example(&mut self) -> Option<Example> {
+        let label = self.take(1)?[0] as i8;
+        let truncated = self.take(1)?[0] != 0;
+        let len = self.u16()? as usize;
+        let ids = self.take(len * 4)?.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let type_ids = self.take(len)?.to_vec();
+        Some(Example { ids, type_ids, label: (label >= 0).then_some(label as u8), truncated })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn splits() -> Splits {
+        let e =
+            |n: u32, label| Example { ids: (0..n).collect(), type_ids: vec![0; n as usize], label, truncated: n > 3 };
+        [("train".to_string(), vec![e(3, Some(1)), e(5, Some(0))]), ("test".to_string(), vec![e(2, None)])].into()
+    }
+
+    #[test]
+    fn round_trip_stale_and_corrupt() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("mrpc.cache");
+        let fp = [7u8; 32];
+        save_cache(&path, &fp, &splits()).expect("save");
+        assert_eq!(load_cache(&path, &fp).expect("load"), splits());
+        let stale = load_cache(&path, &[8u8; 32]).expect_err("stale");
+        assert!(matches!(stale, DataError::StaleCache { .. }) && stale.to_string().contains("mrpc-prep"), "{stale}");
+        let mut bytes = std::fs::read(&path).expect("read");
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 1;
+        std::fs::write(&path, &bytes).expect("write");
+        assert!(matches!(load_cache(&path, &fp), Err(DataError::CorruptCache { .. })));
+        std::fs::write(&path, &bytes[..20]).expect("truncate");
+        assert!(matches!(load_cache(&path, &fp), Err(DataError::CorruptCache { .. })));
+    }
+}
