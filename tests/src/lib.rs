@@ -54,3 +54,35 @@ pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     let norm: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
     (diff / norm.max(f64::MIN_POSITIVE)).sqrt()
 }
+
+/// A fixture batch file as a padded batch (token types zero where the file has none).
+pub fn read_batch(path: &Path) -> mrpc::Batch {
+    let tensors = bert::read_tensor_file(path).expect("batch file");
+    let ints = |name: &str| tensors[name].i64s().expect("int64").to_vec();
+    let shape = tensors["input_ids"].shape().to_vec();
+    let ids = ints("input_ids");
+    let types = if tensors.contains_key("token_type_ids") { ints("token_type_ids") } else { vec![0; ids.len()] };
+    mrpc::Batch {
+        rows: shape[0],
+        seq: shape[1],
+        input_ids: ids,
+        token_type_ids: types,
+        attention_mask: ints("attention_mask"),
+        labels: ints("labels"),
+        indices: (0..shape[0]).collect(),
+    }
+}
+
+/// Checks a gradient against its reference: within `tol` relative L2, except where the
+/// reference is analytically zero (norm below 1e-6, e.g. attention key biases, to which
+/// softmax is invariant): there the gradient must be as small.
+pub fn assert_grad_close(name: &str, got: &[f32], want: &[f32], tol: f64) {
+    let norm = want.iter().map(|v| (*v as f64).powi(2)).sum::<f64>().sqrt();
+    if norm < 1e-6 {
+        let ours = got.iter().map(|v| (*v as f64).powi(2)).sum::<f64>().sqrt();
+        assert!(ours < 1e-6, "{name}: the reference is zero (norm {norm:e}) but ours has norm {ours:e}");
+    } else {
+        let r = rel_l2(got, want);
+        assert!(r <= tol, "{name}: relative L2 error {r:e} > {tol:e}");
+    }
+}

@@ -11,4 +11,9 @@
 //! assert!(report.to_string().contains("AVX-512"));
 //! ```
 
+pub mod engine;
+mod error;
 pub mod info;
+pub mod model;
+
+pub use error::TrainError;

@@ -1,0 +1,156 @@
+//! Sessions over the flat buffers: the training step (forward and backward in one run) and
+//! evaluation (forward only, reading the same parameters in place).
+
+use bert::{ModelConfig, ParamLayout};
+use mrpc::Batch;
+use runtime::{BoundTensor, FlatBinding, FlatBuffer, Runtime, Session, SessionOptions, TensorView};
+
+use crate::model::{eval_graph, grad_name, training_graph};
+use crate::TrainError;
+
+/// What one forward and backward run returns (gradients stay in the engine's buffer).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepOutput {
+    /// Mean cross-entropy of the batch.
+    pub loss: f32,
+    /// `[rows, num_labels]` scores.
+    pub logits: Vec<f32>,
+}
+
+/// The batch tensors the session takes (token types only for families that have them).
+fn batch_feeds<'a>(
+    session: &Session,
+    batch: &'a Batch,
+    dims: &'a [i64; 2],
+    labels: &'a [i64; 1],
+) -> Vec<(&'static str, TensorView<'a>)> {
+    let mut feeds = vec![
+        (bert::INPUT_IDS, TensorView::i64(dims, &batch.input_ids)),
+        (bert::ATTENTION_MASK, TensorView::i64(dims, &batch.attention_mask)),
+    ];
+    let has = |name: &str| session.input_names().iter().any(|i| i == name);
+    if has(bert::TOKEN_TYPE_IDS) {
+        feeds.push((bert::TOKEN_TYPE_IDS, TensorView::i64(dims, &batch.token_type_ids)));
+    }
+    if has(bert::LABELS) {
+        feeds.push((bert::LABELS, TensorView::i64(labels, &batch.labels)));
+    }
+    feeds
+}
+
+fn bound_tensors(layout: &ParamLayout, name: impl Fn(&str) -> String) -> Vec<BoundTensor> {
+    layout
+        .entries()
+        .iter()
+        .map(|e| BoundTensor { name: name(&e.name), offset: e.offset, shape: e.dims_i64() })
+        .collect()
+}
+
+/// The training session with the parameter and gradient buffers bound to it.
+pub struct Engine {
+    session: Session,
+    binding: FlatBinding,
+    layout: ParamLayout,
+}
+
+impl Engine {
+    /// Builds the training graph of `config` and binds `params` (the layout's flat buffer).
+    pub fn new(
+        runtime: &Runtime,
+        config: &ModelConfig,
+        layout: &ParamLayout,
+        params: FlatBuffer,
+        dropout: bool,
+        options: &SessionOptions,
+    ) -> Result<Self, TrainError> {
+        layout.check_len(params.len())?;
+        let bytes = training_graph(config, layout, dropout)?;
+        let session = Session::from_bytes(runtime, &bytes, options)?;
+        let grads = FlatBuffer::zeros(layout.total_len());
+        let binding = FlatBinding::new(
+            &session,
+            params,
+            &bound_tensors(layout, str::to_string),
+            grads,
+            &bound_tensors(layout, grad_name),
+            &[bert::LOSS, bert::LOGITS],
+        )?;
+        Ok(Engine { session, binding, layout: layout.clone() })
+    }
+
+    /// Runs forward and backward on `batch`; the gradients land in [`Engine::grads`].
+    pub fn step(&mut self, batch: &Batch) -> Result<StepOutput, TrainError> {
+        let dims = batch.dims();
+        let labels = [batch.rows as i64];
+        let feeds = batch_feeds(&self.session, batch, &dims, &labels);
+        let out = self.binding.run(&mut self.session, &feeds)?;
+        let loss =
+            out[0].as_f32().and_then(|v| v.first().copied()).ok_or_else(|| TrainError::Other("no loss".into()))?;
+        let logits = out[1].as_f32().map(<[f32]>::to_vec).ok_or_else(|| TrainError::Other("no logits".into()))?;
+        Ok(StepOutput { loss, logits })
+    }
+
+    /// The parameter layout.
+    pub fn layout(&self) -> &ParamLayout {
+        &self.layout
+    }
+
+    /// The parameters.
+    pub fn params(&self) -> &[f32] {
+        self.binding.inputs()
+    }
+
+    /// The parameters, to change between steps.
+    pub fn params_mut(&mut self) -> &mut [f32] {
+        self.binding.inputs_mut()
+    }
+
+    /// The gradients of the last step.
+    pub fn grads(&self) -> &[f32] {
+        self.binding.outputs()
+    }
+
+    /// The gradients, to reduce across nodes in place.
+    pub fn grads_mut(&mut self) -> &mut [f32] {
+        self.binding.outputs_mut()
+    }
+
+    /// Parameters to change and gradients, at once (the optimizer step).
+    pub fn params_and_grads(&mut self) -> (&mut [f32], &mut [f32]) {
+        self.binding.split_mut()
+    }
+}
+
+/// Forward-only evaluation that reads parameters in place from any buffer of the layout.
+pub struct Evaluator {
+    session: Session,
+    layout: ParamLayout,
+    shapes: Vec<Vec<i64>>,
+}
+
+impl Evaluator {
+    /// Builds the evaluation graph of `config`.
+    pub fn new(
+        runtime: &Runtime,
+        config: &ModelConfig,
+        layout: &ParamLayout,
+        options: &SessionOptions,
+    ) -> Result<Self, TrainError> {
+        let session = Session::from_bytes(runtime, &eval_graph(config, layout)?, options)?;
+        let shapes = layout.entries().iter().map(|e| e.dims_i64()).collect();
+        Ok(Evaluator { session, layout: layout.clone(), shapes })
+    }
+
+    /// `[rows, num_labels]` logits of `batch` under `params`.
+    pub fn logits(&mut self, params: &[f32], batch: &Batch) -> Result<Vec<f32>, TrainError> {
+        self.layout.check_len(params.len())?;
+        let dims = batch.dims();
+        let labels = [batch.rows as i64];
+        let mut feeds = batch_feeds(&self.session, batch, &dims, &labels);
+        for (entry, shape) in self.layout.entries().iter().zip(&self.shapes) {
+            feeds.push((entry.name.as_str(), TensorView::f32(shape, &params[entry.range()])));
+        }
+        let out = self.session.run(&feeds, &[bert::LOGITS])?;
+        out[0].as_f32().map(<[f32]>::to_vec).ok_or_else(|| TrainError::Other("no logits".into()))
+    }
+}

@@ -1,0 +1,58 @@
+//! A model on disk and the graphs built from it: forward for evaluation, forward and backward
+//! in one graph for training.
+
+use std::path::{Path, PathBuf};
+
+use bert::{forward_graph, GraphOptions, ModelConfig, ParamLayout, Params};
+
+use crate::TrainError;
+
+/// The name of the graph output holding a parameter's gradient.
+pub fn grad_name(param: &str) -> String {
+    format!("grad.{param}")
+}
+
+/// A model folder: `config.json`, `model.safetensors`, and the tokenizer files.
+#[derive(Debug, Clone)]
+pub struct ModelDir {
+    /// The folder.
+    pub dir: PathBuf,
+    /// Its config.
+    pub config: ModelConfig,
+    /// The flat parameter layout.
+    pub layout: ParamLayout,
+}
+
+impl ModelDir {
+    /// Reads the config of the model in `dir`.
+    pub fn open(dir: &Path) -> Result<Self, TrainError> {
+        let config = ModelConfig::from_dir(dir)?;
+        let layout = bert::layout(&config);
+        Ok(ModelDir { dir: dir.to_path_buf(), config, layout })
+    }
+
+    /// The weight files to load: `model.safetensors`, then any `extra` files (a head).
+    pub fn weight_files(&self, extra: &[PathBuf]) -> Vec<PathBuf> {
+        std::iter::once(self.dir.join("model.safetensors")).chain(extra.iter().cloned()).collect()
+    }
+}
+
+/// The forward and backward graph as ONNX bytes: inputs are the batch and every parameter,
+/// outputs `loss`, `logits` and one `grad.<name>` per parameter.
+pub fn training_graph(config: &ModelConfig, layout: &ParamLayout, dropout: bool) -> Result<Vec<u8>, TrainError> {
+    let options = GraphOptions { params: Params::Inputs, with_loss: true, dropout };
+    let mut forward = forward_graph(config, layout, &options)?;
+    let loss = forward.loss.clone().ok_or_else(|| TrainError::Other("the forward graph has no loss".into()))?;
+    let grads = autodiff::backward(&mut forward.graph, &loss, &forward.params)?;
+    let names: Vec<String> = layout.entries().iter().map(|e| grad_name(&e.name)).collect();
+    autodiff::name_gradients(&mut forward.graph, &grads, &names)?;
+    Ok(forward.graph.to_bytes()?)
+}
+
+/// The forward graph without loss (inputs: batch and parameters; output: logits).
+pub fn eval_graph(config: &ModelConfig, layout: &ParamLayout) -> Result<Vec<u8>, TrainError> {
+    let options = GraphOptions { params: Params::Inputs, with_loss: false, dropout: false };
+    let mut forward = forward_graph(config, layout, &options)?;
+    forward.graph.prune();
+    Ok(forward.graph.to_bytes()?)
+}
