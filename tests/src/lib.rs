@@ -57,11 +57,17 @@ pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
 
 /// A fixture batch file as a padded batch (token types zero where the file has none).
 pub fn read_batch(path: &Path) -> mrpc::Batch {
+    read_batch_prefixed(path, "")
+}
+
+/// A batch whose tensors are named `{prefix}input_ids`, ... (the optimizer trace's layout).
+pub fn read_batch_prefixed(path: &Path, prefix: &str) -> mrpc::Batch {
     let tensors = bert::read_tensor_file(path).expect("batch file");
-    let ints = |name: &str| tensors[name].i64s().expect("int64").to_vec();
-    let shape = tensors["input_ids"].shape().to_vec();
+    let ints = |name: &str| tensors[&format!("{prefix}{name}")].i64s().expect("int64").to_vec();
+    let shape = tensors[&format!("{prefix}input_ids")].shape().to_vec();
     let ids = ints("input_ids");
-    let types = if tensors.contains_key("token_type_ids") { ints("token_type_ids") } else { vec![0; ids.len()] };
+    let types =
+        if tensors.contains_key(&format!("{prefix}token_type_ids")) { ints("token_type_ids") } else { vec![0; ids.len()] };
     mrpc::Batch {
         rows: shape[0],
         seq: shape[1],

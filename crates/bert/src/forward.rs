@@ -183,14 +183,20 @@ impl Builder<'_> {
     ) -> Result<Value, ModelError> {
         let c = self.config;
         let p = format!("bert.encoder.layer.{layer}.");
-        let heads = |b: &mut Self, name: &str, perm: &[i64]| -> Result<Value, ModelError> {
-            let projected = b.dense(x, &format!("{p}attention.self.{name}"))?;
+        let heads = |b: &mut Self, projected: Value, perm: &[i64]| -> Result<Value, ModelError> {
             let split = b.g.reshape_to(&projected, split_heads)?;
             Ok(b.g.transpose(&split, perm)?)
         };
-        let q = heads(self, "query", &[0, 2, 1, 3])?;
-        let k = heads(self, "key", &[0, 2, 3, 1])?;
-        let v = heads(self, "value", &[0, 2, 1, 3])?;
+        let q = self.dense(x, &format!("{p}attention.self.query"))?;
+        let q = heads(self, q, &[0, 2, 1, 3])?;
+        // The key bias adds `q_i . b_k` to every score of row i, which softmax cancels exactly:
+        // it cannot change the output, so the graph leaves it out and its gradient is exactly
+        // zero (computing it would only add rounding noise that Adam would then amplify).
+        let key_weight = self.param(&format!("{p}attention.self.key.weight"))?;
+        let k = self.g.gemm(x, &key_weight, None, false, true)?;
+        let k = heads(self, k, &[0, 2, 3, 1])?;
+        let v = self.dense(x, &format!("{p}attention.self.value"))?;
+        let v = heads(self, v, &[0, 2, 1, 3])?;
         let q = self.g.scale(&q, 1.0 / (c.head_size() as f64).sqrt())?;
         let scores = self.g.matmul(&q, &k)?;
         let scores = self.g.add(&scores, mask)?;

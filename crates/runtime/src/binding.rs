@@ -42,6 +42,7 @@ pub struct FlatBinding {
     io: IoBinding,
     input_views: Vec<(String, TensorRefMut<'static, f32>)>,
     fetch: Vec<String>,
+    cpu: MemoryInfo<'static>,
     inputs: FlatBuffer,
     outputs: FlatBuffer,
 }
@@ -84,15 +85,8 @@ impl FlatBinding {
             if !has_output(name) {
                 return Err(RuntimeError::Binding(format!("the graph has no output `{name}`")));
             }
-            io.bind_output_to_device(*name, &cpu).map_err(RuntimeError::ort(format!("binding output `{name}`")))?;
         }
-        Ok(FlatBinding {
-            io,
-            input_views: views,
-            fetch: fetch.iter().map(|s| s.to_string()).collect(),
-            inputs,
-            outputs,
-        })
+        Ok(FlatBinding { io, input_views: views, fetch: fetch.iter().map(|s| s.to_string()).collect(), cpu, inputs, outputs })
     }
 
     /// Runs `session` with the per-run `batch` tensors; the bound outputs are written into the
@@ -107,6 +101,13 @@ impl FlatBinding {
             batch.iter().map(|(name, view)| Ok((*name, view.to_ort(name)?))).collect::<Result<Vec<_>>>()?;
         for (name, value) in &batch_values {
             bind_input_raw(&mut self.io, name, value.ptr())?;
+        }
+        // Fetched outputs change shape with the batch: ONNX Runtime allocates them afresh each
+        // run only if they are bound to the device again (else it reuses last run's tensor).
+        for name in &self.fetch {
+            self.io
+                .bind_output_to_device(name.as_str(), &self.cpu)
+                .map_err(RuntimeError::ort(format!("binding output `{name}`")))?;
         }
         let fetched = (|| {
             let results = session.inner.run_binding(&self.io).map_err(RuntimeError::ort("running the graph"))?;

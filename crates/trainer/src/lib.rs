@@ -11,9 +11,18 @@
 //! assert!(report.to_string().contains("AVX-512"));
 //! ```
 
+pub mod checkpoint;
+mod config;
 pub mod engine;
 mod error;
 pub mod info;
+pub mod metrics;
 pub mod model;
+mod plot;
+pub mod replay;
+pub mod predict;
+pub mod recipe;
+pub mod train;
 
+pub use config::TrainConfig;
 pub use error::TrainError;

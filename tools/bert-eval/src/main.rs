@@ -10,6 +10,7 @@ use clap::Parser;
 use runtime::{FlatBuffer, Runtime, SessionOptions};
 use trainer::engine::Engine;
 use trainer::model::ModelDir;
+use trainer::replay::{replay, Trace};
 
 /// Runs forward (and backward) on one batch and writes the outputs.
 #[derive(Parser)]
@@ -22,8 +23,15 @@ struct Args {
     #[arg(long = "extra-weights")]
     extra_weights: Vec<PathBuf>,
     /// Batch: input_ids, attention_mask, labels, and token_type_ids where the family has them.
+    #[arg(long, required_unless_present = "replay")]
+    batch: Option<PathBuf>,
+    /// Replays an optimizer trace: batches `step{i}.input_ids`, ... from this file; writes the
+    /// parameters after it to --out.
+    #[arg(long, requires = "optim")]
+    replay: Option<PathBuf>,
+    /// The trace's settings (`steps.json`).
     #[arg(long)]
-    batch: PathBuf,
+    optim: Option<PathBuf>,
     /// Output safetensors file.
     #[arg(long)]
     out: PathBuf,
@@ -47,10 +55,19 @@ fn main() -> Result<()> {
     if !report.initialized.is_empty() {
         eprintln!("initialised from seed {}: {}", args.seed, report.initialized.join(", "));
     }
-    let batch = read_batch(&args.batch)?;
     let runtime = Runtime::get()?;
     let options = SessionOptions { threads: args.threads, ..SessionOptions::default() };
     let mut engine = Engine::new(runtime, &config, &model.layout, params, false, &options)?;
+    if let (Some(batches), Some(optim)) = (&args.replay, &args.optim) {
+        let trace = Trace::from_file(optim)?;
+        let batches = (0..trace.steps).map(|i| read_batch(batches, &format!("step{i}."))).collect::<Result<Vec<_>>>()?;
+        let losses = replay(&mut engine, &batches, &trace)?;
+        bert::save_params(&args.out, &model.layout, engine.params())?;
+        println!("losses before each step {losses:?} -> {}", args.out.display());
+        return Ok(());
+    }
+    let batch_file = args.batch.as_deref().context("--batch is required")?;
+    let batch = read_batch(batch_file, "")?;
     let out = engine.step(&batch)?;
     let mut tensors = BTreeMap::new();
     tensors
@@ -69,10 +86,11 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// A batch file (the fixtures' `batch.safetensors` layout) as a padded batch.
-fn read_batch(path: &std::path::Path) -> Result<mrpc::Batch> {
+/// A batch (the fixtures' `batch.safetensors` layout, names after `prefix`) as a padded batch.
+fn read_batch(path: &std::path::Path, prefix: &str) -> Result<mrpc::Batch> {
     let tensors = read_tensor_file(path)?;
     let get = |name: &str| -> Result<(&[usize], &[i64])> {
+        let name = &format!("{prefix}{name}");
         let t = tensors.get(name).with_context(|| format!("{}: no `{name}` tensor", path.display()))?;
         let data = t.i64s().with_context(|| format!("{}: `{name}` must be int64", path.display()))?;
         Ok((t.shape(), data))
@@ -83,7 +101,7 @@ fn read_batch(path: &std::path::Path) -> Result<mrpc::Batch> {
     if mask_shape != shape {
         bail!("{}: attention_mask is {mask_shape:?} but input_ids is {shape:?}", path.display());
     }
-    let types = match tensors.get("token_type_ids") {
+    let types = match tensors.get(&format!("{prefix}token_type_ids")) {
         Some(_) => get("token_type_ids")?.1.to_vec(),
         None => vec![0; ids.len()],
     };

@@ -1,0 +1,62 @@
+//! The optimizer side of training, on flat `f32` buffers.
+//!
+//! Owns: AdamW with bias correction and decoupled weight decay (PyTorch's `torch.optim.AdamW`),
+//! parameter groups as plain ranges of the flat buffer (Hugging Face Trainer's grouping is the
+//! caller's rule, handed over as ranges), global-norm gradient clipping, and the linear
+//! warmup-then-decay schedule (`get_linear_schedule_with_warmup`).
+//!
+//! Does not own: the parameter layout (`bert`) or where gradients come from.
+//!
+//! ```
+//! use optim::{AdamW, AdamWConfig, Group};
+//! let mut params = vec![1.0f32; 4];
+//! let grads = vec![0.5f32; 4];
+//! let groups = [Group { range: 0..2, weight_decay: 0.01 }, Group { range: 2..4, weight_decay: 0.0 }];
+//! let mut adam = AdamW::new(AdamWConfig::default(), &groups, params.len()).unwrap();
+//! adam.step(&mut params, &grads, 1e-3);
+//! assert!(params.iter().all(|&p| p < 1.0));
+//! assert!(params[0] < params[2], "weight decay applies to the first group only");
+//! ```
+
+mod adamw;
+mod clip;
+mod schedule;
+
+pub use adamw::{AdamW, AdamWConfig, AdamWState, Group};
+pub use clip::{clip_global_norm, global_norm};
+pub use schedule::LinearWarmupDecay;
+
+/// What the optimizer refuses.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum OptimError {
+    /// A group outside the buffer, or overlapping another.
+    #[error("parameter group {index} ({start}..{end}) {reason}")]
+    BadGroup {
+        /// Which group.
+        index: usize,
+        /// Its start.
+        start: usize,
+        /// Its end.
+        end: usize,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// A hyper-parameter out of range.
+    #[error("{name} = {value} is out of range ({expected})")]
+    BadValue {
+        /// The setting.
+        name: &'static str,
+        /// Its value.
+        value: f64,
+        /// The range.
+        expected: &'static str,
+    },
+    /// Restored state of the wrong size.
+    #[error("optimizer state has {found} values per moment, the buffer {expected}")]
+    StateLength {
+        /// Found.
+        found: usize,
+        /// Expected.
+        expected: usize,
+    },
+}

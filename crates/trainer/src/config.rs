@@ -1,0 +1,166 @@
+//! Training settings: from a TOML file, overridden by the command line, checked with messages
+//! that name the setting.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::TrainError;
+
+/// Everything a training run needs to know. Every field has a default; a TOML file may set
+/// any of them (same names), and the command line overrides the file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Model folder (config.json, model.safetensors, tokenizer.json or vocab.txt).
+    pub model: PathBuf,
+    /// MRPC folder (default: MRPC_DIR, data/mrpc, ../shared/data/mrpc).
+    pub data: Option<PathBuf>,
+    /// Output folder: checkpoints, metrics, the trained model.
+    pub output: PathBuf,
+    /// Passes over the training data.
+    pub epochs: u32,
+    /// Examples per step on each node.
+    pub batch_size: usize,
+    /// Peak learning rate.
+    pub learning_rate: f64,
+    /// Share of the steps spent warming up linearly.
+    pub warmup_ratio: f64,
+    /// Decoupled weight decay (not on biases and LayerNorm weights).
+    pub weight_decay: f64,
+    /// Maximum tokens per pair.
+    pub max_len: usize,
+    /// Seed of the data order and of new heads.
+    pub seed: u64,
+    /// Dropout probability for every dropout site (default: the model config's).
+    pub dropout: Option<f64>,
+    /// Intra-op threads per node (0: one per core).
+    pub threads: usize,
+    /// Execution provider: cpu, onednn, openvino, auto.
+    pub provider: String,
+    /// Global gradient-norm clip.
+    pub max_grad_norm: f64,
+    /// Steps between metric lines.
+    pub log_every: u64,
+    /// Steps between checkpoints (0: at epoch ends only).
+    pub checkpoint_every: u64,
+    /// Checkpoints kept.
+    pub keep_checkpoints: usize,
+    /// Rows per evaluation batch.
+    pub eval_batch_size: usize,
+    /// Train for at most this many steps: the schedule shrinks to fit (0: every epoch).
+    pub max_steps: u64,
+    /// Stop once the run reaches this step, with a checkpoint, leaving the schedule as it is;
+    /// `--resume` continues (for time-limited jobs). 0: never.
+    pub stop_after: u64,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            model: PathBuf::from("models/all-MiniLM-L6-v2"),
+            data: None,
+            output: PathBuf::from("runs/latest"),
+            epochs: 3,
+            batch_size: 32,
+            learning_rate: 1e-4,
+            warmup_ratio: 0.1,
+            weight_decay: 0.01,
+            max_len: 128,
+            seed: 42,
+            dropout: None,
+            threads: 0,
+            provider: "cpu".into(),
+            max_grad_norm: 1.0,
+            log_every: 10,
+            checkpoint_every: 0,
+            keep_checkpoints: 2,
+            eval_batch_size: 64,
+            max_steps: 0,
+            stop_after: 0,
+        }
+    }
+}
+
+impl TrainConfig {
+    /// Reads a TOML file.
+    pub fn from_toml_file(path: &Path) -> Result<Self, TrainError> {
+        let text = std::fs::read_to_string(path).map_err(|e| TrainError::Other(format!("{}: {e}", path.display())))?;
+        toml::from_str(&text).map_err(|e| TrainError::Other(format!("{}: {e}", path.display())))
+    }
+
+    /// Checks every setting; the message names the setting, its value and the allowed range.
+    pub fn validate(&self) -> Result<(), TrainError> {
+        let bad = |name: &str, value: String, expected: &str| {
+            Err(TrainError::Other(format!("--{name} {value} is not allowed: {expected}")))
+        };
+        if self.epochs == 0 {
+            return bad("epochs", self.epochs.to_string(), "train for at least 1 epoch");
+        }
+        if self.batch_size == 0 {
+            return bad("batch-size", "0".into(), "use at least 1 example per step");
+        }
+        if self.eval_batch_size == 0 {
+            return bad("eval-batch-size", "0".into(), "use at least 1");
+        }
+        if !(self.learning_rate.is_finite() && self.learning_rate > 0.0 && self.learning_rate < 1.0) {
+            return bad("learning-rate", self.learning_rate.to_string(), "must be in (0, 1), e.g. 1e-4");
+        }
+        if !(0.0..=1.0).contains(&self.warmup_ratio) {
+            return bad("warmup-ratio", self.warmup_ratio.to_string(), "a share of the steps in [0, 1]");
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return bad("weight-decay", self.weight_decay.to_string(), "must be 0 or more");
+        }
+        if !(8..=4096).contains(&self.max_len) {
+            return bad("max-len", self.max_len.to_string(), "between 8 and the model's max_position_embeddings");
+        }
+        if let Some(p) = self.dropout {
+            if !(0.0..1.0).contains(&p) {
+                return bad("dropout", p.to_string(), "a probability in [0, 1)");
+            }
+        }
+        if !(self.max_grad_norm.is_finite() && self.max_grad_norm > 0.0) {
+            return bad("max-grad-norm", self.max_grad_norm.to_string(), "must be positive");
+        }
+        if self.keep_checkpoints == 0 {
+            return bad("keep-checkpoints", "0".into(), "keep at least 1 (resume needs one)");
+        }
+        self.provider.parse::<runtime::Provider>()?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_bad_values_are_named() {
+        TrainConfig::default().validate().expect("defaults");
+        let cases = [
+            (TrainConfig { learning_rate: -1.0, ..Default::default() }, "--learning-rate -1"),
+            (TrainConfig { batch_size: 0, ..Default::default() }, "--batch-size 0"),
+            (TrainConfig { warmup_ratio: 1.5, ..Default::default() }, "--warmup-ratio 1.5"),
+            (TrainConfig { dropout: Some(1.0), ..Default::default() }, "--dropout 1"),
+            (TrainConfig { epochs: 0, ..Default::default() }, "--epochs 0"),
+            (TrainConfig { provider: "cuda".into(), ..Default::default() }, "cuda"),
+        ];
+        for (config, expected) in cases {
+            let msg = config.validate().expect_err(expected).to_string();
+            assert!(msg.contains(expected), "{msg}");
+        }
+    }
+
+    #[test]
+    fn toml_files_are_read_and_unknown_keys_refused() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("run.toml");
+        std::fs::write(&path, "epochs = 1\nlearning_rate = 5e-5\n").expect("write");
+        let c = TrainConfig::from_toml_file(&path).expect("read");
+        assert_eq!((c.epochs, c.learning_rate, c.batch_size), (1, 5e-5, 32));
+        std::fs::write(&path, "epoch = 1\n").expect("write");
+        let msg = TrainConfig::from_toml_file(&path).expect_err("typo").to_string();
+        assert!(msg.contains("run.toml") && msg.contains("epoch"), "{msg}");
+    }
+}

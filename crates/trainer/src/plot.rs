@@ -1,0 +1,86 @@
+//! The end-of-run plot: training loss by step, dev accuracy and F1 by step, as a PNG.
+
+use std::path::Path;
+use std::sync::Once;
+
+use plotters::prelude::*;
+
+use crate::TrainError;
+
+/// Fonts looked for to label the plot; without one the plot is drawn without text.
+const FONTS: &[&str] = &[
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+    "/System/Library/Fonts/Helvetica.ttc",
+];
+
+fn register_font() -> bool {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let mut found = false;
+        for path in FONTS {
+            if let Ok(bytes) = std::fs::read(path) {
+                // Registered once per process; the font must live as long as plotters does.
+                let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+                if plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok() {
+                    found = true;
+                    break;
+                }
+            }
+        }
+        FOUND_FONT.store(found, std::sync::atomic::Ordering::Relaxed);
+    });
+    FOUND_FONT.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+static FOUND_FONT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Draws `loss` (step, training loss) and `evals` (step, accuracy, F1) into a PNG.
+pub fn plot(path: &Path, loss: &[(u64, f64)], evals: &[(u64, f64, f64)]) -> Result<(), TrainError> {
+    let text = register_font();
+    let fail = |e: &dyn std::fmt::Display| TrainError::Other(format!("plotting {}: {e}", path.display()));
+    let root = BitMapBackend::new(path, (1200, 480)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| fail(&e))?;
+    let (left, right) = root.split_horizontally(600);
+    let max_step = loss.iter().map(|p| p.0).chain(evals.iter().map(|e| e.0)).max().unwrap_or(1).max(1);
+    let max_loss = loss.iter().map(|p| p.1).fold(0.0f64, f64::max).max(1e-3) * 1.05;
+
+    let mut chart = ChartBuilder::on(&left);
+    chart.margin(15).x_label_area_size(35).y_label_area_size(50);
+    if text {
+        chart.caption("training loss", ("sans-serif", 20));
+    }
+    let mut chart = chart.build_cartesian_2d(0u64..max_step, 0.0..max_loss).map_err(|e| fail(&e))?;
+    let mut mesh = chart.configure_mesh();
+    if text {
+        mesh.x_desc("step");
+    } else {
+        mesh.disable_x_axis().disable_y_axis();
+    }
+    mesh.draw().map_err(|e| fail(&e))?;
+    chart.draw_series(LineSeries::new(loss.iter().copied(), &BLUE)).map_err(|e| fail(&e))?;
+
+    let mut chart = ChartBuilder::on(&right);
+    chart.margin(15).x_label_area_size(35).y_label_area_size(50);
+    if text {
+        chart.caption("dev accuracy (blue), F1 (red)", ("sans-serif", 20));
+    }
+    let mut chart = chart.build_cartesian_2d(0u64..max_step, 0.5..1.0).map_err(|e| fail(&e))?;
+    let mut mesh = chart.configure_mesh();
+    if text {
+        mesh.x_desc("step");
+    } else {
+        mesh.disable_x_axis().disable_y_axis();
+    }
+    mesh.draw().map_err(|e| fail(&e))?;
+    chart
+        .draw_series(LineSeries::new(evals.iter().map(|e| (e.0, e.1)), &BLUE).point_size(4))
+        .map_err(|e| fail(&e))?;
+    chart
+        .draw_series(LineSeries::new(evals.iter().map(|e| (e.0, e.2)), &RED).point_size(4))
+        .map_err(|e| fail(&e))?;
+    root.present().map_err(|e| fail(&e))?;
+    Ok(())
+}
