@@ -1,0 +1,98 @@
+//! Gradient averaging across nodes: the ring all-reduce, with no sockets and no async runtime.
+//!
+//! Owns: the ring schedule (chunks, pipeline segments, who sends what at each step), the
+//! all-reduce and gather state machines (in the manner of `quinn-proto`: frames in, frames out,
+//! every frame checked against the schedule), gradient buckets, the wire format of frames, the
+//! [`Transport`] trait with a blocking driver, and an in-memory transport for tests.
+//!
+//! Does not own: networking (`quic`), or what the buffer holds (`bert`'s layout, hashed into the
+//! handshake by the caller).
+//!
+//! ```
+//! use collective::{memory_ring, all_reduce_mean};
+//! let transports = memory_ring(3, std::time::Duration::from_secs(5));
+//! let handles: Vec<_> = transports
+//!     .into_iter()
+//!     .enumerate()
+//!     .map(|(rank, mut t)| {
+//!         std::thread::spawn(move || {
+//!             let mut grads = vec![rank as f32; 10];
+//!             all_reduce_mean(&mut t, 0, &mut grads, 4).unwrap();
+//!             grads
+//!         })
+//!     })
+//!     .collect();
+//! for h in handles {
+//!     assert_eq!(h.join().unwrap(), vec![1.0; 10]);
+//! }
+//! ```
+
+mod bucket;
+mod frame;
+mod memory;
+mod ring;
+mod transport;
+
+pub use bucket::plan_buckets;
+pub use frame::{Header, Hello, Kind, Phase, HEADER_LEN, MAX_PAYLOAD, VERSION};
+pub use memory::{memory_ring, MemoryTransport};
+pub use ring::{RingAllReduce, RingGather, Schedule};
+pub use transport::{all_reduce_mean, all_reduce_buckets, gather, Transport};
+
+/// A frame that cannot be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    /// Fewer than 32 header bytes.
+    #[error("a frame header needs 32 bytes, got {0}")]
+    Short(usize),
+    /// Not a ringtune frame.
+    #[error("bad magic: not a ringtune frame")]
+    Magic,
+    /// Another protocol version.
+    #[error("protocol version {0}, this build speaks 1")]
+    Version(u8),
+    /// Unknown frame kind.
+    #[error("unknown frame kind {0}")]
+    Kind(u8),
+    /// Unknown phase.
+    #[error("unknown phase {0}")]
+    Phase(u8),
+    /// A payload longer than allowed.
+    #[error("payload of {0} bytes exceeds the limit")]
+    TooLong(u32),
+    /// A payload of the wrong size for its kind.
+    #[error("payload of {found} bytes, expected {expected}")]
+    Payload {
+        /// Expected length.
+        expected: usize,
+        /// Found length.
+        found: usize,
+    },
+}
+
+/// What can go wrong in a collective operation.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CollectiveError {
+    /// Invalid arguments.
+    #[error("{0}")]
+    Setup(String),
+    /// A neighbour broke the protocol.
+    #[error("rank {peer} {reason}")]
+    Protocol {
+        /// The offending rank.
+        peer: usize,
+        /// What it did.
+        reason: String,
+    },
+    /// A frame could not be decoded.
+    #[error("rank {peer} sent an invalid frame: {error}")]
+    Frame {
+        /// The sender.
+        peer: usize,
+        /// The decoding error.
+        error: FrameError,
+    },
+    /// The transport failed (a neighbour vanished, a deadline passed).
+    #[error("{0}")]
+    Transport(String),
+}

@@ -1,0 +1,69 @@
+//! The transport trait and the blocking driver of the state machines.
+
+use std::ops::Range;
+
+use bytes::Bytes;
+
+use crate::{CollectiveError, Header, RingAllReduce, RingGather, Schedule};
+
+/// A ring position: frames go to the next rank and come from the previous one, in order.
+pub trait Transport {
+    /// This rank.
+    fn rank(&self) -> usize;
+    /// Ranks in the ring.
+    fn world(&self) -> usize;
+    /// Queues a frame to the next rank.
+    fn send(&mut self, header: Header, payload: Bytes) -> Result<(), CollectiveError>;
+    /// The next frame from the previous rank; fails when it vanished or a deadline passed.
+    fn recv(&mut self) -> Result<(Header, Bytes), CollectiveError>;
+}
+
+/// Replaces `grads` by its mean over all ranks (operation id `op`; segments of `segment`
+/// elements). Every rank ends with the same bits.
+pub fn all_reduce_mean(t: &mut impl Transport, op: u64, grads: &mut [f32], segment: usize) -> Result<(), CollectiveError> {
+    let schedule = Schedule::new(t.rank(), t.world(), grads.len(), segment)?;
+    let mut ring = RingAllReduce::start(schedule, op, grads)?;
+    loop {
+        while let Some((header, payload)) = ring.poll_transmit() {
+            t.send(header, payload)?;
+        }
+        if !ring.wants_frame() {
+            return Ok(());
+        }
+        let (header, payload) = t.recv()?;
+        ring.handle_frame(header, payload, grads)?;
+    }
+}
+
+/// All-reduces `grads` bucket by bucket (operation ids `first_op`, `first_op + 1`, ...),
+/// calling `done` with each bucket's range as soon as it is reduced.
+pub fn all_reduce_buckets(
+    t: &mut impl Transport,
+    first_op: u64,
+    grads: &mut [f32],
+    buckets: &[Range<usize>],
+    segment: usize,
+    mut done: impl FnMut(Range<usize>, &[f32]),
+) -> Result<(), CollectiveError> {
+    for (i, range) in buckets.iter().enumerate() {
+        all_reduce_mean(t, first_op + i as u64, &mut grads[range.clone()], segment)?;
+        done(range.clone(), &grads[range.clone()]);
+    }
+    Ok(())
+}
+
+/// Every rank's `value`, in rank order.
+pub fn gather(t: &mut impl Transport, op: u64, value: Bytes) -> Result<Vec<Bytes>, CollectiveError> {
+    let schedule = Schedule::new(t.rank(), t.world(), 0, 1)?;
+    let mut g = RingGather::start(schedule, op, value);
+    loop {
+        while let Some((header, payload)) = g.poll_transmit() {
+            t.send(header, payload)?;
+        }
+        if !g.wants_frame() {
+            return g.values().ok_or_else(|| CollectiveError::Setup("gather ended without every value".into()));
+        }
+        let (header, payload) = t.recv()?;
+        g.handle_frame(header, payload)?;
+    }
+}

@@ -1,0 +1,116 @@
+//! Property tests over the in-memory ring: for worlds 1 to 8 and lengths from 0 to millions
+//! (primes included), every rank ends with the mean of all inputs, and all ranks agree bit for
+//! bit.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use collective::{all_reduce_buckets, all_reduce_mean, gather, memory_ring, plan_buckets, Transport};
+use proptest::prelude::*;
+
+fn inputs(world: usize, len: usize, seed: u64) -> Vec<Vec<f32>> {
+    let mut state = seed | 1;
+    (0..world)
+        .map(|_| {
+            (0..len)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn run(world: usize, data: Vec<Vec<f32>>, segment: usize) -> Vec<Vec<f32>> {
+    let transports = memory_ring(world, Duration::from_secs(30));
+    let handles: Vec<_> = transports
+        .into_iter()
+        .zip(data)
+        .map(|(mut t, mut grads)| {
+            std::thread::spawn(move || {
+                all_reduce_mean(&mut t, 1, &mut grads, segment).expect("all-reduce");
+                grads
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().expect("rank thread")).collect()
+}
+
+fn check(world: usize, len: usize, segment: usize, seed: u64) {
+    let data = inputs(world, len, seed);
+    let serial: Vec<f64> = (0..len).map(|i| data.iter().map(|d| d[i] as f64).sum::<f64>() / world as f64).collect();
+    let results = run(world, data, segment);
+    for (rank, r) in results.iter().enumerate() {
+        assert_eq!(r.len(), len);
+        assert!(r.iter().zip(&results[0]).all(|(a, b)| a.to_bits() == b.to_bits()), "rank {rank} differs from rank 0");
+        for (i, (&got, &want)) in r.iter().zip(&serial).enumerate() {
+            assert!((got as f64 - want).abs() <= 1e-6 * world as f64, "element {i}: {got} vs {want}");
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_rank_gets_the_mean_and_all_agree(world in 1usize..=8, len in 0usize..5000, segment in 1usize..700, seed: u64) {
+        check(world, len, segment, seed);
+    }
+}
+
+#[test]
+fn prime_and_large_lengths() {
+    for (world, len) in [(4, 1_000_003), (3, 2_999_999), (8, 7919), (7, 1), (5, 4), (2, 0)] {
+        check(world, len, 65_536, len as u64 + world as u64);
+    }
+}
+
+#[test]
+fn buckets_and_gather() {
+    let world = 3;
+    let len = 10_000;
+    let buckets = plan_buckets(len, 100, 4096, 16);
+    let transports = memory_ring(world, Duration::from_secs(30));
+    let data = inputs(world, len, 5);
+    let expected: Vec<f32> = (0..len).map(|i| data.iter().map(|d| d[i]).sum::<f32>() / world as f32).collect();
+    let handles: Vec<_> = transports
+        .into_iter()
+        .zip(data)
+        .map(|(mut t, mut grads)| {
+            let buckets = buckets.clone();
+            std::thread::spawn(move || {
+                let mut seen = Vec::new();
+                all_reduce_buckets(&mut t, 10, &mut grads, &buckets, 1000, |r, _| seen.push(r)).expect("buckets");
+                let rank = t.rank();
+                let values = gather(&mut t, 99, Bytes::from(vec![rank as u8; 4])).expect("gather");
+                (grads, seen, values)
+            })
+        })
+        .collect();
+    for h in handles {
+        let (grads, seen, values) = h.join().expect("thread");
+        assert_eq!(seen, buckets);
+        for (a, b) in grads.iter().zip(&expected) {
+            assert!((a - b).abs() < 1e-5);
+        }
+        assert_eq!(values, (0..world).map(|r| Bytes::from(vec![r as u8; 4])).collect::<Vec<_>>());
+    }
+}
+
+#[test]
+fn a_vanished_rank_is_an_error_not_a_hang() {
+    let mut transports = memory_ring(3, Duration::from_millis(300));
+    drop(transports.remove(2));
+    let handles: Vec<_> = transports
+        .into_iter()
+        .map(|mut t| std::thread::spawn(move || all_reduce_mean(&mut t, 1, &mut vec![1.0; 100], 10)))
+        .collect();
+    for h in handles {
+        let err = h.join().expect("thread").expect_err("a rank is gone");
+        let msg = err.to_string();
+        assert!(msg.starts_with("rank ") && (msg.contains("has gone") || msg.contains("sent nothing")), "{msg}");
+    }
+}
