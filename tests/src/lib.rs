@@ -66,8 +66,11 @@ pub fn read_batch_prefixed(path: &Path, prefix: &str) -> mrpc::Batch {
     let ints = |name: &str| tensors[&format!("{prefix}{name}")].i64s().expect("int64").to_vec();
     let shape = tensors[&format!("{prefix}input_ids")].shape().to_vec();
     let ids = ints("input_ids");
-    let types =
-        if tensors.contains_key(&format!("{prefix}token_type_ids")) { ints("token_type_ids") } else { vec![0; ids.len()] };
+    let types = if tensors.contains_key(&format!("{prefix}token_type_ids")) {
+        ints("token_type_ids")
+    } else {
+        vec![0; ids.len()]
+    };
     mrpc::Batch {
         rows: shape[0],
         seq: shape[1],

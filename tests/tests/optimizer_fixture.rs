@@ -14,10 +14,12 @@ fn adamw_steps_match_pytorch() {
     let layout = bert::layout(&config);
     let mut params = FlatBuffer::zeros(layout.total_len());
     load_params(&[dir.join("model.safetensors")], &config, &layout, 0, &mut params).expect("weights");
-    let mut engine = Engine::new(runtime(), &config, &layout, params, false, &SessionOptions::default()).expect("engine");
+    let mut engine =
+        Engine::new(runtime(), &config, &layout, params, false, &SessionOptions::default()).expect("engine");
     let trace = Trace::from_file(&dir.join("steps.json")).expect("steps.json");
-    let batches: Vec<_> =
-        (0..trace.steps).map(|i| read_batch_prefixed(&dir.join("steps_batches.safetensors"), &format!("step{i}."))).collect();
+    let batches: Vec<_> = (0..trace.steps)
+        .map(|i| read_batch_prefixed(&dir.join("steps_batches.safetensors"), &format!("step{i}.")))
+        .collect();
     let losses = replay(&mut engine, &batches, &trace).expect("replay");
     for (ours, theirs) in losses.iter().zip(&trace.losses_before_each_step) {
         assert!((*ours as f64 - theirs).abs() < 1e-4, "loss {ours} vs {theirs}");

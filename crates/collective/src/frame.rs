@@ -104,7 +104,8 @@ impl Header {
 
     /// Parses and checks 32 header bytes (magic, version, kind, phase, payload limit).
     pub fn decode(b: &[u8]) -> Result<Self, FrameError> {
-        let b: &[u8; HEADER_LEN] = b.get(..HEADER_LEN).and_then(|s| s.try_into().ok()).ok_or(FrameError::Short(b.len()))?;
+        let b: &[u8; HEADER_LEN] =
+            b.get(..HEADER_LEN).and_then(|s| s.try_into().ok()).ok_or(FrameError::Short(b.len()))?;
         if b[0..2] != MAGIC {
             return Err(FrameError::Magic);
         }
@@ -118,7 +119,8 @@ impl Header {
             other => return Err(FrameError::Phase(other)),
         };
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-        let u64_at = |i: usize| u64::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3], b[i + 4], b[i + 5], b[i + 6], b[i + 7]]);
+        let u64_at =
+            |i: usize| u64::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3], b[i + 4], b[i + 5], b[i + 6], b[i + 7]]);
         let len = u32_at(28);
         if len > MAX_PAYLOAD {
             return Err(FrameError::TooLong(len));
@@ -180,7 +182,8 @@ mod tests {
 
     #[test]
     fn round_trips_and_checks() {
-        let h = Header { kind: Kind::Data, op: 9, phase: Phase::AllGather, step: 3, chunk: 2, offset: 1 << 40, len: 4096 };
+        let h =
+            Header { kind: Kind::Data, op: 9, phase: Phase::AllGather, step: 3, chunk: 2, offset: 1 << 40, len: 4096 };
         assert_eq!(Header::decode(&h.encode()), Ok(h));
         let mut bad = h.encode();
         bad[0] = b'X';

@@ -37,7 +37,7 @@ pub use bucket::plan_buckets;
 pub use frame::{Header, Hello, Kind, Phase, HEADER_LEN, MAX_PAYLOAD, VERSION};
 pub use memory::{memory_ring, MemoryTransport};
 pub use ring::{RingAllReduce, RingGather, Schedule};
-pub use transport::{all_reduce_mean, all_reduce_buckets, gather, Transport};
+pub use transport::{all_reduce_buckets, all_reduce_mean, gather, Transport};
 
 /// A frame that cannot be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

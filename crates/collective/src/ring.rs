@@ -133,7 +133,11 @@ impl RingAllReduce {
     /// Starts operation `op` over `grads`: the first reduce-scatter step's frames are ready.
     pub fn start(schedule: Schedule, op: u64, grads: &[f32]) -> Result<Self, CollectiveError> {
         if grads.len() != schedule.len {
-            return Err(CollectiveError::Setup(format!("buffer of {} for a schedule of {}", grads.len(), schedule.len)));
+            return Err(CollectiveError::Setup(format!(
+                "buffer of {} for a schedule of {}",
+                grads.len(),
+                schedule.len
+            )));
         }
         let mut expected = Vec::new();
         for phase in [Phase::ReduceScatter, Phase::AllGather] {
@@ -189,7 +193,10 @@ impl RingAllReduce {
     pub fn handle_frame(&mut self, header: Header, payload: Bytes, grads: &mut [f32]) -> Result<(), CollectiveError> {
         let prev = self.schedule.prev();
         let Some(want) = self.expected.get(self.cursor).cloned() else {
-            return Err(CollectiveError::Protocol { peer: prev, reason: format!("sent a frame after the operation ended: {header:?}") });
+            return Err(CollectiveError::Protocol {
+                peer: prev,
+                reason: format!("sent a frame after the operation ended: {header:?}"),
+            });
         };
         let expected = Header {
             kind: Kind::Data,
@@ -201,7 +208,10 @@ impl RingAllReduce {
             len: (want.range.len() * 4) as u32,
         };
         if header != expected {
-            return Err(CollectiveError::Protocol { peer: prev, reason: format!("sent {header:?} where {expected:?} was due") });
+            return Err(CollectiveError::Protocol {
+                peer: prev,
+                reason: format!("sent {header:?} where {expected:?} was due"),
+            });
         }
         if payload.len() != want.range.len() * 4 {
             return Err(CollectiveError::Protocol {
@@ -291,7 +301,10 @@ impl RingGather {
         expected.step = self.step as u16;
         expected.chunk = origin as u32;
         if header != expected || !self.wants_frame() {
-            return Err(CollectiveError::Protocol { peer: prev, reason: format!("sent {header:?} where {expected:?} was due") });
+            return Err(CollectiveError::Protocol {
+                peer: prev,
+                reason: format!("sent {header:?} where {expected:?} was due"),
+            });
         }
         self.values[origin] = Some(payload.clone());
         self.step += 1;

@@ -20,7 +20,12 @@ pub trait Transport {
 
 /// Replaces `grads` by its mean over all ranks (operation id `op`; segments of `segment`
 /// elements). Every rank ends with the same bits.
-pub fn all_reduce_mean(t: &mut impl Transport, op: u64, grads: &mut [f32], segment: usize) -> Result<(), CollectiveError> {
+pub fn all_reduce_mean(
+    t: &mut impl Transport,
+    op: u64,
+    grads: &mut [f32],
+    segment: usize,
+) -> Result<(), CollectiveError> {
     let schedule = Schedule::new(t.rank(), t.world(), grads.len(), segment)?;
     let mut ring = RingAllReduce::start(schedule, op, grads)?;
     loop {

@@ -76,7 +76,11 @@ impl AdamW {
             }
             end = g.range.end;
         }
-        Ok(AdamW { config, groups: groups.to_vec(), state: AdamWState { step: 0, m: vec![0.0; len], v: vec![0.0; len] } })
+        Ok(AdamW {
+            config,
+            groups: groups.to_vec(),
+            state: AdamWState { step: 0, m: vec![0.0; len], v: vec![0.0; len] },
+        })
     }
 
     /// One step at learning rate `lr`: `p -= lr * wd * p`, then the Adam update with bias
@@ -150,7 +154,8 @@ mod tests {
     fn first_step_is_lr_times_sign() {
         let mut p = vec![0.0f32, 0.0, 0.0];
         let g = vec![0.3f32, -2.0, 1e-3];
-        let mut adam = AdamW::new(AdamWConfig::default(), &[Group { range: 0..3, weight_decay: 0.0 }], 3).expect("adam");
+        let mut adam =
+            AdamW::new(AdamWConfig::default(), &[Group { range: 0..3, weight_decay: 0.0 }], 3).expect("adam");
         adam.step(&mut p, &g, 0.01);
         for (p, g) in p.iter().zip(&g) {
             assert!((p + 0.01 * g.signum()).abs() < 1e-4, "{p} for grad {g}");

@@ -86,7 +86,14 @@ impl FlatBinding {
                 return Err(RuntimeError::Binding(format!("the graph has no output `{name}`")));
             }
         }
-        Ok(FlatBinding { io, input_views: views, fetch: fetch.iter().map(|s| s.to_string()).collect(), cpu, inputs, outputs })
+        Ok(FlatBinding {
+            io,
+            input_views: views,
+            fetch: fetch.iter().map(|s| s.to_string()).collect(),
+            cpu,
+            inputs,
+            outputs,
+        })
     }
 
     /// Runs `session` with the per-run `batch` tensors; the bound outputs are written into the

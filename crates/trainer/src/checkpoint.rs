@@ -137,7 +137,10 @@ pub fn load(path: &Path, layout_hash: &str) -> Result<Checkpoint, TrainError> {
         return Err(err(path, format!("{} bytes of tensors, expected {}", floats.len(), 12 * n)));
     }
     let read = |k: usize| -> Vec<f32> {
-        floats[k * 4 * n..(k + 1) * 4 * n].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+        floats[k * 4 * n..(k + 1) * 4 * n]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
     };
     Ok(Checkpoint { params: read(0), m: read(1), v: read(2), meta })
 }

@@ -19,9 +19,9 @@ pub mod info;
 pub mod metrics;
 pub mod model;
 mod plot;
-pub mod replay;
 pub mod predict;
 pub mod recipe;
+pub mod replay;
 pub mod train;
 
 pub use config::TrainConfig;

@@ -136,8 +136,25 @@ fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
     macro_rules! set {
         ($($field:ident),*) => { $( if let Some(v) = &args.$field { c.$field = v.clone(); } )* };
     }
-    set!(model, output, epochs, batch_size, learning_rate, warmup_ratio, weight_decay, max_len, seed, threads, provider,
-         max_grad_norm, log_every, checkpoint_every, keep_checkpoints, max_steps, stop_after);
+    set!(
+        model,
+        output,
+        epochs,
+        batch_size,
+        learning_rate,
+        warmup_ratio,
+        weight_decay,
+        max_len,
+        seed,
+        threads,
+        provider,
+        max_grad_norm,
+        log_every,
+        checkpoint_every,
+        keep_checkpoints,
+        max_steps,
+        stop_after
+    );
     if args.data.is_some() {
         c.data = args.data.clone();
     }
@@ -202,5 +219,10 @@ fn print_summary(s: &trainer::train::Summary) {
     if let Some(dev) = &s.dev {
         println!("dev accuracy {:.4}\ndev F1       {:.4}\ndev loss     {:.4}", dev.accuracy, dev.f1, dev.loss);
     }
-    println!("train        {:.2} samples/s\nwall         {:.1} s\noutput       {}", s.train_samples_per_s, s.wall_s, s.output.display());
+    println!(
+        "train        {:.2} samples/s\nwall         {:.1} s\noutput       {}",
+        s.train_samples_per_s,
+        s.wall_s,
+        s.output.display()
+    );
 }

@@ -72,7 +72,9 @@ impl MetricsFile {
     /// Writes one record and flushes it.
     pub fn write(&mut self, record: &impl Serialize) -> Result<(), TrainError> {
         let line = serde_json::to_string(record).map_err(|e| TrainError::Other(e.to_string()))?;
-        writeln!(self.out, "{line}").and_then(|_| self.out.flush()).map_err(|e| TrainError::Other(format!("metrics.jsonl: {e}")))
+        writeln!(self.out, "{line}")
+            .and_then(|_| self.out.flush())
+            .map_err(|e| TrainError::Other(format!("metrics.jsonl: {e}")))
     }
 }
 

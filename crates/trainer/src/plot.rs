@@ -75,12 +75,8 @@ pub fn plot(path: &Path, loss: &[(u64, f64)], evals: &[(u64, f64, f64)]) -> Resu
         mesh.disable_x_axis().disable_y_axis();
     }
     mesh.draw().map_err(|e| fail(&e))?;
-    chart
-        .draw_series(LineSeries::new(evals.iter().map(|e| (e.0, e.1)), &BLUE).point_size(4))
-        .map_err(|e| fail(&e))?;
-    chart
-        .draw_series(LineSeries::new(evals.iter().map(|e| (e.0, e.2)), &RED).point_size(4))
-        .map_err(|e| fail(&e))?;
+    chart.draw_series(LineSeries::new(evals.iter().map(|e| (e.0, e.1)), &BLUE).point_size(4)).map_err(|e| fail(&e))?;
+    chart.draw_series(LineSeries::new(evals.iter().map(|e| (e.0, e.2)), &RED).point_size(4)).map_err(|e| fail(&e))?;
     root.present().map_err(|e| fail(&e))?;
     Ok(())
 }

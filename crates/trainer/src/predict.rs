@@ -28,7 +28,11 @@ impl Predictor {
         let mut params = FlatBuffer::zeros(model.layout.total_len());
         let report = load_params(&model.weight_files(&[]), &model.config, &model.layout, 0, &mut params)?;
         if !report.initialized.is_empty() {
-            tracing::warn!("{} has no trained head ({}): predictions are from a random one", dir.display(), report.initialized.join(", "));
+            tracing::warn!(
+                "{} has no trained head ({}): predictions are from a random one",
+                dir.display(),
+                report.initialized.join(", ")
+            );
         }
         let tokenizer = PairTokenizer::from_model_dir(dir, max_len)?;
         let evaluator = Evaluator::new(Runtime::get()?, &model.config, &model.layout, options)?;

@@ -130,7 +130,8 @@ fn setup(cfg: &TrainConfig, root: &Path) -> Result<Setup, TrainError> {
     if let mrpc::CacheUse::Rebuilt(why) = how {
         tracing::warn!("{why}: tokenized again");
     }
-    let train = splits.remove("train").ok_or_else(|| TrainError::Other(format!("{} has no train.tsv", data.display())))?;
+    let train =
+        splits.remove("train").ok_or_else(|| TrainError::Other(format!("{} has no train.tsv", data.display())))?;
     let tokenizer_files = ["tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"]
         .iter()
         .map(|f| model.dir.join(f))
@@ -141,7 +142,12 @@ fn setup(cfg: &TrainConfig, root: &Path) -> Result<Setup, TrainError> {
 }
 
 /// Trains as `cfg` says; `sync` joins other nodes (rank 0 evaluates and writes the outputs).
-pub fn train(cfg: &TrainConfig, root: &Path, resume: bool, mut sync: Option<&mut dyn GradSync>) -> Result<Summary, TrainError> {
+pub fn train(
+    cfg: &TrainConfig,
+    root: &Path,
+    resume: bool,
+    mut sync: Option<&mut dyn GradSync>,
+) -> Result<Summary, TrainError> {
     cfg.validate()?;
     let started = Instant::now();
     let (rank, world) = sync.as_ref().map_or((0, 1), |s| (s.rank(), s.world()));
@@ -177,7 +183,12 @@ pub fn train(cfg: &TrainConfig, root: &Path, resume: bool, mut sync: Option<&mut
             ))
         })?;
         if ckpt.meta.seed != cfg.seed {
-            return Err(TrainError::Other(format!("--resume: {} was made with seed {}, not {}", path.display(), ckpt.meta.seed, cfg.seed)));
+            return Err(TrainError::Other(format!(
+                "--resume: {} was made with seed {}, not {}",
+                path.display(),
+                ckpt.meta.seed,
+                cfg.seed
+            )));
         }
         params.copy_from_slice(&ckpt.params);
         adam.restore(AdamWState { step: ckpt.meta.adam_step, m: ckpt.m, v: ckpt.v })
@@ -306,7 +317,8 @@ pub fn train(cfg: &TrainConfig, root: &Path, resume: bool, mut sync: Option<&mut
         if lead {
             save_checkpoint(&checkpoints, cfg, &progress, &layout_hash, &engine, &adam)?;
             if let (Some(dev), Some(evaluator)) = (&s.dev, evaluator.as_mut()) {
-                let scores = evaluate(evaluator, engine.params(), dev, cfg.eval_batch_size, pad_id, s.config.num_labels)?;
+                let scores =
+                    evaluate(evaluator, engine.params(), dev, cfg.eval_batch_size, pad_id, s.config.num_labels)?;
                 bar.suspend(|| {
                     tracing::info!(
                         epoch = epoch + 1,
@@ -423,7 +435,8 @@ fn write_outputs(output: &Path, s: &Setup, layout: &ParamLayout, params: &[f32])
     bert::write_atomically(&output.join("config.json"), config.as_bytes())?;
     for file in &s.tokenizer_files {
         if let Some(name) = file.file_name() {
-            std::fs::copy(file, output.join(name)).map_err(|e| TrainError::Other(format!("{}: {e}", file.display())))?;
+            std::fs::copy(file, output.join(name))
+                .map_err(|e| TrainError::Other(format!("{}: {e}", file.display())))?;
         }
     }
     let onnx = bert::export_inference(&s.config, layout, params)?;

@@ -77,7 +77,15 @@ fn the_loss_falls_and_every_output_is_written() {
     let first: f64 = l[..5].iter().sum::<f64>() / 5.0;
     let last: f64 = l[l.len() - 5..].iter().sum::<f64>() / 5.0;
     assert!(last < first - 0.02, "loss went from {first:.4} to {last:.4}");
-    for file in ["model.safetensors", "config.json", "tokenizer.json", "model.onnx", "metrics.jsonl", "training.png", "summary.json"] {
+    for file in [
+        "model.safetensors",
+        "config.json",
+        "tokenizer.json",
+        "model.onnx",
+        "metrics.jsonl",
+        "training.png",
+        "summary.json",
+    ] {
         assert!(cfg.output.join(file).exists(), "{file} missing");
     }
     let evals = std::fs::read_to_string(cfg.output.join("metrics.jsonl")).expect("metrics").matches("\"eval\"").count();
@@ -92,7 +100,13 @@ fn a_resumed_run_ends_at_the_same_weights_even_past_a_corrupt_checkpoint() {
     trainer::train::train(&straight, dir.path(), false, None).expect("straight run");
 
     // Interrupted at step 20 (checkpoints every 6 steps), then resumed.
-    let split = TrainConfig { output: dir.path().join("split"), checkpoint_every: 6, keep_checkpoints: 3, stop_after: 20, ..straight.clone() };
+    let split = TrainConfig {
+        output: dir.path().join("split"),
+        checkpoint_every: 6,
+        keep_checkpoints: 3,
+        stop_after: 20,
+        ..straight.clone()
+    };
     trainer::train::train(&split, dir.path(), false, None).expect("first part");
     let checkpoints = trainer::checkpoint::list(&split.output.join("checkpoints"));
     let newest = checkpoints.last().expect("a checkpoint");

@@ -194,7 +194,9 @@ fn measure(one: &One) -> Result<Measurement> {
 fn peak_rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok()))
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
         .map_or(0.0, |kib| kib / 1024.0)
 }
 
@@ -216,7 +218,17 @@ fn table(steps: usize, repeats: usize, only: &[String]) -> Result<()> {
     for model in models.iter().filter(|m| only.is_empty() || only.iter().any(|o| o == *m)) {
         for task in ["eval", "train"] {
             let out = Command::new(&exe)
-                .args(["one", "--model", model, "--task", task, "--steps", &steps.to_string(), "--repeats", &repeats.to_string()])
+                .args([
+                    "one",
+                    "--model",
+                    model,
+                    "--task",
+                    task,
+                    "--steps",
+                    &steps.to_string(),
+                    "--repeats",
+                    &repeats.to_string(),
+                ])
                 .output()?;
             if !out.status.success() {
                 bail!("{model} {task}: {}", String::from_utf8_lossy(&out.stderr));

@@ -60,7 +60,8 @@ fn main() -> Result<()> {
     let mut engine = Engine::new(runtime, &config, &model.layout, params, false, &options)?;
     if let (Some(batches), Some(optim)) = (&args.replay, &args.optim) {
         let trace = Trace::from_file(optim)?;
-        let batches = (0..trace.steps).map(|i| read_batch(batches, &format!("step{i}."))).collect::<Result<Vec<_>>>()?;
+        let batches =
+            (0..trace.steps).map(|i| read_batch(batches, &format!("step{i}."))).collect::<Result<Vec<_>>>()?;
         let losses = replay(&mut engine, &batches, &trace)?;
         bert::save_params(&args.out, &model.layout, engine.params())?;
         println!("losses before each step {losses:?} -> {}", args.out.display());

@@ -1,0 +1,78 @@
+//! rustls configurations for mutual TLS inside the cluster, and checks of peer names.
+
+use std::sync::Arc;
+
+use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use rustls::server::WebPkiClientVerifier;
+use rustls::RootCertStore;
+use rustls_pki_types::{CertificateDer, ServerName};
+
+use crate::certs::NodeIdentity;
+use crate::QuicError;
+
+/// ALPN of ring links.
+pub const ALPN_RING: &[u8] = b"ringtune-ring/1";
+/// ALPN of rendezvous registrations.
+pub const ALPN_RENDEZVOUS: &[u8] = b"ringtune-rdv/1";
+
+fn tls(e: impl std::fmt::Display) -> QuicError {
+    QuicError::Certificates(e.to_string())
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn roots(id: &NodeIdentity) -> Result<Arc<RootCertStore>, QuicError> {
+    let mut roots = RootCertStore::empty();
+    roots.add(id.ca.clone()).map_err(tls)?;
+    Ok(Arc::new(roots))
+}
+
+/// Accepts connections only from clients whose certificate the CA signed.
+pub fn server_crypto(id: &NodeIdentity) -> Result<QuicServerConfig, QuicError> {
+    let verifier = WebPkiClientVerifier::builder_with_provider(roots(id)?, provider()).build().map_err(tls)?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(tls)?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(id.chain.clone(), id.key.clone_key())
+        .map_err(tls)?;
+    config.alpn_protocols = vec![ALPN_RING.to_vec(), ALPN_RENDEZVOUS.to_vec()];
+    QuicServerConfig::try_from(config).map_err(tls)
+}
+
+/// Presents this node's certificate and accepts servers the CA signed for the name asked for.
+pub fn client_crypto(id: &NodeIdentity, alpn: &[u8]) -> Result<QuicClientConfig, QuicError> {
+    let mut config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(tls)?
+        .with_root_certificates(roots(id)?)
+        .with_client_auth_cert(id.chain.clone(), id.key.clone_key())
+        .map_err(tls)?;
+    config.alpn_protocols = vec![alpn.to_vec()];
+    QuicClientConfig::try_from(config).map_err(tls)
+}
+
+/// Whether `cert` is valid for the DNS name `name`.
+pub fn certificate_names(cert: &CertificateDer<'_>, name: &str) -> bool {
+    let Ok(end_entity) = webpki::EndEntityCert::try_from(cert) else { return false };
+    let Ok(server_name) = ServerName::try_from(name) else { return false };
+    end_entity.verify_is_valid_for_subject_name(&server_name).is_ok()
+}
+
+/// Whether the peer of `conn` presented a certificate for `name` (the CA check already passed
+/// during the handshake).
+pub fn peer_is(conn: &quinn::Connection, name: &str) -> bool {
+    conn.peer_identity()
+        .and_then(|any| any.downcast::<Vec<CertificateDer<'static>>>().ok())
+        .and_then(|chain| chain.first().map(|leaf| certificate_names(leaf, name)))
+        .unwrap_or(false)
+}
+
+/// The ALPN protocol a connection agreed on.
+pub fn alpn(conn: &quinn::Connection) -> Option<Vec<u8>> {
+    conn.handshake_data()
+        .and_then(|any| any.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
+        .and_then(|h| h.protocol)
+}

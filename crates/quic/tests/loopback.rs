@@ -1,0 +1,188 @@
+//! The QUIC ring on loopback: a 4-rank all-reduce (peer list and coordinator), a rank that
+//! vanishes or stalls, a node without a CA-signed certificate, and nodes that disagree.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+use collective::all_reduce_mean;
+use quic::certs::{generate, ClusterCerts, NodeIdentity};
+use quic::{Peers, QuicRing, RingOptions, Tuning};
+
+fn free_ports(n: usize) -> Vec<u16> {
+    let sockets: Vec<UdpSocket> = (0..n).map(|_| UdpSocket::bind("127.0.0.1:0").expect("port")).collect();
+    sockets.iter().map(|s| s.local_addr().expect("addr").port()).collect()
+}
+
+fn options(
+    certs: &ClusterCerts,
+    rank: usize,
+    world: usize,
+    ports: &[u16],
+    peers: Peers,
+    deadline: Duration,
+) -> RingOptions {
+    let (cert, key) = &certs.nodes[rank];
+    RingOptions {
+        rank,
+        world,
+        layout: [7; 32],
+        identity: NodeIdentity::from_pem(rank, &certs.ca_pem, cert, key).expect("identity"),
+        listen: SocketAddr::from(([127, 0, 0, 1], ports[rank])),
+        peers,
+        deadline,
+        rendezvous_deadline: Duration::from_secs(20),
+        tuning: Tuning { segment: 4096, ..Tuning::default() },
+    }
+}
+
+fn list(ports: &[u16]) -> Peers {
+    Peers::List(ports.iter().map(|p| format!("127.0.0.1:{p}")).collect())
+}
+
+fn data(rank: usize, len: usize) -> Vec<f32> {
+    (0..len).map(|i| ((i * 31 + rank * 17) % 1000) as f32 / 250.0 - 2.0).collect()
+}
+
+fn run_ring(world: usize, peers: impl Fn(&[u16]) -> Peers) {
+    let certs = generate(world).expect("certs");
+    let ports = free_ports(world);
+    let len = 100_003;
+    let handles: Vec<_> = (0..world)
+        .map(|rank| {
+            let o = options(&certs, rank, world, &ports, peers(&ports), Duration::from_secs(20));
+            std::thread::spawn(move || {
+                let mut ring = QuicRing::join(o).expect("join");
+                let mut grads = data(rank, len);
+                for _ in 0..2 {
+                    let op = ring.next_op();
+                    let segment = ring.segment();
+                    all_reduce_mean(&mut ring, op, &mut grads, segment).expect("all-reduce");
+                }
+                ring.shutdown();
+                grads
+            })
+        })
+        .collect();
+    let results: Vec<Vec<f32>> = handles.into_iter().map(|h| h.join().expect("rank")).collect();
+    for i in (0..len).step_by(997) {
+        let mean: f32 = (0..world).map(|r| data(r, len)[i]).sum::<f32>() / world as f32;
+        assert!((results[0][i] - mean).abs() < 1e-5, "element {i}");
+    }
+    for r in &results[1..] {
+        assert!(r.iter().zip(&results[0]).all(|(a, b)| a.to_bits() == b.to_bits()), "ranks differ");
+    }
+}
+
+#[test]
+fn four_ranks_all_reduce_over_a_peer_list() {
+    run_ring(4, list);
+}
+
+#[test]
+fn four_ranks_find_each_other_through_a_coordinator() {
+    run_ring(4, |ports| Peers::Coordinator(format!("127.0.0.1:{}", ports[0])));
+}
+
+#[test]
+fn a_vanished_rank_fails_every_other_rank_within_the_deadline() {
+    let world = 4;
+    let certs = generate(world).expect("certs");
+    let ports = free_ports(world);
+    let deadline = Duration::from_secs(3);
+    let handles: Vec<_> = (0..world)
+        .map(|rank| {
+            let o = options(&certs, rank, world, &ports, list(&ports), deadline);
+            std::thread::spawn(move || -> Result<(), String> {
+                let mut ring = QuicRing::join(o).map_err(|e| e.to_string())?;
+                let mut grads = data(rank, 50_000);
+                let op = ring.next_op();
+                all_reduce_mean(&mut ring, op, &mut grads, 4096).map_err(|e| e.to_string())?;
+                if rank == 2 {
+                    // Rank 2 dies: its links go away mid-job.
+                    drop(ring);
+                    return Ok(());
+                }
+                let started = Instant::now();
+                let op = ring.next_op();
+                let result = all_reduce_mean(&mut ring, op, &mut grads, 4096).map_err(|e| e.to_string());
+                let err = result.expect_err("rank 2 is gone");
+                ring.abort(&err);
+                assert!(started.elapsed() < deadline + Duration::from_secs(2), "took {:?}", started.elapsed());
+                Err(err)
+            })
+        })
+        .collect();
+    for (rank, h) in handles.into_iter().enumerate() {
+        let result = h.join().expect("thread");
+        if rank != 2 {
+            let err = result.expect_err("an error");
+            assert!(err.contains("rank "), "rank {rank}: {err}");
+        }
+    }
+}
+
+#[test]
+fn a_stalled_rank_is_named_at_the_deadline() {
+    let world = 3;
+    let certs = generate(world).expect("certs");
+    let ports = free_ports(world);
+    let deadline = Duration::from_secs(2);
+    let handles: Vec<_> = (0..world)
+        .map(|rank| {
+            let o = options(&certs, rank, world, &ports, list(&ports), deadline);
+            std::thread::spawn(move || -> Result<(), String> {
+                let mut ring = QuicRing::join(o).map_err(|e| e.to_string())?;
+                if rank == 1 {
+                    // Alive (keep-alives flow) but never takes part.
+                    std::thread::sleep(deadline * 3);
+                    return Ok(());
+                }
+                let mut grads = data(rank, 10_000);
+                let op = ring.next_op();
+                all_reduce_mean(&mut ring, op, &mut grads, 4096).map_err(|e| e.to_string())
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().expect("thread")).collect();
+    // Rank 2 receives from the silent rank 1.
+    let err = results[2].clone().expect_err("stalled neighbour");
+    assert!(err.contains("rank 1") && err.contains("sent nothing"), "{err}");
+    assert!(results[0].is_err());
+}
+
+#[test]
+fn a_node_without_a_ca_signed_certificate_is_refused() {
+    let world = 2;
+    let certs = generate(world).expect("certs");
+    let rogue = rcgen::generate_simple_self_signed(vec!["node-1".to_string()]).expect("self-signed");
+    let ports = free_ports(world);
+    let mut honest = options(&certs, 0, world, &ports, list(&ports), Duration::from_secs(5));
+    honest.rendezvous_deadline = Duration::from_secs(4);
+    let mut bad = options(&certs, 1, world, &ports, list(&ports), Duration::from_secs(5));
+    bad.identity = NodeIdentity::from_pem(1, &rogue.cert.pem(), &rogue.cert.pem(), &rogue.key_pair.serialize_pem())
+        .expect("rogue");
+    bad.rendezvous_deadline = Duration::from_secs(4);
+    let a = std::thread::spawn(move || QuicRing::join(honest).map(|_| ()));
+    let b = std::thread::spawn(move || QuicRing::join(bad).map(|_| ()));
+    let honest_result = a.join().expect("thread");
+    let rogue_result = b.join().expect("thread");
+    let rogue_err = rogue_result.expect_err("the rogue cannot join").to_string();
+    assert!(rogue_err.contains("refused") || rogue_err.contains("rendezvous"), "{rogue_err}");
+    let honest_err = honest_result.expect_err("the honest node has no valid peer").to_string();
+    assert!(honest_err.contains("rendezvous") || honest_err.contains("refused"), "{honest_err}");
+}
+
+#[test]
+fn nodes_that_disagree_fail_before_the_first_step() {
+    let world = 2;
+    let certs = generate(world).expect("certs");
+    let ports = free_ports(world);
+    let a = options(&certs, 0, world, &ports, list(&ports), Duration::from_secs(5));
+    let mut b = options(&certs, 1, world, &ports, list(&ports), Duration::from_secs(5));
+    b.layout = [8; 32];
+    let ta = std::thread::spawn(move || QuicRing::join(a).map(|_| ()));
+    let tb = std::thread::spawn(move || QuicRing::join(b).map(|_| ()));
+    let errors: Vec<String> =
+        [ta, tb].into_iter().map(|t| t.join().expect("thread").expect_err("mismatch").to_string()).collect();
+    assert!(errors.iter().any(|e| e.contains("another parameter layout")), "{errors:?}");
+}
