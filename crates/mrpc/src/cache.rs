@@ -45,7 +45,10 @@ pub fn save_cache(path: &Path, fingerprint: &[u8; 32], splits: &Splits) -> Resul
     let checksum: [u8; 32] = Sha256::digest(&out).into();
     out.extend_from_slice(&checksum);
     let io = |source| DataError::Io { path: path.into(), source };
-    let temp = path.with_extension("partial");
+    // Several processes (the ranks of one machine) may write the same cache at once.
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let unique = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let temp = path.with_extension(format!("partial-{}-{unique}", std::process::id()));
     std::fs::write(&temp, &out).map_err(io)?;
     std::fs::rename(&temp, path).map_err(io)
 }

@@ -22,6 +22,9 @@ pub struct TrainConfig {
     pub epochs: u32,
     /// Examples per step on each node.
     pub batch_size: usize,
+    /// Examples per step over all nodes; when set, each node takes its share (it must divide
+    /// evenly) and `batch_size` is ignored.
+    pub global_batch_size: Option<usize>,
     /// Peak learning rate.
     pub learning_rate: f64,
     /// Share of the steps spent warming up linearly.
@@ -50,6 +53,8 @@ pub struct TrainConfig {
     pub eval_batch_size: usize,
     /// Train for at most this many steps: the schedule shrinks to fit (0: every epoch).
     pub max_steps: u64,
+    /// Steps between cross-node parameter-hash checks (also at every epoch end and checkpoint).
+    pub param_check_every: u64,
     /// Stop once the run reaches this step, with a checkpoint, leaving the schedule as it is;
     /// `--resume` continues (for time-limited jobs). 0: never.
     pub stop_after: u64,
@@ -63,6 +68,7 @@ impl Default for TrainConfig {
             output: PathBuf::from("runs/latest"),
             epochs: 3,
             batch_size: 32,
+            global_batch_size: None,
             learning_rate: 1e-4,
             warmup_ratio: 0.1,
             weight_decay: 0.01,
@@ -78,6 +84,7 @@ impl Default for TrainConfig {
             eval_batch_size: 64,
             max_steps: 0,
             stop_after: 0,
+            param_check_every: 50,
         }
     }
 }
@@ -87,6 +94,17 @@ impl TrainConfig {
     pub fn from_toml_file(path: &Path) -> Result<Self, TrainError> {
         let text = std::fs::read_to_string(path).map_err(|e| TrainError::Other(format!("{}: {e}", path.display())))?;
         toml::from_str(&text).map_err(|e| TrainError::Other(format!("{}: {e}", path.display())))
+    }
+
+    /// Examples per step on each of `world` nodes.
+    pub fn node_batch(&self, world: usize) -> Result<usize, TrainError> {
+        match self.global_batch_size {
+            None => Ok(self.batch_size),
+            Some(global) if global % world.max(1) == 0 => Ok(global / world.max(1)),
+            Some(global) => {
+                Err(TrainError::Other(format!("--global-batch-size {global} does not split evenly over {world} nodes")))
+            }
+        }
     }
 
     /// Checks every setting; the message names the setting, its value and the allowed range.
@@ -99,6 +117,9 @@ impl TrainConfig {
         }
         if self.batch_size == 0 {
             return bad("batch-size", "0".into(), "use at least 1 example per step");
+        }
+        if self.global_batch_size == Some(0) {
+            return bad("global-batch-size", "0".into(), "use at least 1 example per step");
         }
         if self.eval_batch_size == 0 {
             return bad("eval-batch-size", "0".into(), "use at least 1");

@@ -13,6 +13,7 @@
 
 pub mod checkpoint;
 mod config;
+pub mod distributed;
 pub mod engine;
 mod error;
 pub mod info;

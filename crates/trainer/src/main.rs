@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use runtime::SessionOptions;
+use trainer::distributed::{ClusterOptions, QuicSync};
 use trainer::predict::Predictor;
 use trainer::TrainConfig;
 
@@ -24,6 +25,28 @@ enum Command {
     Eval(UseArgs),
     /// Writes GLUE-format predictions (index, prediction) for test.tsv.
     Predict(PredictArgs),
+    /// Makes a cluster CA and one certificate per node (`ca.pem`, `node-<rank>.pem`, `.key`).
+    Certs {
+        /// Nodes in the cluster.
+        #[arg(long)]
+        nodes: usize,
+        /// Output folder.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Starts N local nodes on loopback (throwaway certificates) running `ringtune train`
+    /// with the arguments after `--`, and waits for them.
+    Launch {
+        /// Nodes to start.
+        #[arg(long)]
+        nodes: usize,
+        /// Coordinator port on 127.0.0.1.
+        #[arg(long, default_value_t = 29500)]
+        port: u16,
+        /// Arguments for `ringtune train`.
+        #[arg(last = true)]
+        train: Vec<String>,
+    },
     /// Shows the ONNX Runtime version, library path, execution providers and CPU features.
     Info,
 }
@@ -52,6 +75,9 @@ struct TrainArgs {
     /// Examples per step per node.
     #[arg(long)]
     batch_size: Option<usize>,
+    /// Examples per step over all nodes (each node takes its share; overrides --batch-size).
+    #[arg(long)]
+    global_batch_size: Option<usize>,
     /// Peak learning rate.
     #[arg(long, allow_negative_numbers = true)]
     learning_rate: Option<f64>,
@@ -94,6 +120,41 @@ struct TrainArgs {
     /// Stop at this step with a checkpoint, schedule unchanged; continue with --resume.
     #[arg(long)]
     stop_after: Option<u64>,
+    /// Steps between cross-node parameter checks.
+    #[arg(long)]
+    param_check_every: Option<u64>,
+    #[command(flatten)]
+    cluster: ClusterArgs,
+}
+
+/// Where this node stands in a multi-node run; without these, the launcher's environment
+/// (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, Slurm, Open MPI, PMI) is read, else one node.
+#[derive(Args)]
+struct ClusterArgs {
+    /// Nodes in the run.
+    #[arg(long)]
+    world: Option<usize>,
+    /// This node's rank.
+    #[arg(long)]
+    rank: Option<usize>,
+    /// Every rank's host:port, comma separated, in rank order.
+    #[arg(long, value_delimiter = ',')]
+    peers: Vec<String>,
+    /// Rank 0's host:port, where the others register (instead of --peers).
+    #[arg(long)]
+    coordinator: Option<String>,
+    /// Folder with ca.pem and this node's node-<rank>.pem and .key (`ringtune certs`).
+    #[arg(long, env = "RINGTUNE_CERTS")]
+    certs: Option<PathBuf>,
+    /// Address to listen on (default: this rank's port from --peers or the coordinator's; else any).
+    #[arg(long)]
+    listen: Option<std::net::SocketAddr>,
+    /// Seconds to wait for a neighbour before failing.
+    #[arg(long, default_value_t = 60)]
+    deadline: u64,
+    /// QUIC connections per neighbour.
+    #[arg(long, default_value_t = 1)]
+    lanes: usize,
 }
 
 #[derive(Args)]
@@ -161,6 +222,9 @@ fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
     if args.dropout.is_some() {
         c.dropout = args.dropout;
     }
+    if args.global_batch_size.is_some() {
+        c.global_batch_size = args.global_batch_size;
+    }
     c.validate()?;
     Ok(c)
 }
@@ -170,16 +234,37 @@ fn default_file(name: &str) -> Result<PathBuf> {
 }
 
 fn main() -> Result<()> {
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     match Cli::parse().command {
         Command::Train(args) => {
             let config = train_config(&args)?;
-            let summary = trainer::train::train(&config, &root(), args.resume, None)?;
-            print_summary(&summary);
+            match cluster_options(&args.cluster)? {
+                None => print_summary(&trainer::train::train(&config, &root(), args.resume, None)?),
+                Some(cluster) => {
+                    let _rank = tracing::info_span!("rank", rank = cluster.rank).entered();
+                    let model = trainer::model::ModelDir::open(&root().join(&config.model))?;
+                    let mut sync = QuicSync::join(&cluster, model.layout.hash(), model.layout.total_len())?;
+                    let summary = trainer::train::train(&config, &root(), args.resume, Some(&mut sync))?;
+                    sync.shutdown();
+                    if cluster.rank == 0 {
+                        print_summary(&summary);
+                    }
+                }
+            }
         }
+        Command::Certs { nodes, out } => {
+            if nodes == 0 {
+                anyhow::bail!("--nodes must be at least 1");
+            }
+            quic::certs::write(&out, &quic::certs::generate(nodes)?)?;
+            println!("CA and {nodes} node certificates in {}: give node <rank> ca.pem, node-<rank>.pem and node-<rank>.key; keep ca.key elsewhere", out.display());
+        }
+        Command::Launch { nodes, port, train } => launch(nodes, port, &train)?,
         Command::Eval(args) => {
             let file = match &args.file {
                 Some(f) => f.clone(),
@@ -207,6 +292,93 @@ fn main() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The cluster this node joins, from flags or the launcher's environment (`None`: one node).
+fn cluster_options(args: &ClusterArgs) -> Result<Option<ClusterOptions>> {
+    let from_env = quic::launch::from_env(|k| std::env::var(k).ok())?;
+    let (rank, world, coordinator) = match (args.world, &from_env) {
+        (Some(world), _) => (args.rank.context("--world needs --rank")?, world, args.coordinator.clone()),
+        (None, Some(l)) => (args.rank.unwrap_or(l.rank), l.world, args.coordinator.clone().or(l.coordinator.clone())),
+        (None, None) => return Ok(None),
+    };
+    if world <= 1 {
+        return Ok(None);
+    }
+    if rank >= world {
+        anyhow::bail!("--rank {rank} is not within --world {world}");
+    }
+    let peers = match (args.peers.is_empty(), coordinator) {
+        (false, _) if args.peers.len() != world => {
+            anyhow::bail!("--peers lists {} addresses for a world of {world}", args.peers.len())
+        }
+        (false, _) => quic::Peers::List(args.peers.clone()),
+        (true, Some(c)) => quic::Peers::Coordinator(c),
+        (true, None) => anyhow::bail!("rank {rank} of {world}: give --peers or --coordinator (or set MASTER_ADDR)"),
+    };
+    let certs = args.certs.clone().context(
+        "multi-node training needs --certs DIR (or RINGTUNE_CERTS); make them with `ringtune certs --nodes N --out DIR`",
+    )?;
+    let port_of = |host_port: &str| host_port.rsplit(':').next().and_then(|p| p.parse::<u16>().ok());
+    let listen = match (&args.listen, &peers) {
+        (Some(a), _) => *a,
+        (None, quic::Peers::List(list)) => {
+            let port = port_of(&list[rank]).with_context(|| format!("--peers entry `{}` has no port", list[rank]))?;
+            std::net::SocketAddr::from(([0, 0, 0, 0], port))
+        }
+        (None, quic::Peers::Coordinator(c)) if rank == 0 => std::net::SocketAddr::from((
+            [0, 0, 0, 0],
+            port_of(c).with_context(|| format!("coordinator `{c}` has no port"))?,
+        )),
+        (None, _) => std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
+    };
+    Ok(Some(ClusterOptions {
+        rank,
+        world,
+        peers,
+        certs,
+        listen,
+        deadline: std::time::Duration::from_secs(args.deadline.max(1)),
+        lanes: args.lanes.max(1),
+    }))
+}
+
+/// `ringtune launch`: N local nodes with throwaway certificates, the torchrun variables set.
+fn launch(nodes: usize, port: u16, train: &[String]) -> Result<()> {
+    if nodes == 0 {
+        anyhow::bail!("--nodes must be at least 1");
+    }
+    let certs = std::env::temp_dir().join(format!("ringtune-certs-{}", std::process::id()));
+    quic::certs::write(&certs, &quic::certs::generate(nodes)?)?;
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let threads = (cores / nodes).max(1).to_string();
+    let exe = std::env::current_exe()?;
+    let mut children = Vec::new();
+    for rank in 0..nodes {
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.arg("train").args(train).arg("--certs").arg(&certs);
+        if !train.iter().any(|a| a == "--threads") {
+            cmd.args(["--threads", &threads]);
+        }
+        cmd.env("RANK", rank.to_string())
+            .env("WORLD_SIZE", nodes.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string());
+        children.push(cmd.spawn().with_context(|| format!("starting rank {rank}"))?);
+    }
+    let mut failed = Vec::new();
+    for (rank, mut child) in children.into_iter().enumerate() {
+        let status = child.wait()?;
+        if !status.success() {
+            failed.push(format!("rank {rank} ({status})"));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&certs);
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        anyhow::bail!("{} of {nodes} nodes failed: {}", failed.len(), failed.join(", "))
+    }
 }
 
 fn predictor(args: &UseArgs) -> Result<Predictor> {

@@ -203,7 +203,8 @@ pub fn train(
     let mut engine = Engine::new(runtime, &s.config, &layout, params, s.config.has_dropout(), &session)?;
     let mut evaluator = if lead { Some(Evaluator::new(runtime, &s.config, &layout, &session)?) } else { None };
 
-    let per_epoch = steps_per_epoch(s.train.len(), world, cfg.batch_size, ShardMode::Pad) as u64;
+    let batch_size = cfg.node_batch(world)?;
+    let per_epoch = steps_per_epoch(s.train.len(), world, batch_size, ShardMode::Pad) as u64;
     let mut total = per_epoch * cfg.epochs as u64;
     if cfg.max_steps > 0 {
         total = total.min(cfg.max_steps);
@@ -215,7 +216,7 @@ pub fn train(
             per_epoch,
             warmup = schedule.warmup,
             nodes = world,
-            global_batch = cfg.batch_size * world,
+            global_batch = batch_size * world,
             params = layout.num_params(),
             "training {}",
             s.model.dir.display()
@@ -242,9 +243,9 @@ pub fn train(
         }
         let order = epoch_order(s.train.len(), cfg.seed, epoch as u64);
         let mine = shard(&order, rank, world, ShardMode::Pad)?;
-        let batches = mine.len().div_ceil(cfg.batch_size) as u64;
+        let batches = mine.len().div_ceil(batch_size) as u64;
         let skip = if epoch == progress.epoch { progress.batch_in_epoch as usize } else { 0 };
-        for (index, chunk) in mine.chunks(cfg.batch_size).enumerate().skip(skip) {
+        for (index, chunk) in mine.chunks(batch_size).enumerate().skip(skip) {
             let _step_span = tracing::debug_span!("step", step = progress.step).entered();
             let t0 = Instant::now();
             let batch = {
@@ -297,10 +298,12 @@ pub fn train(
             if progress.step >= total || progress.step == cfg.stop_after {
                 break;
             }
-            if cfg.checkpoint_every > 0 && progress.step % cfg.checkpoint_every == 0 {
-                if let Some(sync) = sync.as_deref_mut() {
-                    sync.check_params(params_hash(engine.params()))?;
-                }
+            let checkpoint_now = cfg.checkpoint_every > 0 && progress.step % cfg.checkpoint_every == 0;
+            let check_now = cfg.param_check_every > 0 && progress.step % cfg.param_check_every == 0;
+            if let (Some(sync), true) = (sync.as_deref_mut(), checkpoint_now || check_now) {
+                sync.check_params(params_hash(engine.params()))?;
+            }
+            if checkpoint_now {
                 if lead {
                     save_checkpoint(&checkpoints, cfg, &progress, &layout_hash, &engine, &adam)?;
                 }

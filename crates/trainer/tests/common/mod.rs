@@ -1,0 +1,70 @@
+//! Helpers of the trainer's end-to-end tests: a tiny BERT with MiniLM's tokenizer and a slice of
+//! the real MRPC files.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use trainer::TrainConfig;
+
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A tiny BERT with MiniLM's vocabulary and tokenizer, seeded weights, in `dir`.
+pub fn tiny_model(dir: &Path) -> PathBuf {
+    let model = dir.join("tiny-model");
+    std::fs::create_dir_all(&model).expect("dir");
+    let minilm = root().join("models/all-MiniLM-L6-v2");
+    assert!(minilm.join("tokenizer.json").exists(), "run `just setup` first");
+    let config = r#"{"model_type": "bert", "vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "intermediate_size": 64, "max_position_embeddings": 512, "hidden_act": "gelu",
+        "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}"#;
+    std::fs::write(model.join("config.json"), config).expect("config");
+    let c = bert::ModelConfig::from_dir(&model).expect("parse");
+    let layout = bert::layout(&c);
+    let mut params = vec![0.0; layout.total_len()];
+    bert::init_all(&c, &layout, 3, &mut params);
+    bert::save_params(&model.join("model.safetensors"), &layout, &params).expect("weights");
+    std::fs::copy(minilm.join("tokenizer.json"), model.join("tokenizer.json")).expect("tokenizer");
+    model
+}
+
+/// The first `train` and `dev` rows of the real MRPC files, as a data folder.
+pub fn small_mrpc(dir: &Path, train: usize, dev: usize) -> PathBuf {
+    let source = mrpc::data_dir(&root()).unwrap_or_else(|e| panic!("{e}")).path;
+    let data = dir.join("mrpc");
+    std::fs::create_dir_all(&data).expect("dir");
+    for (file, rows) in [("train.tsv", train), ("dev.tsv", dev)] {
+        let text = std::fs::read_to_string(source.join(file)).expect("read");
+        let lines: Vec<&str> = text.lines().take(rows + 1).collect();
+        std::fs::write(data.join(file), lines.join("\n") + "\n").expect("write");
+    }
+    data
+}
+
+pub fn config(dir: &Path, output: &str) -> TrainConfig {
+    TrainConfig {
+        model: tiny_model(dir),
+        data: Some(small_mrpc(dir, 200, 40)),
+        output: dir.join(output),
+        epochs: 3,
+        batch_size: 16,
+        learning_rate: 2e-3,
+        warmup_ratio: 0.1,
+        dropout: Some(0.0),
+        threads: 1,
+        log_every: 1,
+        ..TrainConfig::default()
+    }
+}
+
+pub fn losses(output: &Path) -> Vec<f64> {
+    std::fs::read_to_string(output.join("metrics.jsonl"))
+        .expect("metrics")
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["kind"] == "step")
+        .map(|v| v["loss"].as_f64().expect("loss"))
+        .collect()
+}

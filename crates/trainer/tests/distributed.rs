@@ -1,0 +1,179 @@
+//! Data-parallel training over the QUIC ring on loopback: N nodes with per-node batch b end at
+//! the parameters of one node with batch N x b on the same samples; a killed node makes the
+//! others fail naming it, and restarting every node with --resume finishes the run.
+
+mod common;
+
+use std::net::UdpSocket;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{config, small_mrpc, tiny_model};
+use quic::Peers;
+use trainer::distributed::{ClusterOptions, QuicSync};
+use trainer::TrainConfig;
+
+fn free_ports(n: usize) -> Vec<u16> {
+    let sockets: Vec<UdpSocket> = (0..n).map(|_| UdpSocket::bind("127.0.0.1:0").expect("port")).collect();
+    sockets.iter().map(|s| s.local_addr().expect("addr").port()).collect()
+}
+
+fn params(output: &Path) -> Vec<f32> {
+    let t = bert::read_tensor_file(&output.join("model.safetensors")).expect("weights");
+    t.values().flat_map(|v| v.f32s().expect("f32").to_vec()).collect()
+}
+
+fn train_on_nodes(base: &TrainConfig, world: usize, root: &Path, certs: &Path) -> PathBuf {
+    let ports = free_ports(world);
+    let output = base.output.join(format!("world-{world}"));
+    let handles: Vec<_> = (0..world)
+        .map(|rank| {
+            let cfg = TrainConfig { output: output.clone(), ..base.clone() };
+            let cluster = ClusterOptions {
+                rank,
+                world,
+                peers: Peers::List(ports.iter().map(|p| format!("127.0.0.1:{p}")).collect()),
+                certs: certs.to_path_buf(),
+                listen: std::net::SocketAddr::from(([127, 0, 0, 1], ports[rank])),
+                deadline: Duration::from_secs(30),
+                lanes: 1,
+            };
+            let root = root.to_path_buf();
+            std::thread::spawn(move || {
+                let model = trainer::model::ModelDir::open(&cfg.model).expect("model");
+                let mut sync = QuicSync::join(&cluster, model.layout.hash(), model.layout.total_len()).expect("join");
+                let summary = trainer::train::train(&cfg, &root, false, Some(&mut sync)).expect("train");
+                sync.shutdown();
+                summary.steps
+            })
+        })
+        .collect();
+    let steps: Vec<u64> = handles.into_iter().map(|h| h.join().expect("rank")).collect();
+    assert!(steps.iter().all(|&s| s == steps[0]), "every rank takes the same steps: {steps:?}");
+    output
+}
+
+#[test]
+fn two_and_four_nodes_reach_the_single_node_parameters() {
+    let dir = tempfile::tempdir().expect("dir");
+    let certs = dir.path().join("certs");
+    quic::certs::write(&certs, &quic::certs::generate(4).expect("certs")).expect("write");
+    // 200 examples: divisible by 2 and 4, so no rank sees padding the single node does not.
+    let base = TrainConfig { epochs: 1, dropout: Some(0.0), param_check_every: 5, ..config(dir.path(), "runs") };
+    let init = params(&base.model);
+    for (world, b) in [(2usize, 8usize), (4, 4)] {
+        let single =
+            TrainConfig { batch_size: world * b, output: base.output.join(format!("single-{world}")), ..base.clone() };
+        trainer::train::train(&single, dir.path(), false, None).expect("single node");
+        let multi = TrainConfig { batch_size: b, ..base.clone() };
+        let out = train_on_nodes(&multi, world, dir.path(), &certs);
+        let (a, m) = (params(&single.output), params(&out));
+        let moved: f64 = a.iter().zip(&init).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>().sqrt();
+        let diff: f64 = a.iter().zip(&m).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>().sqrt();
+        let max = a.iter().zip(&m).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+        eprintln!("{world} nodes: moved {moved:e}, L2 difference {diff:e}, max {max:e}");
+        assert!(moved > 1e-2, "training moved the parameters ({moved})");
+        assert!(
+            diff / moved < 1e-5 && max < 1e-5,
+            "{world} nodes: L2 difference {diff:e} of a {moved:e} update, max {max:e}"
+        );
+    }
+}
+
+fn spawn_node(rank: usize, world: usize, port: u16, certs: &Path, args: &[String], log: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_ringtune"))
+        .arg("train")
+        .args(args)
+        .arg("--certs")
+        .arg(certs)
+        .args(["--deadline", "5"])
+        .env("RANK", rank.to_string())
+        .env("WORLD_SIZE", world.to_string())
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).expect("log"))
+        .spawn()
+        .expect("start ringtune")
+}
+
+fn latest_step(output: &Path) -> u64 {
+    std::fs::read_to_string(output.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["step"].as_u64())
+        .max()
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_killed_node_fails_the_others_by_name_and_resume_finishes_the_run() {
+    let dir = tempfile::tempdir().expect("dir");
+    let world = 3;
+    let certs = dir.path().join("certs");
+    quic::certs::write(&certs, &quic::certs::generate(world).expect("certs")).expect("write");
+    let model = tiny_model(dir.path());
+    let data = small_mrpc(dir.path(), 200, 20);
+    let output = dir.path().join("run");
+    let args: Vec<String> = [
+        "--model",
+        model.to_str().expect("utf8"),
+        "--data",
+        data.to_str().expect("utf8"),
+        "--output",
+        output.to_str().expect("utf8"),
+        "--epochs",
+        "3",
+        "--batch-size",
+        "2",
+        "--threads",
+        "1",
+        "--log-every",
+        "1",
+        "--checkpoint-every",
+        "4",
+        "--dropout",
+        "0",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let port = free_ports(1)[0];
+    let logs: Vec<PathBuf> = (0..world).map(|r| dir.path().join(format!("rank{r}.log"))).collect();
+    let mut nodes: Vec<Child> = (0..world).map(|r| spawn_node(r, world, port, &certs, &args, &logs[r])).collect();
+    let started = Instant::now();
+    while latest_step(&output) < 10 {
+        assert!(started.elapsed() < Duration::from_secs(120), "training did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    nodes[2].kill().expect("kill rank 2");
+    let killed_at = Instant::now();
+    for (rank, node) in nodes.iter_mut().enumerate().take(2) {
+        let status = node.wait().expect("wait");
+        assert!(!status.success(), "rank {rank} must fail when rank 2 dies");
+        let log = std::fs::read_to_string(&logs[rank]).expect("log");
+        assert!(log.contains("rank 2") || log.contains("rank 1"), "rank {rank} names no peer:\n{log}");
+    }
+    nodes[2].wait().expect("reap");
+    assert!(killed_at.elapsed() < Duration::from_secs(5 + 10), "the others took {:?} to fail", killed_at.elapsed());
+    let log0 = std::fs::read_to_string(&logs[0]).expect("log");
+    assert!(log0.contains("gradient sync failed"), "{log0}");
+
+    // Every node restarts with --resume and the run finishes.
+    let mut resumed = args.clone();
+    resumed.push("--resume".into());
+    let logs2: Vec<PathBuf> = (0..world).map(|r| dir.path().join(format!("resume{r}.log"))).collect();
+    let mut nodes: Vec<Child> = (0..world).map(|r| spawn_node(r, world, port, &certs, &resumed, &logs2[r])).collect();
+    for (rank, node) in nodes.iter_mut().enumerate() {
+        let status = node.wait().expect("wait");
+        let log = std::fs::read_to_string(&logs2[rank]).expect("log");
+        assert!(status.success(), "rank {rank} failed after resuming:\n{log}");
+    }
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(output.join("summary.json")).expect("summary")).expect("json");
+    // 200 examples over 3 nodes: 67 each (padded), 34 steps of 2 per epoch.
+    assert_eq!(summary["steps"], 3 * 34);
+    assert!(std::fs::read_to_string(&logs2[0]).expect("log").contains("resumed"));
+}
