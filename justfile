@@ -28,3 +28,24 @@ info: setup
 data: setup
     cargo run -q --release -p mrpc-prep -- fetch
     cargo run -q --release -p mrpc-prep
+
+# Fine-tunes all-MiniLM-L6-v2 on MRPC with the standard recipe (runs/minilm-mrpc); prints dev accuracy and F1.
+train *ARGS: data
+    cargo run -q --release -p trainer --bin ringtune -- train {{ARGS}}
+
+# Fine-tunes on N local nodes over loopback QUIC (throwaway certificates), the global batch of 32 split between them.
+train-dist N="2" *ARGS: data
+    cargo run -q --release -p trainer --bin ringtune -- launch --nodes {{N}} -- --output runs/minilm-mrpc-{{N}}-nodes --global-batch-size 32 {{ARGS}}
+
+# Inference and training-step throughput beside PyTorch's on this machine.
+bench: setup
+    cargo run -q --release -p ringtune-bench -- table
+
+# All-reduce bandwidth of the QUIC ring (4 ranks as processes) beside gloo's and one raw TCP stream.
+ring-bench *ARGS:
+    cargo run -q --release -p ring-bench -- --verify --tcp {{ARGS}}
+
+# 1 node x 1 thread against 2 nodes x 1 thread on one global batch, and a 1/2/4-node projection.
+bench-scaling: data
+    cargo build -q --release -p trainer --bin ringtune
+    cargo run -q --release -p ringtune-bench -- scaling

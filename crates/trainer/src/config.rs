@@ -65,7 +65,7 @@ impl Default for TrainConfig {
         TrainConfig {
             model: PathBuf::from("models/all-MiniLM-L6-v2"),
             data: None,
-            output: PathBuf::from("runs/latest"),
+            output: PathBuf::from("runs/minilm-mrpc"),
             epochs: 3,
             batch_size: 32,
             global_batch_size: None,

@@ -11,7 +11,7 @@ use trainer::TrainConfig;
 
 /// Fine-tunes BERT on MRPC across CPU nodes with a custom ONNX trainer.
 #[derive(Parser)]
-#[command(version, about)]
+#[command(version, about, args_override_self = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

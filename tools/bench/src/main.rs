@@ -39,6 +39,19 @@ enum Cmd {
     },
     /// Measures one configuration and prints one JSON line.
     One(One),
+    /// 1 node x 1 thread against 2 nodes x 1 thread on the same global batch (real MRPC
+    /// steps), then a projection to a cluster of 64-vCPU nodes on 25 Gbit/s.
+    Scaling {
+        /// The `ringtune` binary.
+        #[arg(long, default_value = "target/release/ringtune")]
+        ringtune: PathBuf,
+        /// Steps per run (the first log window is warm-up and not counted).
+        #[arg(long, default_value_t = 40)]
+        steps: u64,
+        /// Global batch.
+        #[arg(long, default_value_t = 32)]
+        batch: usize,
+    },
 }
 
 #[derive(Parser, Clone, Serialize, Deserialize)]
@@ -99,6 +112,7 @@ fn main() -> Result<()> {
             println!("{}", serde_json::to_string(&m)?);
         }
         Cmd::Table { steps, repeats, only } => table(steps, repeats, &only)?,
+        Cmd::Scaling { ringtune, steps, batch } => scaling(&ringtune, steps, batch)?,
     }
     Ok(())
 }
@@ -247,4 +261,123 @@ fn table(steps: usize, repeats: usize, only: &[String]) -> Result<()> {
     }
     println!("\nringtune train = forward + backward (one ONNX Runtime run, dropout on); PyTorch train also includes AdamW and zero_grad (0.13 s of 12.4 s for bert-base).");
     Ok(())
+}
+
+/// Mean seconds per step of each phase over the step records after the first.
+#[derive(Debug, Default, Clone, Copy)]
+struct Phases {
+    forward_backward: f64,
+    sync: f64,
+    optimizer: f64,
+    step: f64,
+}
+
+fn phases(metrics: &Path) -> Result<Phases> {
+    let text = std::fs::read_to_string(metrics).with_context(|| format!("{}", metrics.display()))?;
+    let records: Vec<serde_json::Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["kind"] == "step")
+        .skip(1)
+        .collect();
+    if records.is_empty() {
+        bail!("{} has no step records after the first", metrics.display());
+    }
+    let n = records.len() as f64;
+    let mean = |key: &str| records.iter().map(|r| r[key].as_f64().unwrap_or(0.0)).sum::<f64>() / n;
+    let (fb, sync, opt) = (mean("forward_backward_s"), mean("sync_s"), mean("optimizer_s"));
+    Ok(Phases { forward_backward: fb, sync, optimizer: opt, step: fb + sync + opt + mean("data_s") })
+}
+
+fn run_ringtune(ringtune: &Path, args: &[String]) -> Result<()> {
+    let out = Command::new(ringtune).args(args).output().with_context(|| format!("running {}", ringtune.display()))?;
+    if !out.status.success() {
+        bail!("{} {}: {}", ringtune.display(), args.join(" "), String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
+fn scaling(ringtune: &Path, steps: u64, batch: usize) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let common = |out: &Path| -> Vec<String> {
+        [
+            "--max-steps",
+            &steps.to_string(),
+            "--log-every",
+            &(steps / 4).max(1).to_string(),
+            "--threads",
+            "1",
+            "--output",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([out.display().to_string(), "--global-batch-size".into(), batch.to_string()])
+        .collect()
+    };
+    let one = dir.path().join("one");
+    let mut args = vec!["train".to_string()];
+    args.extend(common(&one));
+    run_ringtune(ringtune, &args)?;
+    let two = dir.path().join("two");
+    let mut args =
+        vec!["launch".to_string(), "--nodes".into(), "2".into(), "--port".into(), "29731".into(), "--".into()];
+    args.extend(common(&two));
+    run_ringtune(ringtune, &args)?;
+    let p1 = phases(&one.join("metrics.jsonl"))?;
+    let p2 = phases(&two.join("metrics.jsonl"))?;
+    let speedup = p1.step / p2.step;
+    println!(
+        "Measured here (MiniLM on MRPC, dynamic padding, global batch {batch}, 1 thread per node, {steps} steps):"
+    );
+    println!("| nodes x threads | step s | forward+backward s | all-reduce s | optimizer s | share in sync | speedup | efficiency |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for (label, p, s) in [("1 x 1", p1, 1.0), ("2 x 1", p2, speedup)] {
+        println!(
+            "| {label} | {:.3} | {:.3} | {:.3} | {:.3} | {:.1}% | {s:.2}x | {:.0}% |",
+            p.step,
+            p.forward_backward,
+            p.sync,
+            p.optimizer,
+            100.0 * p.sync / p.step,
+            100.0 * s / if label == "1 x 1" { 1.0 } else { 2.0 }
+        );
+    }
+    project(p1, p2, batch);
+    Ok(())
+}
+
+/// The projection to 64-vCPU nodes on 25 Gbit/s, from the measured phases.
+fn project(p1: Phases, p2: Phases, batch: usize) {
+    const CORES: f64 = 32.0; // 64 vCPUs = 32 physical cores
+    const CORE_EFFICIENCY: f64 = 0.7; // compute over 32 cores, relative to 32 x one core
+    const LINK: f64 = 25e9 / 8.0 * 0.9; // bytes/s, 90% of 25 Gbit/s
+    const LATENCY: f64 = 50e-6; // per ring step
+    let grad_bytes = 22_713_986.0 * 4.0;
+    let compute_1core = p1.forward_backward; // one core, the whole global batch
+    let optimizer_1core = p1.optimizer;
+    println!(
+        "\nProjection for 64-vCPU nodes (32 cores) on 25 Gbit/s, global batch {batch}. Model: forward+backward = \
+         measured 1-core time / (32 cores x {CORE_EFFICIENCY} efficiency) / nodes; optimizer = measured 1-core time / 32 \
+         (every node steps all parameters); all-reduce = 2(N-1)/N x {:.0} MB / (90% of 3.125 GB/s) + 2(N-1) x 50 us; \
+         no overlap of all-reduce and compute (one ONNX Runtime run makes every gradient at its end).",
+        grad_bytes / 1e6
+    );
+    println!("| nodes | step s | samples/s | speedup | efficiency |");
+    println!("|---|---|---|---|---|");
+    let mut base = 0.0;
+    for n in [1.0f64, 2.0, 4.0] {
+        let compute = compute_1core / (CORES * CORE_EFFICIENCY) / n;
+        let sync = if n > 1.0 { 2.0 * (n - 1.0) / n * grad_bytes / LINK + 2.0 * (n - 1.0) * LATENCY } else { 0.0 };
+        let step = compute + optimizer_1core / CORES + sync;
+        if n == 1.0 {
+            base = step;
+        }
+        println!(
+            "| {n} | {step:.3} | {:.1} | {:.2}x | {:.0}% |",
+            batch as f64 / step,
+            base / step,
+            100.0 * base / step / n
+        );
+    }
+    let _ = p2;
 }

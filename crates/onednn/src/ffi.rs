@@ -1,0 +1,117 @@
+//! The C API subset, declared from oneDNN 3.2's headers (`oneapi/dnnl/dnnl.h`,
+//! `dnnl_types.h`, `dnnl_common_types.h`), resolved from the library at run time.
+
+#![allow(non_camel_case_types)]
+
+use std::ffi::{c_int, c_void};
+
+pub type dnnl_status_t = c_int;
+pub type dnnl_dim_t = i64;
+pub const DNNL_MAX_NDIMS: usize = 12;
+
+pub type dnnl_engine_t = *mut c_void;
+pub type dnnl_stream_t = *mut c_void;
+pub type dnnl_memory_desc_t = *mut c_void;
+pub type dnnl_memory_t = *mut c_void;
+pub type dnnl_primitive_desc_t = *mut c_void;
+pub type dnnl_primitive_t = *mut c_void;
+pub type dnnl_primitive_attr_t = *mut c_void;
+
+pub const DNNL_SUCCESS: dnnl_status_t = 0;
+/// `dnnl_cpu` in `dnnl_engine_kind_t`.
+pub const DNNL_CPU: c_int = 1;
+/// `dnnl_stream_in_order`.
+pub const DNNL_STREAM_IN_ORDER: u32 = 1;
+/// `dnnl_data_type_t` values.
+pub const DNNL_BF16: c_int = 2;
+pub const DNNL_F32: c_int = 3;
+/// `dnnl_query_impl_info_str` in `dnnl_query_t`.
+pub const DNNL_QUERY_IMPL_INFO_STR: c_int = 8;
+/// Execution argument indices.
+pub const DNNL_ARG_SRC: c_int = 1;
+pub const DNNL_ARG_DST: c_int = 17;
+pub const DNNL_ARG_WEIGHTS: c_int = 33;
+pub const DNNL_ARG_BIAS: c_int = 41;
+/// Reorder arguments (`DNNL_ARG_FROM`, `DNNL_ARG_TO`).
+pub const DNNL_ARG_FROM: c_int = 1;
+pub const DNNL_ARG_TO: c_int = 17;
+
+#[repr(C)]
+pub struct dnnl_exec_arg_t {
+    pub arg: c_int,
+    pub memory: dnnl_memory_t,
+}
+
+/// Function pointers resolved from the library.
+pub struct Api {
+    pub engine_create: unsafe extern "C" fn(*mut dnnl_engine_t, c_int, usize) -> dnnl_status_t,
+    pub engine_destroy: unsafe extern "C" fn(dnnl_engine_t) -> dnnl_status_t,
+    pub stream_create: unsafe extern "C" fn(*mut dnnl_stream_t, dnnl_engine_t, u32) -> dnnl_status_t,
+    pub stream_wait: unsafe extern "C" fn(dnnl_stream_t) -> dnnl_status_t,
+    pub stream_destroy: unsafe extern "C" fn(dnnl_stream_t) -> dnnl_status_t,
+    pub memory_desc_create_with_strides: unsafe extern "C" fn(
+        *mut dnnl_memory_desc_t,
+        c_int,
+        *const dnnl_dim_t,
+        c_int,
+        *const dnnl_dim_t,
+    ) -> dnnl_status_t,
+    pub memory_desc_destroy: unsafe extern "C" fn(dnnl_memory_desc_t) -> dnnl_status_t,
+    pub memory_create:
+        unsafe extern "C" fn(*mut dnnl_memory_t, dnnl_memory_desc_t, dnnl_engine_t, *mut c_void) -> dnnl_status_t,
+    pub memory_destroy: unsafe extern "C" fn(dnnl_memory_t) -> dnnl_status_t,
+    pub matmul_primitive_desc_create: unsafe extern "C" fn(
+        *mut dnnl_primitive_desc_t,
+        dnnl_engine_t,
+        dnnl_memory_desc_t,
+        dnnl_memory_desc_t,
+        dnnl_memory_desc_t,
+        dnnl_memory_desc_t,
+        dnnl_primitive_attr_t,
+    ) -> dnnl_status_t,
+    pub reorder_primitive_desc_create: unsafe extern "C" fn(
+        *mut dnnl_primitive_desc_t,
+        dnnl_memory_desc_t,
+        dnnl_engine_t,
+        dnnl_memory_desc_t,
+        dnnl_engine_t,
+        dnnl_primitive_attr_t,
+    ) -> dnnl_status_t,
+    pub primitive_desc_query: unsafe extern "C" fn(dnnl_primitive_desc_t, c_int, c_int, *mut c_void) -> dnnl_status_t,
+    pub primitive_desc_destroy: unsafe extern "C" fn(dnnl_primitive_desc_t) -> dnnl_status_t,
+    pub primitive_create: unsafe extern "C" fn(*mut dnnl_primitive_t, dnnl_primitive_desc_t) -> dnnl_status_t,
+    pub primitive_execute:
+        unsafe extern "C" fn(dnnl_primitive_t, dnnl_stream_t, c_int, *const dnnl_exec_arg_t) -> dnnl_status_t,
+    pub primitive_destroy: unsafe extern "C" fn(dnnl_primitive_t) -> dnnl_status_t,
+}
+
+/// Resolves every function of [`Api`] from `lib`.
+///
+/// # Safety
+/// `lib` must be oneDNN 3.x, whose symbols have the signatures above.
+pub unsafe fn resolve(lib: &libloading::Library) -> Result<Api, String> {
+    macro_rules! get {
+        ($name:literal) => {
+            // SAFETY: the caller vouches that the library is oneDNN 3.x.
+            *unsafe { lib.get(concat!($name, "\0").as_bytes()) }.map_err(|e| format!("{}: {e}", $name))?
+        };
+    }
+    Ok(Api {
+        engine_create: get!("dnnl_engine_create"),
+        engine_destroy: get!("dnnl_engine_destroy"),
+        stream_create: get!("dnnl_stream_create"),
+        stream_wait: get!("dnnl_stream_wait"),
+        stream_destroy: get!("dnnl_stream_destroy"),
+        memory_desc_create_with_strides: get!("dnnl_memory_desc_create_with_strides"),
+        memory_desc_destroy: get!("dnnl_memory_desc_destroy"),
+        memory_create: get!("dnnl_memory_create"),
+        memory_destroy: get!("dnnl_memory_destroy"),
+        matmul_primitive_desc_create: get!("dnnl_matmul_primitive_desc_create"),
+        reorder_primitive_desc_create: get!("dnnl_reorder_primitive_desc_create"),
+        primitive_desc_query: get!("dnnl_primitive_desc_query"),
+        primitive_desc_destroy: get!("dnnl_primitive_desc_destroy"),
+        primitive_create: get!("dnnl_primitive_create"),
+        primitive_execute: get!("dnnl_primitive_execute"),
+        primitive_destroy: get!("dnnl_primitive_destroy"),
+    })
+}
