@@ -92,6 +92,9 @@ pub fn assert_grad_close(name: &str, got: &[f32], want: &[f32], tol: f64) {
         assert!(ours < 1e-6, "{name}: the reference is zero (norm {norm:e}) but ours has norm {ours:e}");
     } else {
         let r = rel_l2(got, want);
+        if std::env::var_os("RINGTUNE_SHOW_ERRORS").is_some() {
+            eprintln!("{name}: {r:.2e}");
+        }
         assert!(r <= tol, "{name}: relative L2 error {r:e} > {tol:e}");
     }
 }

@@ -1,52 +1,82 @@
 //! Whole-model gradients of the forward+backward graph against PyTorch: every tensor within
 //! 1e-3 relative L2 (`tiny-bert` all parameters, `minilm-mrpc` the stored ones), and the word
-//! embedding rows of ids outside the batch exactly zero.
+//! embedding rows of ids outside the batch exactly zero; the same with the matrix products on
+//! oneDNN in fp32 (1e-3), and in bf16 (5e-2).
 
 use bert::{load_params, read_tensor_file, ModelConfig};
 use ringtune_tests::{assert_grad_close, fixtures, max_abs_diff, minilm_dir, read_batch, runtime};
-use runtime::{FlatBuffer, SessionOptions};
+use runtime::{FlatBuffer, Kernels, Precision, SessionOptions};
 use trainer::engine::Engine;
 
-fn engine(config: &ModelConfig, weights: &[std::path::PathBuf]) -> Engine {
+const KERNELS: [(Kernels, f64, f32); 3] = [
+    (Kernels::Mlas, 1e-3, 1e-4),
+    (Kernels::OneDnn(Precision::F32), 1e-3, 1e-4),
+    (Kernels::OneDnn(Precision::Bf16), 5e-2, 5e-2),
+];
+
+fn engine(config: &ModelConfig, weights: &[std::path::PathBuf], kernels: Kernels) -> Engine {
     let layout = bert::layout(config);
     let mut params = FlatBuffer::zeros(layout.total_len());
     let report = load_params(weights, config, &layout, 0, &mut params).expect("weights");
     assert!(report.initialized.is_empty(), "{report:?}");
-    Engine::new(runtime(), config, &layout, params, false, &SessionOptions::default()).expect("engine")
+    let options = SessionOptions { kernels, ..SessionOptions::default() };
+    Engine::new(runtime(), config, &layout, params, false, &options).expect("engine")
 }
 
 #[test]
 fn tiny_bert_gradients_match_pytorch() {
+    for (kernels, tol, out_tol) in KERNELS {
+        tiny_bert(kernels, tol, out_tol);
+    }
+}
+
+fn tiny_bert(kernels: Kernels, tol: f64, out_tol: f32) {
     let dir = fixtures().join("tiny-bert");
     let config = ModelConfig::from_dir(&dir).expect("config");
-    let mut engine = engine(&config, &[dir.join("model.safetensors")]);
+    let mut engine = engine(&config, &[dir.join("model.safetensors")], kernels);
     let out = engine.step(&read_batch(&dir.join("batch.safetensors"))).expect("step");
     let want = read_tensor_file(&dir.join("outputs.safetensors")).expect("outputs");
-    assert!((out.loss - want["loss"].f32s().expect("loss")[0]).abs() < 1e-4);
-    assert!(max_abs_diff(&out.logits, want["logits"].f32s().expect("logits")) < 1e-4);
+    assert!((out.loss - want["loss"].f32s().expect("loss")[0]).abs() < out_tol, "{kernels:?}");
+    assert!(max_abs_diff(&out.logits, want["logits"].f32s().expect("logits")) < out_tol * 10.0, "{kernels:?}");
     let reference = read_tensor_file(&dir.join("grads.safetensors")).expect("grads");
     assert_eq!(reference.len(), engine.layout().entries().len(), "the fixture has every parameter");
     for entry in engine.layout().entries() {
         let want = reference[&entry.name].f32s().expect("f32");
-        assert_grad_close(&entry.name, &engine.grads()[entry.range()], want, 1e-3);
+        // tiny-bert's classifier bias gradient is two numbers, each a near-cancelling sum over
+        // the batch of its wide-initialised (std 0.2) logits: bf16 rounding upstream moves it by
+        // 8.4e-2 relative while every other tensor stays within 2.3e-2. It is held to 1e-1.
+        let tol =
+            if kernels == Kernels::OneDnn(Precision::Bf16) && entry.name == "classifier.bias" { 1e-1 } else { tol };
+        assert_grad_close(&format!("{} ({kernels:?})", entry.name), &engine.grads()[entry.range()], want, tol);
     }
 }
 
 #[test]
 fn minilm_gradients_on_mrpc_match_pytorch() {
+    for (kernels, tol, out_tol) in KERNELS {
+        minilm(kernels, tol, out_tol);
+    }
+}
+
+fn minilm(kernels: Kernels, tol: f64, out_tol: f32) {
     let dir = fixtures().join("minilm-mrpc");
     let model = minilm_dir();
     let config = ModelConfig::from_dir(&model).expect("config").with_dropout(0.0);
-    let mut engine = engine(&config, &[model.join("model.safetensors"), dir.join("classifier.safetensors")]);
+    let mut engine = engine(&config, &[model.join("model.safetensors"), dir.join("classifier.safetensors")], kernels);
     let out = engine.step(&read_batch(&dir.join("batch.safetensors"))).expect("step");
     let want = read_tensor_file(&dir.join("outputs.safetensors")).expect("outputs");
-    assert!((out.loss - want["loss"].f32s().expect("loss")[0]).abs() < 1e-4);
+    assert!((out.loss - want["loss"].f32s().expect("loss")[0]).abs() < out_tol, "{kernels:?}");
     let reference = read_tensor_file(&dir.join("grads.safetensors")).expect("grads");
     let word = "bert.embeddings.word_embeddings.weight";
     let mut checked = 0;
     for (name, tensor) in &reference {
         let Some(entry) = engine.layout().get(name) else { continue };
-        assert_grad_close(name, &engine.grads()[entry.range()], tensor.f32s().expect("f32"), 1e-3);
+        assert_grad_close(
+            &format!("{name} ({kernels:?})"),
+            &engine.grads()[entry.range()],
+            tensor.f32s().expect("f32"),
+            tol,
+        );
         checked += 1;
     }
     assert!(checked >= 4 + 16 * 2 + 2 + 2, "checked {checked} tensors");
@@ -58,7 +88,7 @@ fn minilm_gradients_on_mrpc_match_pytorch() {
     let rows = reference[&format!("{word}.rows")].f32s().expect("rows");
     let touched: Vec<f32> =
         row_ids.iter().flat_map(|&id| table[id as usize * hidden..(id as usize + 1) * hidden].to_vec()).collect();
-    assert_grad_close(&format!("{word} (rows in the batch)"), &touched, rows, 1e-3);
+    assert_grad_close(&format!("{word} (rows in the batch, {kernels:?})"), &touched, rows, tol);
     let mut untouched = 0.0f64;
     for (i, row) in table.chunks(hidden).enumerate() {
         if !row_ids.contains(&(i as i64)) {

@@ -15,7 +15,7 @@
 //! let w = g.input("w", DType::F32, shape(&[3])).unwrap();
 //! let y = g.mul(&x, &w).unwrap();
 //! let loss = g.reduce_sum(&y, &[0], false).unwrap();
-//! let grads = autodiff::backward(&mut g, &loss, &[w.clone()]).unwrap();
+//! let grads = autodiff::backward(&mut g, &loss, std::slice::from_ref(&w)).unwrap();
 //! autodiff::name_gradients(&mut g, &grads, &["w_grad".to_string()]).unwrap();
 //! assert!(g.outputs.contains(&"w_grad".to_string()));
 //! ```

@@ -8,11 +8,11 @@ use onnx_ir::DType;
 #[test]
 fn reshape_transpose_unsqueeze_squeeze() {
     let x = float("x", &[2, 3, 4], -1.0, 1.0, 61);
-    check(DType::F64, &[x.clone()], |g, v| {
+    check(DType::F64, std::slice::from_ref(&x), |g, v| {
         let r = g.reshape(&v[0], &[0, -1])?;
         g.mul(&r, &r)
     });
-    check(DType::F64, &[x.clone()], |g, v| {
+    check(DType::F64, std::slice::from_ref(&x), |g, v| {
         let t = g.transpose(&v[0], &[2, 0, 1])?;
         let w = g.scalar(DType::F64, 2.0)?;
         let t = g.mul(&t, &w)?;
@@ -28,8 +28,8 @@ fn reshape_transpose_unsqueeze_squeeze() {
 #[test]
 fn slice_concat_expand() {
     let x = float("x", &[3, 4, 5], -1.0, 1.0, 62);
-    check(DType::F64, &[x.clone()], |g, v| g.slice(&v[0], &[0, 1], &[1, 3], &[1, 2]));
-    check(DType::F64, &[x.clone()], |g, v| g.slice(&v[0], &[-2], &[i64::MAX], &[0]));
+    check(DType::F64, std::slice::from_ref(&x), |g, v| g.slice(&v[0], &[0, 1], &[1, 3], &[1, 2]));
+    check(DType::F64, std::slice::from_ref(&x), |g, v| g.slice(&v[0], &[-2], &[i64::MAX], &[0]));
     let y = float("y", &[3, 2, 5], -1.0, 1.0, 63);
     check(DType::F64, &[x, y], |g, v| g.concat(&[&v[0], &v[1], &v[0]], 1));
     let b = float("b", &[1, 4], -1.0, 1.0, 64);
@@ -49,7 +49,7 @@ fn gather_rows_repeated_ids() {
 #[test]
 fn reductions() {
     let x = float("x", &[2, 3, 4], -1.0, 1.0, 66);
-    check(DType::F64, &[x.clone()], |g, v| g.reduce_sum(&v[0], &[0, 2], false));
-    check(DType::F64, &[x.clone()], |g, v| g.reduce_sum(&v[0], &[1], true));
+    check(DType::F64, std::slice::from_ref(&x), |g, v| g.reduce_sum(&v[0], &[0, 2], false));
+    check(DType::F64, std::slice::from_ref(&x), |g, v| g.reduce_sum(&v[0], &[1], true));
     check(DType::F64, &[x], |g, v| g.reduce_mean(&v[0], &[-1], false));
 }

@@ -124,7 +124,7 @@ impl ModelConfig {
             num_labels,
             pad_token_id: json.get("pad_token_id").and_then(Json::as_i64).unwrap_or(0),
         };
-        if config.hidden_size % config.num_heads != 0 {
+        if !config.hidden_size.is_multiple_of(config.num_heads) {
             return Err(r.unsupported(
                 "num_attention_heads",
                 &config.num_heads.to_string(),

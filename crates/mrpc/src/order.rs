@@ -81,12 +81,12 @@ mod tests {
         fn shards_are_disjoint_complete_and_equal(n in 1usize..500, world in 1usize..=8, batch in 1usize..40, seed: u64) {
             let order = epoch_order(n, seed, 0);
             for mode in [ShardMode::Pad, ShardMode::DropLast] {
-                let shards: Vec<Vec<usize>> = (0..world).map(|r| shard(&order, r, world, mode).unwrap()).collect();
+                let shards: Vec<Vec<usize>> = (0..world).map(|r| shard(&order, r, world, mode).expect("shard")).collect();
                 let len = shards[0].len();
                 prop_assert!(shards.iter().all(|s| s.len() == len), "equal lengths");
                 let steps: HashSet<usize> = shards.iter().map(|s| s.len().div_ceil(batch)).collect();
                 prop_assert_eq!(steps.len(), 1, "equal step counts");
-                prop_assert_eq!(*steps.iter().next().unwrap(), steps_per_epoch(n, world, batch, mode));
+                prop_assert_eq!(*steps.iter().next().expect("one count"), steps_per_epoch(n, world, batch, mode));
                 let all: Vec<usize> = shards.concat();
                 let distinct: HashSet<usize> = all.iter().copied().collect();
                 match mode {
@@ -107,10 +107,10 @@ mod tests {
         fn per_rank_batches_union_to_the_global_batch(n in 1usize..300, world in 1usize..=8, batch in 1usize..20) {
             // Batch k of every rank together holds batch k of one node with batch world*batch.
             let order = epoch_order(n, 7, 0);
-            let padded = shard(&order, 0, 1, ShardMode::Pad).unwrap();
+            let padded = shard(&order, 0, 1, ShardMode::Pad).expect("shard");
             let global: Vec<usize> = (0..n.div_ceil(world) * world).map(|i| order[i % n]).collect();
             prop_assert_eq!(padded.len(), n);
-            let shards: Vec<Vec<usize>> = (0..world).map(|r| shard(&order, r, world, ShardMode::Pad).unwrap()).collect();
+            let shards: Vec<Vec<usize>> = (0..world).map(|r| shard(&order, r, world, ShardMode::Pad).expect("shard")).collect();
             for (k, g) in global.chunks(world * batch).enumerate() {
                 let mut union: Vec<usize> = shards.iter().flat_map(|s| s.chunks(batch).nth(k).unwrap_or(&[]).to_vec()).collect();
                 let mut want = g.to_vec();

@@ -27,6 +27,10 @@ pub const DNNL_BF16: c_int = 2;
 pub const DNNL_F32: c_int = 3;
 /// `dnnl_query_impl_info_str` in `dnnl_query_t`.
 pub const DNNL_QUERY_IMPL_INFO_STR: c_int = 8;
+/// `dnnl_format_tag_any`: let the primitive choose the layout.
+pub const DNNL_FORMAT_ANY: c_int = 1;
+/// `dnnl_query_weights_md` in `dnnl_query_t`.
+pub const DNNL_QUERY_WEIGHTS_MD: c_int = 131;
 /// Execution argument indices.
 pub const DNNL_ARG_SRC: c_int = 1;
 pub const DNNL_ARG_DST: c_int = 17;
@@ -56,6 +60,9 @@ pub struct Api {
         c_int,
         *const dnnl_dim_t,
     ) -> dnnl_status_t,
+    pub memory_desc_create_with_tag:
+        unsafe extern "C" fn(*mut dnnl_memory_desc_t, c_int, *const dnnl_dim_t, c_int, c_int) -> dnnl_status_t,
+    pub memory_desc_get_size: unsafe extern "C" fn(dnnl_memory_desc_t) -> usize,
     pub memory_desc_destroy: unsafe extern "C" fn(dnnl_memory_desc_t) -> dnnl_status_t,
     pub memory_create:
         unsafe extern "C" fn(*mut dnnl_memory_t, dnnl_memory_desc_t, dnnl_engine_t, *mut c_void) -> dnnl_status_t,
@@ -78,6 +85,7 @@ pub struct Api {
         dnnl_primitive_attr_t,
     ) -> dnnl_status_t,
     pub primitive_desc_query: unsafe extern "C" fn(dnnl_primitive_desc_t, c_int, c_int, *mut c_void) -> dnnl_status_t,
+    pub primitive_desc_query_md: unsafe extern "C" fn(dnnl_primitive_desc_t, c_int, c_int) -> dnnl_memory_desc_t,
     pub primitive_desc_destroy: unsafe extern "C" fn(dnnl_primitive_desc_t) -> dnnl_status_t,
     pub primitive_create: unsafe extern "C" fn(*mut dnnl_primitive_t, dnnl_primitive_desc_t) -> dnnl_status_t,
     pub primitive_execute:
@@ -103,12 +111,15 @@ pub unsafe fn resolve(lib: &libloading::Library) -> Result<Api, String> {
         stream_wait: get!("dnnl_stream_wait"),
         stream_destroy: get!("dnnl_stream_destroy"),
         memory_desc_create_with_strides: get!("dnnl_memory_desc_create_with_strides"),
+        memory_desc_create_with_tag: get!("dnnl_memory_desc_create_with_tag"),
+        memory_desc_get_size: get!("dnnl_memory_desc_get_size"),
         memory_desc_destroy: get!("dnnl_memory_desc_destroy"),
         memory_create: get!("dnnl_memory_create"),
         memory_destroy: get!("dnnl_memory_destroy"),
         matmul_primitive_desc_create: get!("dnnl_matmul_primitive_desc_create"),
         reorder_primitive_desc_create: get!("dnnl_reorder_primitive_desc_create"),
         primitive_desc_query: get!("dnnl_primitive_desc_query"),
+        primitive_desc_query_md: get!("dnnl_primitive_desc_query_md"),
         primitive_desc_destroy: get!("dnnl_primitive_desc_destroy"),
         primitive_create: get!("dnnl_primitive_create"),
         primitive_execute: get!("dnnl_primitive_execute"),

@@ -189,13 +189,19 @@ struct Handle {
     prim: dnnl_primitive_t,
 }
 
-/// Everything one product needs: the matmul, and for bf16 the reorders that round A and B.
+/// Everything one product needs: the matmul; the reorder that packs B into the layout the
+/// matmul prefers (and rounds it to bf16); for bf16, the reorder that rounds A.
 struct Primitive {
     matmul: Handle,
     /// f32 A, f32 B, f32 output, then the bias if any.
     mds: Vec<dnnl_memory_desc_t>,
-    /// bf16 A and B descriptors with the reorders into them.
-    bf16: Option<[(dnnl_memory_desc_t, Handle); 2]>,
+    /// B as the matmul wants it (owned by the matmul's descriptor), its size in bytes, and the
+    /// reorder from the caller's B.
+    packed_b: (dnnl_memory_desc_t, usize, Handle),
+    /// bf16 A and the reorder into it.
+    bf16_a: Option<(dnnl_memory_desc_t, Handle)>,
+    /// The bias descriptor, if any (also in `mds`).
+    bias_md: Option<dnnl_memory_desc_t>,
     implementation: String,
 }
 
@@ -208,7 +214,7 @@ pub struct Engine {
     /// bf16 copies of A and B, reused across calls.
     scratch: Mutex<(Vec<u16>, Vec<u16>)>,
     omp_set_num_threads: Option<unsafe extern "C" fn(i32)>,
-    threads: i32,
+    threads: std::sync::atomic::AtomicI32,
     path: PathBuf,
     // Last, so that it is unloaded after everything above is destroyed.
     _lib: libloading::Library,
@@ -278,7 +284,7 @@ impl Engine {
             primitives: Mutex::new(HashMap::new()),
             scratch: Mutex::new((Vec::new(), Vec::new())),
             omp_set_num_threads,
-            threads,
+            threads: std::sync::atomic::AtomicI32::new(threads),
             path: path.to_path_buf(),
             _lib: lib,
         })
@@ -289,9 +295,9 @@ impl Engine {
         &self.path
     }
 
-    /// Threads oneDNN's OpenMP regions use.
-    pub fn set_threads(&mut self, threads: usize) {
-        self.threads = threads.max(1) as i32;
+    /// Threads oneDNN's OpenMP regions use (default: one per core).
+    pub fn set_threads(&self, threads: usize) {
+        self.threads.store(threads.max(1) as i32, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// oneDNN's name for the implementation chosen for `spec` (`brg:avx512_core_bf16`, ...).
@@ -308,6 +314,17 @@ impl Engine {
         // SAFETY: `d` and `s` hold `dims.len()` valid entries (checked <= 12 by `Matmul::check`).
         call("dnnl_memory_desc_create_with_strides", unsafe {
             (self.api.memory_desc_create_with_strides)(&mut md, dims.len() as i32, d.as_ptr(), data_type, s.as_ptr())
+        })?;
+        Ok(md)
+    }
+
+    fn memory_desc_any(&self, dims: &[i64], data_type: i32) -> Result<dnnl_memory_desc_t, DnnlError> {
+        let mut d = [0i64; DNNL_MAX_NDIMS];
+        d[..dims.len()].copy_from_slice(dims);
+        let mut md: dnnl_memory_desc_t = std::ptr::null_mut();
+        // SAFETY: `d` holds `dims.len()` valid entries.
+        call("dnnl_memory_desc_create_with_tag", unsafe {
+            (self.api.memory_desc_create_with_tag)(&mut md, dims.len() as i32, d.as_ptr(), data_type, DNNL_FORMAT_ANY)
         })?;
         Ok(md)
     }
@@ -345,20 +362,24 @@ impl Engine {
                 md
             }
         };
-        // bf16: A and B are rounded into bf16 copies (same logical layout) by reorders, and the
-        // product reads those with fp32 accumulation into the fp32 output.
-        let bf16 = match spec.precision {
+        // B goes through a reorder into the layout the matmul prefers (blocked, and bf16 for
+        // bf16 products): the packing a fast kernel needs is paid once per call, in parallel.
+        // For bf16, A is rounded into a bf16 copy of the same layout.
+        let data_type = match spec.precision {
+            Precision::F32 => DNNL_F32,
+            Precision::Bf16 => DNNL_BF16,
+        };
+        let bf16_a = match spec.precision {
             Precision::F32 => None,
             Precision::Bf16 => {
                 let a16 = self.memory_desc(&a_dims, &dense_strides_like(&a_dims, &a_strides), DNNL_BF16)?;
-                let b16 = self.memory_desc(&b_dims, &dense_strides_like(&b_dims, &b_strides), DNNL_BF16)?;
-                Some([(a16, self.reorder(mds[0], a16)?), (b16, self.reorder(mds[1], b16)?)])
+                mds.push(a16);
+                Some((a16, self.reorder(mds[0], a16)?))
             }
         };
-        let (src, weights) = match &bf16 {
-            Some([(a16, _), (b16, _)]) => (*a16, *b16),
-            None => (mds[0], mds[1]),
-        };
+        let src = bf16_a.as_ref().map_or(mds[0], |(md, _)| *md);
+        let weights_any = self.memory_desc_any(&b_dims, data_type)?;
+        mds.push(weights_any);
         let mut pd: dnnl_primitive_desc_t = std::ptr::null_mut();
         // SAFETY: every descriptor was created above and is live.
         call("dnnl_matmul_primitive_desc_create", unsafe {
@@ -366,13 +387,21 @@ impl Engine {
                 &mut pd,
                 self.engine,
                 src,
-                weights,
+                weights_any,
                 bias_md,
                 mds[2],
                 std::ptr::null_mut(),
             )
         })?;
         let matmul = self.handle(pd)?;
+        // SAFETY: the descriptor belongs to `pd`, which the primitive keeps alive.
+        let packed = unsafe { (self.api.primitive_desc_query_md)(pd, DNNL_QUERY_WEIGHTS_MD, 0) };
+        if packed.is_null() {
+            return Err(DnnlError::Call { call: "dnnl_primitive_desc_query_md", status: -1 });
+        }
+        // SAFETY: a live descriptor.
+        let packed_size = unsafe { (self.api.memory_desc_get_size)(packed) };
+        let packed_b = (packed, packed_size, self.reorder(mds[1], packed)?);
         let mut name: *const std::ffi::c_char = std::ptr::null();
         // SAFETY: the query writes a pointer to a string owned by `pd`, copied at once.
         let implementation = unsafe {
@@ -389,7 +418,8 @@ impl Engine {
                 String::from("unknown")
             }
         };
-        let p = Arc::new(Primitive { matmul, mds, bf16, implementation });
+        let bias_md = (!bias_md.is_null()).then_some(bias_md);
+        let p = Arc::new(Primitive { matmul, mds, packed_b, bf16_a, bias_md, implementation });
         self.primitives.lock().unwrap_or_else(|p| p.into_inner()).insert(spec.clone(), p.clone());
         Ok(p)
     }
@@ -438,7 +468,7 @@ impl Engine {
             let stream = self.stream.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(set) = self.omp_set_num_threads {
                 // SAFETY: plain libgomp call.
-                unsafe { set(self.threads) };
+                unsafe { set(self.threads.load(std::sync::atomic::Ordering::Relaxed)) };
             }
             // SAFETY: primitive, stream and memories are live; the stream is ours while locked.
             result = call("dnnl_primitive_execute", unsafe {
@@ -475,15 +505,18 @@ impl Engine {
         let p = self.primitive(spec)?;
         let (a_ptr, b_ptr) = (a.as_ptr() as *mut c_void, b.as_ptr() as *mut c_void);
         let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-        let (src, weights) = match &p.bf16 {
-            None => ((p.mds[0], a_ptr), (p.mds[1], b_ptr)),
-            Some([(a16, to_a), (b16, to_b)]) => {
+        let (packed_md, packed_size, to_packed) = &p.packed_b;
+        scratch.1.resize(packed_size.div_ceil(2), 0);
+        let packed = scratch.1.as_mut_ptr() as *mut c_void;
+        self.execute(to_packed.prim, &[(DNNL_ARG_FROM, p.mds[1], b_ptr), (DNNL_ARG_TO, *packed_md, packed)])?;
+        let weights = (*packed_md, packed);
+        let src = match &p.bf16_a {
+            None => (p.mds[0], a_ptr),
+            Some((a16, to_a)) => {
                 scratch.0.resize(la, 0);
-                scratch.1.resize(lb, 0);
-                let (sa, sb) = (scratch.0.as_mut_ptr() as *mut c_void, scratch.1.as_mut_ptr() as *mut c_void);
+                let sa = scratch.0.as_mut_ptr() as *mut c_void;
                 self.execute(to_a.prim, &[(DNNL_ARG_FROM, p.mds[0], a_ptr), (DNNL_ARG_TO, *a16, sa)])?;
-                self.execute(to_b.prim, &[(DNNL_ARG_FROM, p.mds[1], b_ptr), (DNNL_ARG_TO, *b16, sb)])?;
-                ((*a16, sa), (*b16, sb))
+                (*a16, sa)
             }
         };
         let mut buffers = vec![
@@ -491,8 +524,8 @@ impl Engine {
             (DNNL_ARG_WEIGHTS, weights.0, weights.1),
             (DNNL_ARG_DST, p.mds[2], out.as_mut_ptr() as *mut c_void),
         ];
-        if let Some(bias) = bias {
-            buffers.push((DNNL_ARG_BIAS, p.mds[3], bias.as_ptr() as *mut c_void));
+        if let (Some(bias), Some(md)) = (bias, p.bias_md) {
+            buffers.push((DNNL_ARG_BIAS, md, bias.as_ptr() as *mut c_void));
         }
         self.execute(p.matmul.prim, &buffers)
     }
@@ -519,14 +552,13 @@ impl Drop for Engine {
         for p in primitives {
             // SAFETY: the engine owns the only remaining references.
             unsafe {
-                let handles =
-                    std::iter::once(&p.matmul).chain(p.bf16.iter().flat_map(|pair| pair.iter().map(|(_, h)| h)));
+                let handles = [&p.packed_b.2].into_iter().chain(p.bf16_a.as_ref().map(|(_, h)| h)).chain([&p.matmul]);
                 for h in handles {
                     (self.api.primitive_destroy)(h.prim);
                     (self.api.primitive_desc_destroy)(h.pd);
                 }
-                let mds = p.mds.iter().chain(p.bf16.iter().flat_map(|pair| pair.iter().map(|(md, _)| md)));
-                for md in mds {
+                // The packed-B descriptor belongs to the matmul's descriptor, destroyed above.
+                for md in &p.mds {
                     (self.api.memory_desc_destroy)(*md);
                 }
             }

@@ -13,17 +13,19 @@ pub const IR_VERSION: i64 = 10;
 pub const OPSET: i64 = 21;
 
 impl Graph {
-    /// The graph as an ONNX model, after validation.
+    /// The graph as an ONNX model (not validated; [`Graph::to_bytes`] validates).
     pub fn to_model(&self) -> Result<ModelProto, IrError> {
-        self.validate()?;
         let mut graph = GraphProto::new();
         graph.name = self.name.clone();
         graph.node = self.nodes.iter().map(node_proto).collect();
         graph.initializer = self.initializers.iter().map(|(name, t)| tensor_proto(name, t)).collect();
         graph.input =
             self.inputs.iter().map(|n| Ok(value_info(n, self.type_of(n)?))).collect::<Result<_, IrError>>()?;
-        graph.output =
-            self.outputs.iter().map(|n| Ok(value_info(n, self.type_of(n)?))).collect::<Result<_, IrError>>()?;
+        graph.output = self
+            .outputs
+            .iter()
+            .map(|n| self.type_of(n).map(|t| value_info(n, t)).unwrap_or_else(|_| untyped_output(n)))
+            .collect();
         let mut model = ModelProto::new();
         model.ir_version = IR_VERSION;
         model.producer_name = "ringtune".into();
@@ -43,6 +45,13 @@ impl Graph {
 
     /// The graph as serialised ONNX bytes.
     pub fn to_bytes(&self) -> Result<Vec<u8>, IrError> {
+        self.validate()?;
+        self.to_bytes_unchecked()
+    }
+
+    /// Serialises without validating (for graphs whose custom nodes the builder does not
+    /// know, assembled by hand).
+    pub fn to_bytes_unchecked(&self) -> Result<Vec<u8>, IrError> {
         self.to_model()?.write_to_bytes().map_err(|e| IrError::Serialize(e.to_string()))
     }
 }
@@ -98,6 +107,11 @@ fn tensor_proto(name: &str, t: &Tensor) -> TensorProto {
     p.data_type = t.dtype.onnx();
     p.raw_data = t.data.clone();
     p
+}
+
+/// A float output whose shape only ONNX Runtime knows (a custom operator's).
+fn untyped_output(name: &str) -> ValueInfoProto {
+    value_info(name, &ValueType::unranked(crate::DType::F32))
 }
 
 fn value_info(name: &str, ty: &ValueType) -> ValueInfoProto {

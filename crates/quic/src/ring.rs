@@ -536,7 +536,7 @@ fn encode_table(table: &[SocketAddr]) -> Bytes {
 }
 
 fn decode_table(b: &[u8]) -> Option<Vec<SocketAddr>> {
-    if b.len() % 18 != 0 {
+    if !b.len().is_multiple_of(18) {
         return None;
     }
     Some(

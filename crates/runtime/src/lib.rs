@@ -23,6 +23,7 @@ mod binding;
 mod cpu;
 mod error;
 mod flat;
+pub mod kernels;
 mod library;
 mod session;
 mod tensor;
@@ -31,7 +32,9 @@ pub use binding::{BoundTensor, FlatBinding};
 pub use cpu::CpuFeatures;
 pub use error::RuntimeError;
 pub use flat::FlatBuffer;
+pub use kernels::Kernels;
 pub use library::{default_library_path, LibraryChoice, Runtime, ORT_VERSION};
+pub use onednn::Precision;
 pub use session::{GraphOptimization, Provider, Session, SessionOptions};
 pub use tensor::{OwnedTensor, TensorData, TensorView};
 

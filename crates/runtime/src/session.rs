@@ -91,6 +91,8 @@ pub struct SessionOptions {
     pub provider: Provider,
     /// Writes ONNX Runtime's profile (JSON) with this file prefix.
     pub profile: Option<PathBuf>,
+    /// Registers the oneDNN operators (graphs lowered to them need it).
+    pub kernels: crate::Kernels,
 }
 
 impl Default for SessionOptions {
@@ -102,6 +104,7 @@ impl Default for SessionOptions {
             spinning: true,
             provider: Provider::Cpu,
             profile: None,
+            kernels: crate::Kernels::Mlas,
         }
     }
 }
@@ -210,6 +213,15 @@ fn configure(runtime: &Runtime, options: &SessionOptions) -> Result<(SessionBuil
         builder = builder
             .with_execution_providers([ep::CPU::default().with_arena_allocator(options.arena).build()])
             .map_err(RuntimeError::ort(context))?;
+    }
+    if let crate::Kernels::OneDnn(_) = options.kernels {
+        let engine = crate::kernels::onednn()?;
+        if options.threads > 0 {
+            engine.set_threads(options.threads);
+        }
+        builder = builder
+            .with_operators(crate::kernels::domain(engine)?)
+            .map_err(RuntimeError::ort("registering the oneDNN operators"))?;
     }
     if let Some(prefix) = &options.profile {
         builder = builder.with_profiling(prefix).map_err(RuntimeError::ort(context))?;

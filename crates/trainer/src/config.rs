@@ -41,6 +41,11 @@ pub struct TrainConfig {
     pub threads: usize,
     /// Execution provider: cpu, onednn, openvino, auto.
     pub provider: String,
+    /// Kernels of the matrix products: mlas (ONNX Runtime's) or onednn (ringtune's operators).
+    pub kernels: String,
+    /// Precision of the oneDNN products: fp32, bf16, or auto (bf16 where the CPU has
+    /// AVX512-BF16 or AMX, else fp32).
+    pub precision: String,
     /// Global gradient-norm clip.
     pub max_grad_norm: f64,
     /// Steps between metric lines.
@@ -77,6 +82,8 @@ impl Default for TrainConfig {
             dropout: None,
             threads: 0,
             provider: "cpu".into(),
+            kernels: "mlas".into(),
+            precision: "auto".into(),
             max_grad_norm: 1.0,
             log_every: 10,
             checkpoint_every: 0,
@@ -100,7 +107,7 @@ impl TrainConfig {
     pub fn node_batch(&self, world: usize) -> Result<usize, TrainError> {
         match self.global_batch_size {
             None => Ok(self.batch_size),
-            Some(global) if global % world.max(1) == 0 => Ok(global / world.max(1)),
+            Some(global) if global.is_multiple_of(world.max(1)) => Ok(global / world.max(1)),
             Some(global) => {
                 Err(TrainError::Other(format!("--global-batch-size {global} does not split evenly over {world} nodes")))
             }
@@ -148,7 +155,31 @@ impl TrainConfig {
             return bad("keep-checkpoints", "0".into(), "keep at least 1 (resume needs one)");
         }
         self.provider.parse::<runtime::Provider>()?;
+        self.kernel_choice()?;
         Ok(())
+    }
+
+    /// The kernels and precision asked for, `auto` resolved for this CPU.
+    pub fn kernel_choice(&self) -> Result<runtime::Kernels, TrainError> {
+        kernel_choice(&self.kernels, &self.precision)
+    }
+}
+
+/// `mlas`/`onednn` and `fp32`/`bf16`/`auto` as the runtime's kernel choice.
+pub fn kernel_choice(kernels: &str, precision: &str) -> Result<runtime::Kernels, TrainError> {
+    let precision = match precision {
+        "fp32" => runtime::Precision::F32,
+        "bf16" => runtime::Precision::Bf16,
+        "auto" if runtime::CpuFeatures::detect().has_native_bf16() => runtime::Precision::Bf16,
+        "auto" => runtime::Precision::F32,
+        other => {
+            return Err(TrainError::Other(format!("--precision {other} is not allowed: use fp32, bf16 or auto")));
+        }
+    };
+    match kernels {
+        "mlas" => Ok(runtime::Kernels::Mlas),
+        "onednn" => Ok(runtime::Kernels::OneDnn(precision)),
+        other => Err(TrainError::Other(format!("--kernels {other} is not allowed: use mlas or onednn"))),
     }
 }
 
@@ -166,6 +197,8 @@ mod tests {
             (TrainConfig { dropout: Some(1.0), ..Default::default() }, "--dropout 1"),
             (TrainConfig { epochs: 0, ..Default::default() }, "--epochs 0"),
             (TrainConfig { provider: "cuda".into(), ..Default::default() }, "cuda"),
+            (TrainConfig { kernels: "cublas".into(), ..Default::default() }, "--kernels cublas"),
+            (TrainConfig { precision: "fp8".into(), ..Default::default() }, "--precision fp8"),
         ];
         for (config, expected) in cases {
             let msg = config.validate().expect_err(expected).to_string();

@@ -64,7 +64,7 @@ impl Engine {
         options: &SessionOptions,
     ) -> Result<Self, TrainError> {
         layout.check_len(params.len())?;
-        let bytes = training_graph(config, layout, dropout)?;
+        let bytes = training_graph(config, layout, dropout, options.kernels)?;
         let session = Session::from_bytes(runtime, &bytes, options)?;
         let grads = FlatBuffer::zeros(layout.total_len());
         let binding = FlatBinding::new(
@@ -136,7 +136,7 @@ impl Evaluator {
         layout: &ParamLayout,
         options: &SessionOptions,
     ) -> Result<Self, TrainError> {
-        let session = Session::from_bytes(runtime, &eval_graph(config, layout)?, options)?;
+        let session = Session::from_bytes(runtime, &eval_graph(config, layout, options.kernels)?, options)?;
         let shapes = layout.entries().iter().map(|e| e.dims_i64()).collect();
         Ok(Evaluator { session, layout: layout.clone(), shapes })
     }

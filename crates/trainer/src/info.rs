@@ -10,6 +10,8 @@ pub struct Report {
     pub runtime: Result<(String, String, Vec<String>), String>,
     /// CPU features.
     pub cpu: CpuFeatures,
+    /// The oneDNN library for `--kernels onednn`, or why it is not usable.
+    pub onednn: Result<String, String>,
 }
 
 impl Report {
@@ -18,7 +20,8 @@ impl Report {
         let runtime = Runtime::get()
             .map(|rt| (rt.library().display().to_string(), rt.version().to_string(), rt.providers().to_vec()))
             .map_err(|e| e.to_string());
-        Report { runtime, cpu: CpuFeatures::detect() }
+        let onednn = runtime::kernels::onednn().map(|e| e.library().display().to_string()).map_err(|e| e.to_string());
+        Report { runtime, cpu: CpuFeatures::detect(), onednn }
     }
 
     /// The CPU part only (for contexts where loading ONNX Runtime is not wanted).
@@ -26,6 +29,7 @@ impl Report {
         Report {
             runtime: Err(format!("not loaded (would load {})", default_library_path().path.display())),
             cpu: CpuFeatures::detect(),
+            onednn: Err("not loaded".into()),
         }
     }
 }
@@ -41,6 +45,16 @@ impl fmt::Display for Report {
             Err(e) => writeln!(f, "ONNX Runtime   {e}")?,
         }
         writeln!(f, "CPU            {}", self.cpu)?;
+        let auto = if self.cpu.has_native_bf16() {
+            "bf16 (the CPU multiplies bf16 natively)"
+        } else {
+            "fp32 (no AVX512-BF16 or AMX)"
+        };
+        writeln!(f, "precision auto {auto}")?;
+        match &self.onednn {
+            Ok(path) => writeln!(f, "oneDNN         {path}")?,
+            Err(e) => writeln!(f, "oneDNN         {e}")?,
+        }
         writeln!(f, "threads        {}", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
     }
 }

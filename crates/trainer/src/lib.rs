@@ -17,6 +17,7 @@ pub mod distributed;
 pub mod engine;
 mod error;
 pub mod info;
+pub mod lowering;
 pub mod metrics;
 pub mod model;
 mod plot;
@@ -25,5 +26,5 @@ pub mod recipe;
 pub mod replay;
 pub mod train;
 
-pub use config::TrainConfig;
+pub use config::{kernel_choice, TrainConfig};
 pub use error::TrainError;

@@ -20,7 +20,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Fine-tunes a model on MRPC.
-    Train(TrainArgs),
+    Train(Box<TrainArgs>),
     /// Scores a model on a labelled split (loss, accuracy, F1).
     Eval(UseArgs),
     /// Writes GLUE-format predictions (index, prediction) for test.tsv.
@@ -102,6 +102,12 @@ struct TrainArgs {
     /// Execution provider: cpu, onednn, openvino, auto.
     #[arg(long)]
     provider: Option<String>,
+    /// Matrix-product kernels: mlas or onednn.
+    #[arg(long)]
+    kernels: Option<String>,
+    /// oneDNN precision: fp32, bf16, auto.
+    #[arg(long)]
+    precision: Option<String>,
     /// Gradient-norm clip.
     #[arg(long, allow_negative_numbers = true)]
     max_grad_norm: Option<f64>,

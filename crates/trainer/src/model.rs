@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use bert::{forward_graph, GraphOptions, ModelConfig, ParamLayout, Params};
+use runtime::Kernels;
 
 use crate::TrainError;
 
@@ -38,21 +39,36 @@ impl ModelDir {
 }
 
 /// The forward and backward graph as ONNX bytes: inputs are the batch and every parameter,
-/// outputs `loss`, `logits` and one `grad.<name>` per parameter.
-pub fn training_graph(config: &ModelConfig, layout: &ParamLayout, dropout: bool) -> Result<Vec<u8>, TrainError> {
+/// outputs `loss`, `logits` and one `grad.<name>` per parameter; matrix products on oneDNN when
+/// `kernels` asks.
+pub fn training_graph(
+    config: &ModelConfig,
+    layout: &ParamLayout,
+    dropout: bool,
+    kernels: Kernels,
+) -> Result<Vec<u8>, TrainError> {
     let options = GraphOptions { params: Params::Inputs, with_loss: true, dropout };
     let mut forward = forward_graph(config, layout, &options)?;
     let loss = forward.loss.clone().ok_or_else(|| TrainError::Other("the forward graph has no loss".into()))?;
     let grads = autodiff::backward(&mut forward.graph, &loss, &forward.params)?;
     let names: Vec<String> = layout.entries().iter().map(|e| grad_name(&e.name)).collect();
     autodiff::name_gradients(&mut forward.graph, &grads, &names)?;
+    lower(&mut forward.graph, kernels);
     Ok(forward.graph.to_bytes()?)
 }
 
+fn lower(graph: &mut onnx_ir::Graph, kernels: Kernels) {
+    if let Kernels::OneDnn(precision) = kernels {
+        let n = crate::lowering::lower_to_onednn(graph, precision);
+        tracing::debug!(products = n, ?precision, "matrix products lowered to oneDNN");
+    }
+}
+
 /// The forward graph without loss (inputs: batch and parameters; output: logits).
-pub fn eval_graph(config: &ModelConfig, layout: &ParamLayout) -> Result<Vec<u8>, TrainError> {
+pub fn eval_graph(config: &ModelConfig, layout: &ParamLayout, kernels: Kernels) -> Result<Vec<u8>, TrainError> {
     let options = GraphOptions { params: Params::Inputs, with_loss: false, dropout: false };
     let mut forward = forward_graph(config, layout, &options)?;
     forward.graph.prune();
+    lower(&mut forward.graph, kernels);
     Ok(forward.graph.to_bytes()?)
 }

@@ -1,7 +1,7 @@
 //! `ringtune eval` and `ringtune predict`: a trained model on dev or test.
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use bert::load_params;
 use mrpc::{load_split, PairTokenizer, ReadOptions};
@@ -50,7 +50,7 @@ impl Predictor {
     }
 
     /// GLUE-format predictions (`index<TAB>prediction`) for a TSV file, written to `out`.
-    pub fn predict(&mut self, tsv: &Path, batch: usize, out: &PathBuf) -> Result<usize, TrainError> {
+    pub fn predict(&mut self, tsv: &Path, batch: usize, out: &Path) -> Result<usize, TrainError> {
         let (examples, data) = load_split(tsv, &self.tokenizer, ReadOptions::default())?;
         let c = &self.model.config;
         let (logits, _) = predict_logits(&mut self.evaluator, &self.params, &examples, batch, c.pad_token_id)?;

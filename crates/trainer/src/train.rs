@@ -199,7 +199,13 @@ pub fn train(
 
     let runtime = Runtime::get()?;
     let provider: Provider = cfg.provider.parse()?;
-    let session = SessionOptions { threads: cfg.threads, provider, ..SessionOptions::default() };
+    let kernels = cfg.kernel_choice()?;
+    if lead {
+        tracing::info!(kernels = ?kernels, "matrix-product kernels");
+    }
+    // oneDNN's OpenMP threads run the products; ONNX Runtime's own spinning would steal their cores.
+    let spinning = kernels == runtime::Kernels::Mlas;
+    let session = SessionOptions { threads: cfg.threads, provider, kernels, spinning, ..SessionOptions::default() };
     let mut engine = Engine::new(runtime, &s.config, &layout, params, s.config.has_dropout(), &session)?;
     let mut evaluator = if lead { Some(Evaluator::new(runtime, &s.config, &layout, &session)?) } else { None };
 
@@ -289,7 +295,7 @@ pub fn train(
             bar.set_position(progress.step);
             bar.set_message(format!("epoch {} loss {:.4}", epoch + 1, loss));
 
-            if progress.step % cfg.log_every.max(1) == 0 || progress.step == total {
+            if progress.step.is_multiple_of(cfg.log_every.max(1)) || progress.step == total {
                 if let Some(m) = metrics.as_mut() {
                     m.write(&window.record(rank, progress.step, epoch, lr, grad_norm, started))?;
                 }
@@ -298,15 +304,13 @@ pub fn train(
             if progress.step >= total || progress.step == cfg.stop_after {
                 break;
             }
-            let checkpoint_now = cfg.checkpoint_every > 0 && progress.step % cfg.checkpoint_every == 0;
-            let check_now = cfg.param_check_every > 0 && progress.step % cfg.param_check_every == 0;
+            let checkpoint_now = cfg.checkpoint_every > 0 && progress.step.is_multiple_of(cfg.checkpoint_every);
+            let check_now = cfg.param_check_every > 0 && progress.step.is_multiple_of(cfg.param_check_every);
             if let (Some(sync), true) = (sync.as_deref_mut(), checkpoint_now || check_now) {
                 sync.check_params(params_hash(engine.params()))?;
             }
-            if checkpoint_now {
-                if lead {
-                    save_checkpoint(&checkpoints, cfg, &progress, &layout_hash, &engine, &adam)?;
-                }
+            if checkpoint_now && lead {
+                save_checkpoint(&checkpoints, cfg, &progress, &layout_hash, &engine, &adam)?;
             }
         }
         if progress.batch_in_epoch >= batches {
@@ -451,8 +455,11 @@ fn write_outputs(output: &Path, s: &Setup, layout: &ParamLayout, params: &[f32])
     Ok(())
 }
 
-/// (step, loss) and (step, accuracy, F1) from a metrics file.
-fn read_curves(path: &Path) -> (Vec<(u64, f64)>, Vec<(u64, f64, f64)>) {
+/// Training-loss points (step, loss) and dev points (step, accuracy, F1).
+type Curves = (Vec<(u64, f64)>, Vec<(u64, f64, f64)>);
+
+/// The curves of a metrics file.
+fn read_curves(path: &Path) -> Curves {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let mut loss = Vec::new();
     let mut evals = Vec::new();

@@ -3,8 +3,6 @@
 
 mod common;
 
-use std::path::Path;
-
 use common::{config, losses};
 use trainer::TrainConfig;
 

@@ -83,6 +83,12 @@ struct One {
     /// Write ONNX Runtime's profile with this prefix.
     #[arg(long)]
     profile: Option<PathBuf>,
+    /// Matrix-product kernels: mlas or onednn.
+    #[arg(long, default_value = "mlas")]
+    kernels: String,
+    /// oneDNN precision: fp32, bf16, auto.
+    #[arg(long, default_value = "fp32")]
+    precision: String,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, Serialize, Deserialize, PartialEq, Eq)]
@@ -97,6 +103,7 @@ enum Task {
 struct Measurement {
     model: String,
     task: String,
+    kernels: String,
     batch: usize,
     seq: usize,
     params: usize,
@@ -128,7 +135,7 @@ fn config_of(model: &str) -> Result<ModelConfig> {
         "minilm" => root().join("models/all-MiniLM-L6-v2/config.json"),
         dir => Path::new(dir).join("config.json"),
     };
-    Ok(ModelConfig::from_file(&path).with_context(|| "run `just setup` for MiniLM's config")?)
+    ModelConfig::from_file(&path).with_context(|| "run `just setup` for MiniLM's config")
 }
 
 /// A batch like the reference's: random ids, lengths 40..=seq padded to seq, two segments.
@@ -162,7 +169,14 @@ fn measure(one: &One) -> Result<Measurement> {
     let rows = one.batch.unwrap_or(if one.task == Task::Train { 32 } else { 64 });
     let batch = synthetic_batch(rows, one.seq, config.vocab_size, 0);
     let runtime = Runtime::get()?;
-    let options = SessionOptions { threads: one.threads, profile: one.profile.clone(), ..SessionOptions::default() };
+    let kernels = trainer::kernel_choice(&one.kernels, &one.precision)?;
+    let options = SessionOptions {
+        threads: one.threads,
+        profile: one.profile.clone(),
+        kernels,
+        spinning: kernels == runtime::Kernels::Mlas,
+        ..SessionOptions::default()
+    };
     let mut step: Box<dyn FnMut() -> Result<()>> = match one.task {
         Task::Train => {
             let mut engine = Engine::new(runtime, &config, &layout, params, true, &options)?;
@@ -195,6 +209,7 @@ fn measure(one: &One) -> Result<Measurement> {
     Ok(Measurement {
         model: one.model.clone(),
         task: format!("{:?}", one.task).to_lowercase(),
+        kernels: format!("{} {}", one.kernels, if one.kernels == "mlas" { "fp32" } else { &one.precision }),
         batch: rows,
         seq: one.seq,
         params: layout.num_params(),
@@ -214,52 +229,51 @@ fn peak_rss_mib() -> f64 {
         .map_or(0.0, |kib| kib / 1024.0)
 }
 
-/// PyTorch 2.15 fp32 on this machine (`../shared/REFERENCE.md`): (train samples/s, eval samples/s).
-fn pytorch_fp32(model: &str) -> Option<(f64, f64)> {
-    match model {
-        "bert-base" => Some((2.54, 7.8)),
-        "minilm" => Some((16.5, 53.9)),
-        "bert-mini" => Some((51.1, 151.1)),
-        _ => None,
-    }
+/// PyTorch 2.15 on this machine (`../shared/REFERENCE.md`): (task, fp32, bf16 autocast) samples/s.
+fn pytorch(model: &str, task: &str) -> Option<(f64, f64)> {
+    Some(match (model, task) {
+        ("bert-base", "train") => (2.54, 6.24),
+        ("bert-base", "eval") => (7.8, 24.5),
+        ("minilm", "train") => (16.5, 32.7),
+        ("minilm", "eval") => (53.9, 143.3),
+        ("bert-mini", "train") => (51.1, 91.7),
+        ("bert-mini", "eval") => (151.1, 385.9),
+        _ => return None,
+    })
 }
 
 fn table(steps: usize, repeats: usize, only: &[String]) -> Result<()> {
     let exe = std::env::current_exe()?;
     let models = ["minilm", "bert-base", "bert-mini"];
-    println!("| model | task | batch x seq | ringtune samples/s | PyTorch fp32 samples/s | ratio | peak RSS MiB |");
-    println!("|---|---|---|---|---|---|---|");
+    let variants = [("mlas", "fp32"), ("onednn", "fp32"), ("onednn", "bf16")];
+    println!("| model | task | batch x seq | kernels | ringtune samples/s | PyTorch fp32 | PyTorch bf16 | vs fp32 | vs bf16 | peak RSS MiB |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for model in models.iter().filter(|m| only.is_empty() || only.iter().any(|o| o == *m)) {
         for task in ["eval", "train"] {
-            let out = Command::new(&exe)
-                .args([
-                    "one",
-                    "--model",
-                    model,
-                    "--task",
-                    task,
-                    "--steps",
-                    &steps.to_string(),
-                    "--repeats",
-                    &repeats.to_string(),
-                ])
-                .output()?;
-            if !out.status.success() {
-                bail!("{model} {task}: {}", String::from_utf8_lossy(&out.stderr));
+            for (kernels, precision) in variants {
+                let out = Command::new(&exe)
+                    .args(["one", "--model", model, "--task", task, "--steps", &steps.to_string()])
+                    .args(["--repeats", &repeats.to_string(), "--kernels", kernels, "--precision", precision])
+                    .output()?;
+                if !out.status.success() {
+                    bail!("{model} {task} {kernels} {precision}: {}", String::from_utf8_lossy(&out.stderr));
+                }
+                let m: Measurement = serde_json::from_slice(&out.stdout)?;
+                let (fp32, bf16) = pytorch(model, task).unwrap_or((f64::NAN, f64::NAN));
+                println!(
+                    "| {model} | {task} | {} x {} | {} | {:.2} | {fp32:.2} | {bf16:.2} | {:.2}x | {:.2}x | {:.0} |",
+                    m.batch,
+                    m.seq,
+                    m.kernels,
+                    m.median_samples_per_s,
+                    m.median_samples_per_s / fp32,
+                    m.median_samples_per_s / bf16,
+                    m.peak_rss_mib
+                );
             }
-            let m: Measurement = serde_json::from_slice(&out.stdout)?;
-            let reference = pytorch_fp32(model).map(|(train, eval)| if task == "train" { train } else { eval });
-            let (reference_text, ratio) = match reference {
-                Some(r) => (format!("{r:.2}"), format!("{:.2}x", m.median_samples_per_s / r)),
-                None => ("-".into(), "-".into()),
-            };
-            println!(
-                "| {model} | {task} | {} x {} | {:.2} | {reference_text} | {ratio} | {:.0} |",
-                m.batch, m.seq, m.median_samples_per_s, m.peak_rss_mib
-            );
         }
     }
-    println!("\nringtune train = forward + backward (one ONNX Runtime run, dropout on); PyTorch train also includes AdamW and zero_grad (0.13 s of 12.4 s for bert-base).");
+    println!("\nringtune train = forward + backward in one ONNX Runtime run, dropout on (the optimizer is timed in the training loop's metrics); PyTorch train also includes AdamW and zero_grad (0.13 s of 12.4 s for bert-base). Batches: random ids, lengths 40..128 padded to 128, as the reference's.");
     Ok(())
 }
 
