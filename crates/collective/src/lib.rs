@@ -36,7 +36,7 @@ mod transport;
 pub use bucket::plan_buckets;
 pub use frame::{Header, Hello, Kind, Phase, HEADER_LEN, MAX_PAYLOAD, VERSION};
 pub use memory::{memory_ring, MemoryTransport};
-pub use ring::{RingAllReduce, RingGather, Schedule};
+pub use ring::{float_payload, RingAllReduce, RingGather, Schedule};
 pub use transport::{all_reduce_buckets, all_reduce_mean, gather, Transport};
 
 /// A frame that cannot be decoded.

@@ -14,7 +14,7 @@
 use std::collections::VecDeque;
 use std::ops::Range;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 
 use crate::frame::{Header, Kind, Phase};
 use crate::CollectiveError;
@@ -117,16 +117,31 @@ pub struct RingAllReduce {
     cursor: usize,
 }
 
-fn to_bytes(values: &[f32]) -> Bytes {
-    let mut out = BytesMut::with_capacity(values.len() * 4);
-    for v in values {
-        out.extend_from_slice(&v.to_le_bytes());
+/// Floats handed to a transport without a copy (the bytes are the floats' own, little endian).
+struct FloatBytes(Vec<f32>);
+
+impl AsRef<[u8]> for FloatBytes {
+    fn as_ref(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.0)
     }
-    out.freeze()
 }
 
-fn floats(payload: &[u8]) -> impl Iterator<Item = f32> + '_ {
-    payload.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+/// A payload that owns `values`.
+pub fn float_payload(values: Vec<f32>) -> Bytes {
+    Bytes::from_owner(FloatBytes(values))
+}
+
+/// Calls `f` with the payload as floats: in place when it is aligned (payloads this crate and
+/// the QUIC transport make are), else through a copy.
+fn with_floats<R>(payload: &[u8], f: impl FnOnce(&[f32]) -> R) -> R {
+    match bytemuck::try_cast_slice::<u8, f32>(payload) {
+        Ok(values) => f(values),
+        Err(_) => {
+            let copy: Vec<f32> =
+                payload.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            f(&copy)
+        }
+    }
 }
 
 impl RingAllReduce {
@@ -153,7 +168,7 @@ impl RingAllReduce {
             let chunk = op_state.schedule.send_chunk(Phase::ReduceScatter, 0);
             let ranges: Vec<Range<usize>> = op_state.schedule.segments(chunk).collect();
             for range in ranges {
-                let payload = to_bytes(&grads[range.clone()]);
+                let payload = float_payload(grads[range.clone()].to_vec());
                 op_state.push(Phase::ReduceScatter, 0, chunk, range, payload);
             }
         }
@@ -225,25 +240,22 @@ impl RingAllReduce {
         match want.phase {
             Phase::ReduceScatter => {
                 let world = self.schedule.world as f32;
-                let mut sum = BytesMut::with_capacity(payload.len());
                 if want.step == last {
                     // The chunk's full sum: its mean is computed here and nowhere else.
-                    for (mine, theirs) in local.iter_mut().zip(floats(&payload)) {
-                        *mine = (*mine + theirs) / world;
-                        sum.extend_from_slice(&mine.to_le_bytes());
-                    }
-                    self.push(Phase::AllGather, 0, want.chunk, want.range, sum.freeze());
+                    with_floats(&payload, |theirs| {
+                        for (mine, theirs) in local.iter_mut().zip(theirs) {
+                            *mine = (*mine + theirs) / world;
+                        }
+                    });
+                    self.push(Phase::AllGather, 0, want.chunk, want.range, float_payload(local.to_vec()));
                 } else {
-                    for (mine, theirs) in local.iter().zip(floats(&payload)) {
-                        sum.extend_from_slice(&(mine + theirs).to_le_bytes());
-                    }
-                    self.push(Phase::ReduceScatter, want.step + 1, want.chunk, want.range, sum.freeze());
+                    let sum: Vec<f32> =
+                        with_floats(&payload, |theirs| local.iter().zip(theirs).map(|(a, b)| a + b).collect());
+                    self.push(Phase::ReduceScatter, want.step + 1, want.chunk, want.range, float_payload(sum));
                 }
             }
             Phase::AllGather => {
-                for (mine, theirs) in local.iter_mut().zip(floats(&payload)) {
-                    *mine = theirs;
-                }
+                with_floats(&payload, |theirs| local.copy_from_slice(theirs));
                 if want.step < last {
                     self.push(Phase::AllGather, want.step + 1, want.chunk, want.range, payload);
                 }

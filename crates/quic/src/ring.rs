@@ -57,6 +57,7 @@ pub struct QuicRing {
     world: usize,
     prev_addr: Option<SocketAddr>,
     lanes_out: Vec<mpsc::UnboundedSender<(Header, Bytes)>>,
+    senders: Vec<tokio::task::JoinHandle<()>>,
     lanes_in: Vec<RecvStream>,
     conns: Vec<Connection>,
     send_failure: Arc<Mutex<Option<String>>>,
@@ -91,6 +92,7 @@ impl QuicRing {
             world: options.world,
             prev_addr: None,
             lanes_out: Vec::new(),
+            senders: Vec::new(),
             lanes_in: Vec::new(),
             conns: Vec::new(),
             send_failure: Arc::new(Mutex::new(None)),
@@ -116,7 +118,7 @@ impl QuicRing {
             let (tx, mut rx) = mpsc::unbounded_channel::<(Header, Bytes)>();
             let failure = ring.send_failure.clone();
             let next = (options.rank + 1) % options.world;
-            ring.rt.spawn(async move {
+            let sender = ring.rt.spawn(async move {
                 while let Some((header, payload)) = rx.recv().await {
                     if let Err(e) = write_frame(&mut stream, header, payload).await {
                         let reason = match e {
@@ -131,6 +133,7 @@ impl QuicRing {
                 let _ = stream.finish();
                 let _ = stream.stopped().await;
             });
+            ring.senders.push(sender);
             ring.lanes_out.push(tx);
         }
         Ok(ring)
@@ -156,16 +159,21 @@ impl QuicRing {
         }
     }
 
-    /// Leaves the ring after the last operation: streams finished, links closed once the
-    /// neighbours have read everything.
+    /// Leaves the ring after the last operation: every queued frame sent and read by the
+    /// next rank, then the links closed.
     pub fn shutdown(mut self) {
         self.lanes_out.clear();
+        let senders = std::mem::take(&mut self.senders);
         let conns = std::mem::take(&mut self.conns);
         let endpoint = self.endpoint.take();
         let deadline = self.deadline;
         self.rt.block_on(async move {
-            // Give the senders time to flush, then close.
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            let flushed = async {
+                for sender in senders {
+                    let _ = sender.await;
+                }
+            };
+            let _ = tokio::time::timeout(deadline, flushed).await;
             for conn in &conns {
                 conn.close(VarInt::from_u32(0), b"done");
             }
@@ -180,6 +188,25 @@ impl QuicRing {
         match self.prev_addr {
             Some(a) => format!("rank {prev} ({a})"),
             None => format!("rank {prev}"),
+        }
+    }
+}
+
+impl Drop for QuicRing {
+    /// Leaving without [`QuicRing::shutdown`] (an error, a panic): the neighbours are told at once
+    /// rather than at their deadline.
+    fn drop(&mut self) {
+        if self.conns.is_empty() {
+            return;
+        }
+        let reason = format!("rank {} left the ring", self.rank);
+        for conn in &self.conns {
+            conn.close(VarInt::from_u32(1), reason.as_bytes());
+        }
+        if let Some(endpoint) = self.endpoint.take() {
+            self.rt.block_on(async move {
+                let _ = tokio::time::timeout(Duration::from_millis(200), endpoint.wait_idle()).await;
+            });
         }
     }
 }
@@ -247,7 +274,7 @@ async fn connect(o: &RingOptions) -> Result<Links, QuicError> {
     let mut server = quinn::ServerConfig::with_crypto(Arc::new(server_crypto(&o.identity)?));
     let transport = Arc::new(transport_config(&o.tuning, o.deadline)?);
     server.transport_config(transport.clone());
-    let endpoint = endpoint(bind_udp(o.listen, o.tuning.socket_buffer)?, server)?;
+    let endpoint = endpoint(bind_udp(o.listen, o.tuning.socket_buffer)?, server, &o.tuning)?;
     let local = endpoint.local_addr().map_err(|e| QuicError::Io(e.to_string()))?;
     let (ring_tx, mut ring_rx) = mpsc::unbounded_channel::<Connection>();
     let (rdv_tx, rdv_rx) = mpsc::unbounded_channel::<Connection>();

@@ -40,6 +40,7 @@ pub fn transport_config(t: &Tuning, deadline: Duration) -> Result<TransportConfi
         .receive_window(window)
         .send_window(t.window)
         .initial_mtu(t.initial_mtu.max(1200))
+        .min_mtu(t.initial_mtu.clamp(1200, 1452))
         .max_concurrent_uni_streams(VarInt::from_u32(16))
         .max_concurrent_bidi_streams(VarInt::from_u32(4))
         .keep_alive_interval(Some(deadline / 4))
@@ -65,8 +66,17 @@ pub fn bind_udp(addr: SocketAddr, buffer: usize) -> Result<std::net::UdpSocket, 
     Ok(socket.into())
 }
 
-/// An endpoint that both accepts (server) and dials (client).
-pub fn endpoint(socket: std::net::UdpSocket, server: quinn::ServerConfig) -> Result<quinn::Endpoint, QuicError> {
-    quinn::Endpoint::new(quinn::EndpointConfig::default(), Some(server), socket, Arc::new(quinn::TokioRuntime))
+/// An endpoint that both accepts (server) and dials (client), taking datagrams as large as
+/// the tuning's MTU (quinn's default stops at 1472 bytes).
+pub fn endpoint(
+    socket: std::net::UdpSocket,
+    server: quinn::ServerConfig,
+    t: &Tuning,
+) -> Result<quinn::Endpoint, QuicError> {
+    let mut config = quinn::EndpointConfig::default();
+    config
+        .max_udp_payload_size(t.initial_mtu.clamp(1472, 65_527))
+        .map_err(|e| QuicError::Setup(format!("MTU {}: {e}", t.initial_mtu)))?;
+    quinn::Endpoint::new(config, Some(server), socket, Arc::new(quinn::TokioRuntime))
         .map_err(|e| QuicError::Io(format!("QUIC endpoint: {e}")))
 }

@@ -1,7 +1,7 @@
 //! Frames over QUIC streams: header and payload written as chunks, read back with bounds
 //! checked before any payload byte is accepted.
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use collective::{FrameError, Header, HEADER_LEN};
 use quinn::{RecvStream, SendStream};
 
@@ -20,39 +20,29 @@ pub async fn write_frame(send: &mut SendStream, header: Header, payload: Bytes) 
     send.write_all_chunks(&mut chunks).await
 }
 
-/// Reads one frame; the payload is the stream's own buffer when it arrived in one piece.
+/// Payload storage aligned for floats, so the collective reads it in place.
+struct Aligned {
+    words: Vec<u32>,
+    len: usize,
+}
+
+impl AsRef<[u8]> for Aligned {
+    fn as_ref(&self) -> &[u8] {
+        &bytemuck::cast_slice(&self.words)[..self.len]
+    }
+}
+
+/// Reads one frame; the payload lands, with one copy, in a float-aligned buffer.
 pub async fn read_frame(recv: &mut RecvStream) -> Result<(Header, Bytes), ReadFrameError> {
     let mut head = [0u8; HEADER_LEN];
     recv.read_exact(&mut head).await.map_err(|e| ReadFrameError::Stream(describe_read_exact(e)))?;
     let header = Header::decode(&head).map_err(ReadFrameError::Frame)?;
-    let want = header.len as usize;
-    let mut parts: Option<BytesMut> = None;
-    let mut first: Option<Bytes> = None;
-    let mut have = 0;
-    while have < want {
-        let chunk = recv
-            .read_chunk(want - have, true)
-            .await
-            .map_err(|e| ReadFrameError::Stream(describe_read(e)))?
-            .ok_or_else(|| ReadFrameError::Stream("closed its stream in the middle of a frame".into()))?;
-        have += chunk.bytes.len();
-        match (&mut parts, first.take()) {
-            (None, None) => first = Some(chunk.bytes),
-            (None, Some(earlier)) => {
-                let mut buf = BytesMut::with_capacity(want);
-                buf.extend_from_slice(&earlier);
-                buf.extend_from_slice(&chunk.bytes);
-                parts = Some(buf);
-            }
-            (Some(buf), _) => buf.extend_from_slice(&chunk.bytes),
-        }
-    }
-    let payload = match (parts, first) {
-        (Some(buf), _) => buf.freeze(),
-        (None, Some(bytes)) => bytes,
-        (None, None) => Bytes::new(),
-    };
-    Ok((header, payload))
+    let len = header.len as usize;
+    let mut words = vec![0u32; len.div_ceil(4)];
+    recv.read_exact(&mut bytemuck::cast_slice_mut(&mut words)[..len])
+        .await
+        .map_err(|e| ReadFrameError::Stream(describe_read_exact(e)))?;
+    Ok((header, Bytes::from_owner(Aligned { words, len })))
 }
 
 fn describe_read_exact(e: quinn::ReadExactError) -> String {
