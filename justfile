@@ -11,13 +11,17 @@ default:
 setup *ARGS:
     cargo run -q -p ringtune-setup -- --root "{{root}}" {{ARGS}}
 
+# Also provisions all-mpnet-base-v2 (MPNet, 110M parameters; a 400 MB download).
+setup-mpnet:
+    cargo run -q -p ringtune-setup -- --root "{{root}}" --with all-mpnet-base-v2
+
 # Formatting and lints, as CI checks them.
 lint:
     cargo fmt --all -- --check
     cargo clippy -q --workspace --all-targets -- -D warnings
 
-# The whole test suite (after setup and lints).
-test: setup lint
+# The whole test suite (after setup, MPNet included, and lints).
+test: setup-mpnet lint
     cargo test -q --workspace
 
 # Shows the ONNX Runtime version, providers and CPU features.

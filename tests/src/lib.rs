@@ -33,6 +33,11 @@ pub fn minilm_dir() -> PathBuf {
     existing(root().join("models/all-MiniLM-L6-v2"), "all-MiniLM-L6-v2", "run `just setup`")
 }
 
+/// The provisioned all-mpnet-base-v2 (`just setup-mpnet`).
+pub fn mpnet_dir() -> PathBuf {
+    existing(root().join("models/all-mpnet-base-v2"), "all-mpnet-base-v2", "run `just setup-mpnet`")
+}
+
 /// The loaded ONNX Runtime.
 pub fn runtime() -> &'static runtime::Runtime {
     match runtime::Runtime::get() {

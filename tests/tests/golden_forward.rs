@@ -1,11 +1,12 @@
-//! The forward graph against PyTorch: logits and loss of `tiny-bert` and `minilm-mrpc` within
-//! 1e-4, and the exported inference model giving the same logits.
+//! The forward graph against PyTorch: logits and loss of `tiny-bert`, `minilm-mrpc`,
+//! `tiny-mpnet` and `mpnet-mrpc` within 1e-4, and the exported inference model giving the same
+//! logits.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use bert::{forward_graph, layout, load_params, read_tensor_file, GraphOptions, HostTensor, ModelConfig, Params};
-use ringtune_tests::{fixtures, max_abs_diff, minilm_dir, runtime};
+use ringtune_tests::{fixtures, max_abs_diff, minilm_dir, mpnet_dir, runtime};
 use runtime::{Session, SessionOptions, TensorView};
 
 struct Case {
@@ -28,6 +29,27 @@ fn tiny_bert() -> Case {
 fn minilm_mrpc() -> Case {
     let dir = fixtures().join("minilm-mrpc");
     let model = minilm_dir();
+    Case {
+        config: ModelConfig::from_dir(&model).expect("config").with_dropout(0.0),
+        weights: vec![model.join("model.safetensors"), dir.join("classifier.safetensors")],
+        batch: read_tensor_file(&dir.join("batch.safetensors")).expect("batch"),
+        outputs: read_tensor_file(&dir.join("outputs.safetensors")).expect("outputs"),
+    }
+}
+
+fn tiny_mpnet() -> Case {
+    let dir = fixtures().join("tiny-mpnet");
+    Case {
+        config: ModelConfig::from_dir(&dir).expect("config"),
+        weights: vec![dir.join("model.safetensors")],
+        batch: read_tensor_file(&dir.join("batch.safetensors")).expect("batch"),
+        outputs: read_tensor_file(&dir.join("outputs.safetensors")).expect("outputs"),
+    }
+}
+
+fn mpnet_mrpc() -> Case {
+    let dir = fixtures().join("mpnet-mrpc");
+    let model = mpnet_dir();
     Case {
         config: ModelConfig::from_dir(&model).expect("config").with_dropout(0.0),
         weights: vec![model.join("model.safetensors"), dir.join("classifier.safetensors")],
@@ -59,7 +81,12 @@ fn check(case: Case) {
         .zip(&shapes)
         .map(|(e, s)| (e.name.as_str(), TensorView::f32(s, &params[e.range()])))
         .collect();
-    for name in [bert::INPUT_IDS, bert::TOKEN_TYPE_IDS, bert::ATTENTION_MASK, bert::LABELS] {
+    let batch_inputs: Vec<&str> = if case.config.family.has_token_types() {
+        vec![bert::INPUT_IDS, bert::TOKEN_TYPE_IDS, bert::ATTENTION_MASK]
+    } else {
+        vec![bert::INPUT_IDS, bert::ATTENTION_MASK]
+    };
+    for name in batch_inputs.iter().chain([&bert::LABELS]) {
         inputs.push((name, view(&case.batch, name)));
     }
     let out = session.run(&inputs, &[bert::LOGITS, bert::LOSS]).expect("run");
@@ -73,12 +100,9 @@ fn check(case: Case) {
     // The exported, self-contained inference model gives the same logits.
     let exported = bert::export_inference(&case.config, &layout, &params).expect("export");
     let mut inference = Session::from_bytes(runtime(), &exported, &SessionOptions::default()).expect("session");
-    assert_eq!(inference.input_names(), [bert::INPUT_IDS, bert::TOKEN_TYPE_IDS, bert::ATTENTION_MASK]);
-    let batch_inputs: Vec<(&str, TensorView<'_>)> = [bert::INPUT_IDS, bert::TOKEN_TYPE_IDS, bert::ATTENTION_MASK]
-        .into_iter()
-        .map(|name| (name, view(&case.batch, name)))
-        .collect();
-    let exported_logits = inference.run(&batch_inputs, &[bert::LOGITS]).expect("run");
+    assert_eq!(inference.input_names(), batch_inputs.as_slice());
+    let feeds: Vec<(&str, TensorView<'_>)> = batch_inputs.iter().map(|name| (*name, view(&case.batch, name))).collect();
+    let exported_logits = inference.run(&feeds, &[bert::LOGITS]).expect("run");
     assert!(max_abs_diff(exported_logits[0].as_f32().expect("f32"), want_logits) < 1e-4);
 }
 
@@ -90,4 +114,14 @@ fn tiny_bert_matches_pytorch() {
 #[test]
 fn minilm_on_mrpc_matches_pytorch() {
     check(minilm_mrpc());
+}
+
+#[test]
+fn tiny_mpnet_matches_pytorch() {
+    check(tiny_mpnet());
+}
+
+#[test]
+fn mpnet_on_mrpc_matches_pytorch() {
+    check(mpnet_mrpc());
 }

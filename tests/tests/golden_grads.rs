@@ -1,10 +1,10 @@
 //! Whole-model gradients of the forward+backward graph against PyTorch: every tensor within
-//! 1e-3 relative L2 (`tiny-bert` all parameters, `minilm-mrpc` the stored ones), and the word
-//! embedding rows of ids outside the batch exactly zero; the same with the matrix products on
-//! oneDNN in fp32 (1e-3), and in bf16 (5e-2).
+//! 1e-3 relative L2 (`tiny-bert` and `tiny-mpnet` all parameters, `minilm-mrpc` and
+//! `mpnet-mrpc` the stored ones), and the word embedding rows of ids outside the batch exactly
+//! zero; the same with the matrix products on oneDNN in fp32 (1e-3), and in bf16 (5e-2).
 
 use bert::{load_params, read_tensor_file, ModelConfig};
-use ringtune_tests::{assert_grad_close, fixtures, max_abs_diff, minilm_dir, read_batch, runtime};
+use ringtune_tests::{assert_grad_close, fixtures, max_abs_diff, minilm_dir, mpnet_dir, read_batch, runtime};
 use runtime::{FlatBuffer, Kernels, Precision, SessionOptions};
 use trainer::engine::Engine;
 
@@ -26,12 +26,20 @@ fn engine(config: &ModelConfig, weights: &[std::path::PathBuf], kernels: Kernels
 #[test]
 fn tiny_bert_gradients_match_pytorch() {
     for (kernels, tol, out_tol) in KERNELS {
-        tiny_bert(kernels, tol, out_tol);
+        every_parameter("tiny-bert", kernels, tol, out_tol);
     }
 }
 
-fn tiny_bert(kernels: Kernels, tol: f64, out_tol: f32) {
-    let dir = fixtures().join("tiny-bert");
+#[test]
+fn tiny_mpnet_gradients_match_pytorch() {
+    for (kernels, tol, out_tol) in KERNELS {
+        every_parameter("tiny-mpnet", kernels, tol, out_tol);
+    }
+}
+
+/// A seeded fixture with every parameter's gradient stored.
+fn every_parameter(case: &str, kernels: Kernels, tol: f64, out_tol: f32) {
+    let dir = fixtures().join(case);
     let config = ModelConfig::from_dir(&dir).expect("config");
     let mut engine = engine(&config, &[dir.join("model.safetensors")], kernels);
     let out = engine.step(&read_batch(&dir.join("batch.safetensors"))).expect("step");
@@ -54,20 +62,27 @@ fn tiny_bert(kernels: Kernels, tol: f64, out_tol: f32) {
 #[test]
 fn minilm_gradients_on_mrpc_match_pytorch() {
     for (kernels, tol, out_tol) in KERNELS {
-        minilm(kernels, tol, out_tol);
+        stored_tensors("minilm-mrpc", &minilm_dir(), kernels, tol, out_tol);
     }
 }
 
-fn minilm(kernels: Kernels, tol: f64, out_tol: f32) {
-    let dir = fixtures().join("minilm-mrpc");
-    let model = minilm_dir();
-    let config = ModelConfig::from_dir(&model).expect("config").with_dropout(0.0);
+#[test]
+fn mpnet_gradients_on_mrpc_match_pytorch() {
+    stored_tensors("mpnet-mrpc", &mpnet_dir(), Kernels::Mlas, 1e-3, 1e-4);
+}
+
+/// A real checkpoint with a seeded head, where the fixture stores some tensors and the word
+/// embedding rows of the batch's ids.
+fn stored_tensors(case: &str, model: &std::path::Path, kernels: Kernels, tol: f64, out_tol: f32) {
+    let dir = fixtures().join(case);
+    let config = ModelConfig::from_dir(model).expect("config").with_dropout(0.0);
     let mut engine = engine(&config, &[model.join("model.safetensors"), dir.join("classifier.safetensors")], kernels);
     let out = engine.step(&read_batch(&dir.join("batch.safetensors"))).expect("step");
     let want = read_tensor_file(&dir.join("outputs.safetensors")).expect("outputs");
     assert!((out.loss - want["loss"].f32s().expect("loss")[0]).abs() < out_tol, "{kernels:?}");
     let reference = read_tensor_file(&dir.join("grads.safetensors")).expect("grads");
-    let word = "bert.embeddings.word_embeddings.weight";
+    let word = format!("{}embeddings.word_embeddings.weight", config.family.prefix());
+    let word = word.as_str();
     let mut checked = 0;
     for (name, tensor) in &reference {
         let Some(entry) = engine.layout().get(name) else { continue };
@@ -79,7 +94,7 @@ fn minilm(kernels: Kernels, tol: f64, out_tol: f32) {
         );
         checked += 1;
     }
-    assert!(checked >= 4 + 16 * 2 + 2 + 2, "checked {checked} tensors");
+    assert!(checked >= 20, "checked {checked} tensors");
 
     let entry = engine.layout().get(word).expect("word embeddings");
     let hidden = entry.shape[1];
@@ -89,6 +104,9 @@ fn minilm(kernels: Kernels, tol: f64, out_tol: f32) {
     let touched: Vec<f32> =
         row_ids.iter().flat_map(|&id| table[id as usize * hidden..(id as usize + 1) * hidden].to_vec()).collect();
     assert_grad_close(&format!("{word} (rows in the batch, {kernels:?})"), &touched, rows, tol);
+    if let Some(sum) = reference.get(&format!("{word}.untouched_abs_sum")) {
+        assert_eq!(sum.f32s().expect("f32")[0], 0.0, "PyTorch's untouched rows are zero too");
+    }
     let mut untouched = 0.0f64;
     for (i, row) in table.chunks(hidden).enumerate() {
         if !row_ids.contains(&(i as i64)) {

@@ -11,14 +11,30 @@ use crate::ModelError;
 pub enum Family {
     /// BERT (`BertForSequenceClassification`).
     Bert,
+    /// MPNet (`MPNetForSequenceClassification`): relative attention bias, no token types.
+    MPNet,
 }
 
 impl Family {
-    /// The prefix of the encoder's parameter names (`bert.`).
+    /// The prefix of the encoder's parameter names (`bert.`, `mpnet.`).
     pub fn prefix(self) -> &'static str {
         match self {
             Family::Bert => "bert.",
+            Family::MPNet => "mpnet.",
         }
+    }
+
+    /// The `model_type` in `config.json`.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Family::Bert => "bert",
+            Family::MPNet => "mpnet",
+        }
+    }
+
+    /// Whether the family reads token types (segment ids).
+    pub fn has_token_types(self) -> bool {
+        self == Family::Bert
     }
 }
 
@@ -55,6 +71,8 @@ pub struct ModelConfig {
     pub num_labels: usize,
     /// Padding token id.
     pub pad_token_id: i64,
+    /// Rows of MPNet's relative attention bias table (0 for BERT).
+    pub relative_attention_buckets: usize,
 }
 
 impl ModelConfig {
@@ -76,7 +94,8 @@ impl ModelConfig {
         let r = Reader { json: &json, path: path.to_path_buf() };
         let family = match r.str_or("model_type", "bert")?.as_str() {
             "bert" => Family::Bert,
-            other => return Err(r.unsupported("model_type", other, "bert")),
+            "mpnet" => Family::MPNet,
+            other => return Err(r.unsupported("model_type", other, "bert or mpnet")),
         };
         let act = r.str_or("hidden_act", "gelu")?;
         if act != "gelu" {
@@ -112,7 +131,10 @@ impl ModelConfig {
             num_heads: r.usize("num_attention_heads")?,
             intermediate_size: r.usize("intermediate_size")?,
             max_position_embeddings: r.usize("max_position_embeddings")?,
-            type_vocab_size: r.usize_or("type_vocab_size", 2)?,
+            type_vocab_size: match family {
+                Family::Bert => r.usize_or("type_vocab_size", 2)?,
+                Family::MPNet => 0,
+            },
             layer_norm_eps: r.float_or("layer_norm_eps", 1e-12)?,
             initializer_range: r.float_or("initializer_range", 0.02)?,
             hidden_dropout,
@@ -122,7 +144,14 @@ impl ModelConfig {
                 Some(_) => r.float_or("classifier_dropout", hidden_dropout)?,
             },
             num_labels,
-            pad_token_id: json.get("pad_token_id").and_then(Json::as_i64).unwrap_or(0),
+            pad_token_id: json.get("pad_token_id").and_then(Json::as_i64).unwrap_or(match family {
+                Family::Bert => 0,
+                Family::MPNet => 1,
+            }),
+            relative_attention_buckets: match family {
+                Family::Bert => 0,
+                Family::MPNet => r.usize_or("relative_attention_num_buckets", 32)?,
+            },
         };
         if !config.hidden_size.is_multiple_of(config.num_heads) {
             return Err(r.unsupported(
@@ -161,13 +190,18 @@ impl ModelConfig {
         self.hidden_dropout > 0.0 || self.attention_dropout > 0.0 || self.classifier_dropout > 0.0
     }
 
-    /// The config as Hugging Face `config.json` for `BertForSequenceClassification`.
+    /// The config as Hugging Face `config.json` for `BertForSequenceClassification` or
+    /// `MPNetForSequenceClassification`.
     pub fn to_hf_json(&self) -> Json {
         let labels: serde_json::Map<String, Json> =
             (0..self.num_labels).map(|i| (i.to_string(), Json::from(format!("LABEL_{i}")))).collect();
-        serde_json::json!({
-            "architectures": ["BertForSequenceClassification"],
-            "model_type": "bert",
+        let architecture = match self.family {
+            Family::Bert => "BertForSequenceClassification",
+            Family::MPNet => "MPNetForSequenceClassification",
+        };
+        let mut json = serde_json::json!({
+            "architectures": [architecture],
+            "model_type": self.family.model_type(),
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "num_hidden_layers": self.num_layers,
@@ -186,7 +220,15 @@ impl ModelConfig {
             "num_labels": self.num_labels,
             "id2label": labels,
             "problem_type": "single_label_classification",
-        })
+        });
+        if self.family == Family::MPNet {
+            json["relative_attention_num_buckets"] = Json::from(self.relative_attention_buckets);
+            if let Some(map) = json.as_object_mut() {
+                map.remove("type_vocab_size");
+                map.remove("position_embedding_type");
+            }
+        }
+        json
     }
 }
 
@@ -252,6 +294,12 @@ mod tests {
         assert_eq!(c.classifier_dropout, 0.1);
         let json = c.to_hf_json();
         assert_eq!(json["num_hidden_layers"], 2);
+        let mpnet = parse(&MINI.replace("\"bert\"", "\"mpnet\"")).expect("mpnet");
+        assert_eq!(
+            (mpnet.family, mpnet.type_vocab_size, mpnet.pad_token_id, mpnet.relative_attention_buckets),
+            (Family::MPNet, 0, 1, 32)
+        );
+        assert_eq!(mpnet.to_hf_json()["architectures"][0], "MPNetForSequenceClassification");
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! The forward graph of BERT for sequence classification, exact to Hugging Face's
-//! `BertForSequenceClassification`.
+//! The forward graph of a sequence classifier, exact to Hugging Face's
+//! `BertForSequenceClassification` (and, with `mpnet.rs`, `MPNetForSequenceClassification`).
 //!
 //! Hidden states run as 2-D `[batch*seq, hidden]` so that every dense layer is one `Gemm` with
 //! `transB` (Hugging Face stores weights as `[out, in]`): no transposed weight copies, and the
@@ -7,7 +7,7 @@
 
 use onnx_ir::{shape, DType, Dim, Graph, Tensor, Value};
 
-use crate::{ModelConfig, ModelError, ParamLayout};
+use crate::{Family, ModelConfig, ModelError, ParamLayout};
 
 /// Graph input names of a batch.
 pub const INPUT_IDS: &str = "input_ids";
@@ -75,12 +75,39 @@ pub fn forward_graph(
     Ok(ForwardGraph { graph: b.g, logits, loss, params: b.params })
 }
 
-struct Builder<'a> {
-    g: Graph,
-    config: &'a ModelConfig,
+pub(crate) struct Builder<'a> {
+    pub(crate) g: Graph,
+    pub(crate) config: &'a ModelConfig,
     layout: &'a ParamLayout,
     options: GraphOptions<'a>,
     params: Vec<Value>,
+}
+
+/// The names of one encoder layer's parameters (prefixes of Hugging Face linear and
+/// LayerNorm modules), which differ between families.
+pub(crate) struct LayerNames {
+    pub query: String,
+    pub key: String,
+    pub value: String,
+    pub attention_out: String,
+    pub attention_norm: String,
+    pub intermediate: String,
+    pub output: String,
+    pub output_norm: String,
+}
+
+fn bert_layer(l: usize) -> LayerNames {
+    let p = format!("bert.encoder.layer.{l}.");
+    LayerNames {
+        query: format!("{p}attention.self.query"),
+        key: format!("{p}attention.self.key"),
+        value: format!("{p}attention.self.value"),
+        attention_out: format!("{p}attention.output.dense"),
+        attention_norm: format!("{p}attention.output.LayerNorm"),
+        intermediate: format!("{p}intermediate.dense"),
+        output: format!("{p}output.dense"),
+        output_norm: format!("{p}output.LayerNorm"),
+    }
 }
 
 impl Builder<'_> {
@@ -88,7 +115,11 @@ impl Builder<'_> {
         let c = self.config;
         let batch_seq = shape(&["batch", "seq"]);
         let ids = self.g.input(INPUT_IDS, DType::I64, batch_seq.clone())?;
-        let types = self.g.input(TOKEN_TYPE_IDS, DType::I64, batch_seq.clone())?;
+        let types = if c.family.has_token_types() {
+            Some(self.g.input(TOKEN_TYPE_IDS, DType::I64, batch_seq.clone())?)
+        } else {
+            None
+        };
         let mask = self.g.input(ATTENTION_MASK, DType::I64, batch_seq)?;
         let labels = if self.options.with_loss {
             Some(self.g.input(LABELS, DType::I64, vec![Dim::sym("batch")])?)
@@ -107,7 +138,11 @@ impl Builder<'_> {
         }
 
         let dims = self.g.shape_of(&ids)?;
-        let x = self.embeddings(&ids, &types, &dims)?;
+        let (x, position_bias) = match (c.family, &types) {
+            (Family::Bert, Some(types)) => (self.embeddings(&ids, types, &dims)?, None),
+            (Family::MPNet, _) => (self.mpnet_embeddings(&ids)?, Some(self.mpnet_position_bias(&dims)?)),
+            (Family::Bert, None) => return Err(onnx_ir::IrError::UnknownValue(TOKEN_TYPE_IDS.into()).into()),
+        };
         let h = c.hidden_size as i64;
         let mut x = self.g.reshape(&x, &[-1, h])?;
         let additive_mask = self.additive_mask(&mask)?;
@@ -115,20 +150,29 @@ impl Builder<'_> {
         let split_heads = self.g.concat(&[&dims, &heads], 0)?;
         for layer in 0..c.num_layers {
             self.g.push_scope(&format!("layer{layer}"));
-            x = self.encoder_layer(layer, &x, &additive_mask, &split_heads)?;
+            let names = match c.family {
+                Family::Bert => bert_layer(layer),
+                Family::MPNet => crate::mpnet::layer_names(layer),
+            };
+            x = self.encoder_layer(&names, &x, &additive_mask, &split_heads, position_bias.as_ref())?;
             self.g.pop_scope();
         }
 
-        // Pooler: dense + tanh on the first token.
         let hidden = self.g.const_i64(&[h])?;
         let unflatten = self.g.concat(&[&dims, &hidden], 0)?;
         let x3 = self.g.reshape_to(&x, &unflatten)?;
         let first = self.g.slice(&x3, &[0], &[1], &[1])?;
         let first = self.g.reshape(&first, &[-1, h])?;
-        let pooled = self.dense(&first, "bert.pooler.dense")?;
-        let pooled = self.g.tanh(&pooled)?;
-        let pooled = self.dropout(&pooled, c.classifier_dropout)?;
-        let logits = self.dense(&pooled, "classifier")?;
+        let logits = match c.family {
+            Family::Bert => {
+                // Pooler (dense + tanh on the first token), dropout, classifier.
+                let pooled = self.dense(&first, "bert.pooler.dense")?;
+                let pooled = self.g.tanh(&pooled)?;
+                let pooled = self.dropout(&pooled, c.classifier_dropout)?;
+                self.dense(&pooled, "classifier")?
+            }
+            Family::MPNet => self.mpnet_head(&first)?,
+        };
         let logits = self.g.output_as(&logits, LOGITS)?;
         let loss = match labels {
             Some(labels) => {
@@ -140,7 +184,7 @@ impl Builder<'_> {
         Ok((logits, loss))
     }
 
-    fn param(&self, name: &str) -> Result<Value, ModelError> {
+    pub(crate) fn param(&self, name: &str) -> Result<Value, ModelError> {
         match self.layout.entries().iter().position(|e| e.name == name) {
             Some(i) => Ok(self.params[i].clone()),
             None => Err(onnx_ir::IrError::UnknownValue(name.to_string()).into()),
@@ -174,31 +218,37 @@ impl Builder<'_> {
         Ok(self.g.unsqueeze(&additive, &[1, 2])?)
     }
 
+    /// One encoder layer; `position_bias` (`[1, heads, seq, seq]`) is added to the scores
+    /// when the family has one.
     fn encoder_layer(
         &mut self,
-        layer: usize,
+        names: &LayerNames,
         x: &Value,
         mask: &Value,
         split_heads: &Value,
+        position_bias: Option<&Value>,
     ) -> Result<Value, ModelError> {
         let c = self.config;
-        let p = format!("bert.encoder.layer.{layer}.");
         let heads = |b: &mut Self, projected: Value, perm: &[i64]| -> Result<Value, ModelError> {
             let split = b.g.reshape_to(&projected, split_heads)?;
             Ok(b.g.transpose(&split, perm)?)
         };
-        let q = self.dense(x, &format!("{p}attention.self.query"))?;
+        let q = self.dense(x, &names.query)?;
         let q = heads(self, q, &[0, 2, 1, 3])?;
         // The key bias adds `q_i . b_k` to every score of row i, which softmax cancels exactly:
         // it cannot change the output, so the graph leaves it out and its gradient is exactly
         // zero (computing it would only add rounding noise that Adam would then amplify).
-        let key_weight = self.param(&format!("{p}attention.self.key.weight"))?;
+        let key_weight = self.param(&format!("{}.weight", names.key))?;
         let k = self.g.gemm(x, &key_weight, None, false, true)?;
         let k = heads(self, k, &[0, 2, 3, 1])?;
-        let v = self.dense(x, &format!("{p}attention.self.value"))?;
+        let v = self.dense(x, &names.value)?;
         let v = heads(self, v, &[0, 2, 1, 3])?;
         let q = self.g.scale(&q, 1.0 / (c.head_size() as f64).sqrt())?;
         let scores = self.g.matmul(&q, &k)?;
+        let scores = match position_bias {
+            Some(bias) => self.g.add(&scores, bias)?,
+            None => scores,
+        };
         let scores = self.g.add(&scores, mask)?;
         let probs = self.g.softmax(&scores, -1)?;
         let probs = self.dropout(&probs, c.attention_dropout)?;
@@ -206,33 +256,33 @@ impl Builder<'_> {
         let context = self.g.transpose(&context, &[0, 2, 1, 3])?;
         let context = self.g.reshape(&context, &[-1, c.hidden_size as i64])?;
 
-        let attended = self.dense(&context, &format!("{p}attention.output.dense"))?;
+        let attended = self.dense(&context, &names.attention_out)?;
         let attended = self.dropout(&attended, c.hidden_dropout)?;
         let attended = self.g.add(&attended, x)?;
-        let attended = self.layer_norm(&attended, &format!("{p}attention.output.LayerNorm"))?;
+        let attended = self.layer_norm(&attended, &names.attention_norm)?;
 
-        let inner = self.dense(&attended, &format!("{p}intermediate.dense"))?;
+        let inner = self.dense(&attended, &names.intermediate)?;
         let inner = self.g.gelu(&inner)?;
-        let out = self.dense(&inner, &format!("{p}output.dense"))?;
+        let out = self.dense(&inner, &names.output)?;
         let out = self.dropout(&out, c.hidden_dropout)?;
         let out = self.g.add(&out, &attended)?;
-        self.layer_norm(&out, &format!("{p}output.LayerNorm"))
+        self.layer_norm(&out, &names.output_norm)
     }
 
     /// `x @ W^T + b` for a Hugging Face linear layer named `prefix`.
-    fn dense(&mut self, x: &Value, prefix: &str) -> Result<Value, ModelError> {
+    pub(crate) fn dense(&mut self, x: &Value, prefix: &str) -> Result<Value, ModelError> {
         let w = self.param(&format!("{prefix}.weight"))?;
         let b = self.param(&format!("{prefix}.bias"))?;
         Ok(self.g.gemm(x, &w, Some(&b), false, true)?)
     }
 
-    fn layer_norm(&mut self, x: &Value, prefix: &str) -> Result<Value, ModelError> {
+    pub(crate) fn layer_norm(&mut self, x: &Value, prefix: &str) -> Result<Value, ModelError> {
         let scale = self.param(&format!("{prefix}.weight"))?;
         let bias = self.param(&format!("{prefix}.bias"))?;
         Ok(self.g.layer_norm(x, &scale, &bias, self.config.layer_norm_eps as f32)?.y)
     }
 
-    fn dropout(&mut self, x: &Value, p: f64) -> Result<Value, ModelError> {
+    pub(crate) fn dropout(&mut self, x: &Value, p: f64) -> Result<Value, ModelError> {
         if self.options.dropout && p > 0.0 {
             Ok(self.g.dropout(x, p as f32)?.y)
         } else {
@@ -241,7 +291,8 @@ impl Builder<'_> {
     }
 }
 
-/// A self-contained inference model (parameters embedded; inputs ids, types, mask; output
+/// A self-contained inference model (parameters embedded; inputs ids, mask, and token types
+/// for families that have them; output
 /// logits) as ONNX bytes, loadable by ONNX Runtime in any language.
 pub fn export_inference(config: &ModelConfig, layout: &ParamLayout, params: &[f32]) -> Result<Vec<u8>, ModelError> {
     let options = GraphOptions { params: Params::Embedded(params), with_loss: false, dropout: false };

@@ -28,6 +28,7 @@ mod config;
 mod error;
 mod forward;
 mod layout;
+mod mpnet;
 mod params;
 mod tensor_file;
 

@@ -42,6 +42,35 @@ pub fn param_shapes(config: &ModelConfig) -> Vec<(String, Vec<usize>)> {
             add("classifier.weight".into(), vec![config.num_labels, h]);
             add("classifier.bias".into(), vec![config.num_labels]);
         }
+        Family::MPNet => {
+            add(format!("{p}embeddings.word_embeddings.weight"), vec![config.vocab_size, h]);
+            add(format!("{p}embeddings.position_embeddings.weight"), vec![config.max_position_embeddings, h]);
+            add(format!("{p}embeddings.LayerNorm.weight"), vec![h]);
+            add(format!("{p}embeddings.LayerNorm.bias"), vec![h]);
+            for l in 0..config.num_layers {
+                let layer = format!("{p}encoder.layer.{l}.");
+                for proj in ["q", "k", "v", "o"] {
+                    add(format!("{layer}attention.attn.{proj}.weight"), vec![h, h]);
+                    add(format!("{layer}attention.attn.{proj}.bias"), vec![h]);
+                }
+                add(format!("{layer}attention.LayerNorm.weight"), vec![h]);
+                add(format!("{layer}attention.LayerNorm.bias"), vec![h]);
+                add(format!("{layer}intermediate.dense.weight"), vec![i, h]);
+                add(format!("{layer}intermediate.dense.bias"), vec![i]);
+                add(format!("{layer}output.dense.weight"), vec![h, i]);
+                add(format!("{layer}output.dense.bias"), vec![h]);
+                add(format!("{layer}output.LayerNorm.weight"), vec![h]);
+                add(format!("{layer}output.LayerNorm.bias"), vec![h]);
+            }
+            add(
+                format!("{p}encoder.relative_attention_bias.weight"),
+                vec![config.relative_attention_buckets, config.num_heads],
+            );
+            add("classifier.dense.weight".into(), vec![h, h]);
+            add("classifier.dense.bias".into(), vec![h]);
+            add("classifier.out_proj.weight".into(), vec![config.num_labels, h]);
+            add("classifier.out_proj.bias".into(), vec![config.num_labels]);
+        }
     }
     out
 }

@@ -69,7 +69,11 @@ fn glue_split_is_rebuilt_from_the_msr_original() {
 }
 
 fn check_fixture(tokenizer: &PairTokenizer) {
-    let text = std::fs::read_to_string(fixture("tokenization/mrpc_dev_100.json")).expect("fixture");
+    check_fixture_file(tokenizer, "tokenization/mrpc_dev_100.json");
+}
+
+fn check_fixture_file(tokenizer: &PairTokenizer, file: &str) {
+    let text = std::fs::read_to_string(fixture(file)).expect("fixture");
     let json: serde_json::Value = serde_json::from_str(&text).expect("json");
     let cases = json["cases"].as_array().expect("cases");
     assert_eq!(cases.len(), 100);
@@ -92,6 +96,18 @@ fn check_fixture(tokenizer: &PairTokenizer) {
 #[test]
 fn tokenization_equals_hugging_face_on_all_100_fixture_cases() {
     check_fixture(&PairTokenizer::from_model_dir(&model(), 128).expect("tokenizer.json"));
+}
+
+#[test]
+fn mpnet_tokenization_equals_hugging_face_on_all_100_fixture_cases() {
+    let dir = root().join("models/all-mpnet-base-v2");
+    assert!(dir.join("tokenizer.json").exists(), "all-mpnet-base-v2 is missing: run `just setup-mpnet`");
+    let tok = PairTokenizer::from_model_dir(&dir, 128).expect("tokenizer.json");
+    check_fixture_file(&tok, "tokenization/mrpc_dev_100_mpnet.json");
+    // <s> a </s></s> b </s>
+    let e = tok.encode("a", "b").expect("encode");
+    let (s, sep) = (tok.token_id("<s>").expect("<s>"), tok.token_id("</s>").expect("</s>"));
+    assert_eq!((e.ids[0], e.ids[2], e.ids[3], e.ids[5]), (s, sep, sep, sep));
 }
 
 #[test]

@@ -147,7 +147,7 @@ unary_helpers! {
 
 binary_helpers! {
     add => "Add", sub => "Sub", mul => "Mul", div => "Div", pow => "Pow", equal => "Equal",
-    less => "Less", greater => "Greater",
+    less => "Less", greater => "Greater", min => "Min", max => "Max",
 }
 
 impl Graph {

@@ -1,4 +1,5 @@
-//! Reductions: `ReduceSum`, `ReduceMean`, `ReduceMax` (axes as an input, opset 18).
+//! Reductions: `ReduceSum`, `ReduceMean`, `ReduceMax` (axes as an input, opset 18), and
+//! `CumSum`.
 
 use std::collections::HashMap;
 
@@ -9,6 +10,15 @@ pub(super) fn register(rules: &mut HashMap<&'static str, Rule>) {
     for op in ["ReduceSum", "ReduceMean", "ReduceMax"] {
         rules.insert(op, reduce);
     }
+    rules.insert("CumSum", cumsum);
+}
+
+fn cumsum(ctx: &Ctx<'_>) -> Result<Inferred, String> {
+    if let Some(s) = ctx.shape(0)? {
+        let axis = ctx.const_ints(1)?.and_then(|a| a.first().copied()).ok_or("CumSum needs a constant axis")?;
+        norm_axis(axis, s.len())?;
+    }
+    Ok(Inferred::one(ctx.ty(0)?.clone()))
 }
 
 fn reduce(ctx: &Ctx<'_>) -> Result<Inferred, String> {
@@ -45,6 +55,12 @@ impl Graph {
     /// `ReduceMean(x, axes, keepdims)`.
     pub fn reduce_mean(&mut self, x: &Value, axes: &[i64], keepdims: bool) -> Result<Value, IrError> {
         self.reduce("ReduceMean", x, axes, keepdims)
+    }
+
+    /// `CumSum(x, axis)` (inclusive, forward).
+    pub fn cumsum(&mut self, x: &Value, axis: i64) -> Result<Value, IrError> {
+        let a = self.constant(crate::Tensor::scalar_i64(axis))?;
+        self.op1("CumSum", &[x, &a], vec![])
     }
 
     fn reduce(&mut self, op: &str, x: &Value, axes: &[i64], keepdims: bool) -> Result<Value, IrError> {
