@@ -40,5 +40,5 @@ pub use forward::{
     LOSS, TOKEN_TYPE_IDS,
 };
 pub use layout::{ParamEntry, ParamLayout, ALIGN_FLOATS};
-pub use params::{init_all, init_param, is_head, layout, param_shapes};
+pub use params::{init_all, init_param, is_head, layout, param_shapes, word_embeddings_name};
 pub use tensor_file::{read_tensor_file, write_tensor_file, HostTensor};

@@ -7,6 +7,12 @@ use rand_distr::{Distribution, StandardNormal};
 
 use crate::{Family, ModelConfig, ParamEntry, ParamLayout};
 
+/// The word-embedding table's name: the one parameter whose gradient is nonzero only on the rows
+/// a batch's token ids name.
+pub fn word_embeddings_name(config: &ModelConfig) -> String {
+    format!("{}embeddings.word_embeddings.weight", config.family.prefix())
+}
+
 /// Every parameter of the model with its Hugging Face name and shape, in layout order.
 pub fn param_shapes(config: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     let (h, i) = (config.hidden_size, config.intermediate_size);
@@ -15,7 +21,7 @@ pub fn param_shapes(config: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     let mut add = |name: String, shape: Vec<usize>| out.push((name, shape));
     match config.family {
         Family::Bert => {
-            add(format!("{p}embeddings.word_embeddings.weight"), vec![config.vocab_size, h]);
+            add(word_embeddings_name(config), vec![config.vocab_size, h]);
             add(format!("{p}embeddings.position_embeddings.weight"), vec![config.max_position_embeddings, h]);
             add(format!("{p}embeddings.token_type_embeddings.weight"), vec![config.type_vocab_size, h]);
             add(format!("{p}embeddings.LayerNorm.weight"), vec![h]);
@@ -43,7 +49,7 @@ pub fn param_shapes(config: &ModelConfig) -> Vec<(String, Vec<usize>)> {
             add("classifier.bias".into(), vec![config.num_labels]);
         }
         Family::MPNet => {
-            add(format!("{p}embeddings.word_embeddings.weight"), vec![config.vocab_size, h]);
+            add(word_embeddings_name(config), vec![config.vocab_size, h]);
             add(format!("{p}embeddings.position_embeddings.weight"), vec![config.max_position_embeddings, h]);
             add(format!("{p}embeddings.LayerNorm.weight"), vec![h]);
             add(format!("{p}embeddings.LayerNorm.bias"), vec![h]);

@@ -2,8 +2,9 @@
 //!
 //! Owns: the ring schedule (chunks, pipeline segments, who sends what at each step), the
 //! all-reduce and gather state machines (in the manner of `quinn-proto`: frames in, frames out,
-//! every frame checked against the schedule), gradient buckets, the wire format of frames, the
-//! [`Transport`] trait with a blocking driver, and an in-memory transport for tests.
+//! every frame checked against the schedule), gradient buckets, row-sparse averaging of
+//! embedding tables, the wire format of frames, the [`Transport`] trait with a blocking driver,
+//! and an in-memory transport for tests.
 //!
 //! Does not own: networking (`quic`), or what the buffer holds (`bert`'s layout, hashed into the
 //! handshake by the caller).
@@ -31,12 +32,14 @@ mod bucket;
 mod frame;
 mod memory;
 mod ring;
+mod sparse;
 mod transport;
 
 pub use bucket::plan_buckets;
 pub use frame::{Header, Hello, Kind, Phase, HEADER_LEN, MAX_PAYLOAD, VERSION};
 pub use memory::{memory_ring, MemoryTransport};
 pub use ring::{float_payload, RingAllReduce, RingGather, Schedule};
+pub use sparse::{all_reduce_rows, decode_rows, encode_rows, pack_rows, union_rows, unpack_rows, used_rows};
 pub use transport::{all_reduce_buckets, all_reduce_mean, gather, Transport};
 
 /// A frame that cannot be decoded.

@@ -40,19 +40,16 @@ pub fn all_reduce_mean(
     }
 }
 
-/// All-reduces `grads` bucket by bucket (operation ids `first_op`, `first_op + 1`, ...),
-/// calling `done` with each bucket's range as soon as it is reduced.
+/// All-reduces `grads` bucket by bucket (operation ids `first_op`, `first_op + 1`, ...).
 pub fn all_reduce_buckets(
     t: &mut impl Transport,
     first_op: u64,
     grads: &mut [f32],
     buckets: &[Range<usize>],
     segment: usize,
-    mut done: impl FnMut(Range<usize>, &[f32]),
 ) -> Result<(), CollectiveError> {
     for (i, range) in buckets.iter().enumerate() {
         all_reduce_mean(t, first_op + i as u64, &mut grads[range.clone()], segment)?;
-        done(range.clone(), &grads[range.clone()]);
     }
     Ok(())
 }

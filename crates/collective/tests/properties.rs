@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use collective::{all_reduce_buckets, all_reduce_mean, gather, memory_ring, plan_buckets, Transport};
+use collective::{
+    all_reduce_buckets, all_reduce_mean, all_reduce_rows, gather, memory_ring, plan_buckets, used_rows, Transport,
+};
 use proptest::prelude::*;
 
 fn inputs(world: usize, len: usize, seed: u64) -> Vec<Vec<f32>> {
@@ -82,21 +84,73 @@ fn buckets_and_gather() {
         .map(|(mut t, mut grads)| {
             let buckets = buckets.clone();
             std::thread::spawn(move || {
-                let mut seen = Vec::new();
-                all_reduce_buckets(&mut t, 10, &mut grads, &buckets, 1000, |r, _| seen.push(r)).expect("buckets");
+                all_reduce_buckets(&mut t, 10, &mut grads, &buckets, 1000).expect("buckets");
                 let rank = t.rank();
                 let values = gather(&mut t, 99, Bytes::from(vec![rank as u8; 4])).expect("gather");
-                (grads, seen, values)
+                (grads, values)
             })
         })
         .collect();
     for h in handles {
-        let (grads, seen, values) = h.join().expect("thread");
-        assert_eq!(seen, buckets);
+        let (grads, values) = h.join().expect("thread");
         for (a, b) in grads.iter().zip(&expected) {
             assert!((a - b).abs() < 1e-5);
         }
         assert_eq!(values, (0..world).map(|r| Bytes::from(vec![r as u8; 4])).collect::<Vec<_>>());
+    }
+}
+
+/// Each rank's embedding-table gradient: nonzero only on the rows its token ids name.
+fn sparse_tables(world: usize, rows: usize, width: usize, ids: &[Vec<i64>], seed: u64) -> Vec<Vec<f32>> {
+    let noise = inputs(world, rows * width, seed);
+    (0..world)
+        .map(|rank| {
+            let used = used_rows(&ids[rank], rows).expect("ids in range");
+            let mut table = vec![0.0f32; rows * width];
+            for &r in &used {
+                let span = r as usize * width..(r as usize + 1) * width;
+                table[span.clone()].copy_from_slice(&noise[rank][span]);
+            }
+            table
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// Moving only the used rows gives every rank the dense mean, bit-identical across ranks.
+    #[test]
+    fn row_sparse_mean_equals_the_dense_mean(
+        world in 1usize..=6,
+        rows in 1usize..300,
+        width in 1usize..20,
+        seed: u64,
+        picks in proptest::collection::vec(proptest::collection::vec(0usize..10_000, 0..40), 6),
+    ) {
+        let ids: Vec<Vec<i64>> = picks.iter().map(|p| p.iter().map(|&i| (i % rows) as i64).collect()).collect();
+        let tables = sparse_tables(world, rows, width, &ids, seed);
+        let dense: Vec<f64> = (0..rows * width)
+            .map(|i| tables.iter().map(|t| t[i] as f64).sum::<f64>() / world as f64)
+            .collect();
+        let handles: Vec<_> = memory_ring(world, Duration::from_secs(30))
+            .into_iter()
+            .zip(tables)
+            .map(|(mut t, mut table)| {
+                let used = used_rows(&ids[t.rank()], rows).expect("ids in range");
+                std::thread::spawn(move || {
+                    all_reduce_rows(&mut t, 3, &mut table, width, &used, 7).expect("row all-reduce");
+                    table
+                })
+            })
+            .collect();
+        let results: Vec<Vec<f32>> = handles.into_iter().map(|h| h.join().expect("rank thread")).collect();
+        for r in &results {
+            prop_assert!(r.iter().zip(&results[0]).all(|(a, b)| a.to_bits() == b.to_bits()));
+            for (&got, &want) in r.iter().zip(&dense) {
+                prop_assert!((got as f64 - want).abs() <= 1e-6 * world as f64, "{} vs {}", got, want);
+            }
+        }
     }
 }
 

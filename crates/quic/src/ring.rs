@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use crate::certs::{node_name, NodeIdentity};
 use crate::tls::{alpn, client_crypto, peer_is, server_crypto, ALPN_RENDEZVOUS, ALPN_RING};
 use crate::tuning::{bind_udp, endpoint, transport_config, Tuning};
-use crate::wire::{describe_connection, read_frame, write_frame, ReadFrameError};
+use crate::wire::{describe_connection, read_frame, write_frame, FramePool, ReadFrameError};
 use crate::QuicError;
 
 /// How a node finds the others.
@@ -59,6 +59,7 @@ pub struct QuicRing {
     lanes_out: Vec<mpsc::UnboundedSender<(Header, Bytes)>>,
     senders: Vec<tokio::task::JoinHandle<()>>,
     lanes_in: Vec<RecvStream>,
+    pool: FramePool,
     conns: Vec<Connection>,
     send_failure: Arc<Mutex<Option<String>>>,
     sent: usize,
@@ -94,6 +95,7 @@ impl QuicRing {
             lanes_out: Vec::new(),
             senders: Vec::new(),
             lanes_in: Vec::new(),
+            pool: FramePool::default(),
             conns: Vec::new(),
             send_failure: Arc::new(Mutex::new(None)),
             sent: 0,
@@ -245,7 +247,8 @@ impl Transport for QuicRing {
             .lanes_in
             .get_mut(lane)
             .ok_or_else(|| CollectiveError::Transport("no link from the previous rank".into()))?;
-        let result = self.rt.block_on(async { tokio::time::timeout(deadline, read_frame(stream)).await });
+        let pool = &self.pool;
+        let result = self.rt.block_on(async { tokio::time::timeout(deadline, read_frame(stream, pool)).await });
         let (header, payload) = match result {
             Err(_) => return Err(CollectiveError::Transport(format!("{prev} sent nothing for {deadline:?}"))),
             Ok(Err(ReadFrameError::Stream(reason))) => {
@@ -351,8 +354,9 @@ async fn connect(o: &RingOptions) -> Result<Links, QuicError> {
             prev_addr = Some(addr);
             let mut stream =
                 conn.accept_uni().await.map_err(|e| QuicError::peer(prev, addr, describe_connection(&e)))?;
-            let (header, payload) =
-                read_frame(&mut stream).await.map_err(|e| QuicError::peer(prev, addr, format!("{e:?}")))?;
+            let (header, payload) = read_frame(&mut stream, &FramePool::default())
+                .await
+                .map_err(|e| QuicError::peer(prev, addr, format!("{e:?}")))?;
             let theirs = Hello::decode(&payload).map_err(|e| QuicError::peer(prev, addr, e.to_string()))?;
             check_hello(o, prev, addr, header, &theirs)?;
             let lane = header.chunk as usize;
@@ -471,7 +475,8 @@ async fn register(
     write_frame(&mut send, header, Bytes::copy_from_slice(&hello.encode()))
         .await
         .map_err(|e| QuicError::peer(0, addr, e.to_string()))?;
-    let (header, payload) = read_frame(&mut recv).await.map_err(|e| QuicError::peer(0, addr, format!("{e:?}")))?;
+    let (header, payload) =
+        read_frame(&mut recv, &FramePool::default()).await.map_err(|e| QuicError::peer(0, addr, format!("{e:?}")))?;
     if header.kind == Kind::Bye {
         return Err(QuicError::Rendezvous(format!(
             "the coordinator refused this node: {}",
@@ -503,7 +508,7 @@ async fn coordinate(
         let conn = rdv_rx.recv().await.ok_or_else(|| QuicError::Setup("the endpoint stopped accepting".into()))?;
         let remote = conn.remote_address();
         let Ok((send, mut recv)) = conn.accept_bi().await else { continue };
-        let Ok((header, payload)) = read_frame(&mut recv).await else { continue };
+        let Ok((header, payload)) = read_frame(&mut recv, &FramePool::default()).await else { continue };
         let Ok(hello) = Hello::decode(&payload) else { continue };
         let rank = hello.rank as usize;
         let complaint = if hello.world as usize != o.world {

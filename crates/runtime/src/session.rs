@@ -117,11 +117,21 @@ pub struct Session {
     outputs: Vec<String>,
 }
 
+/// Held while a session with custom operators loads.
+static CUSTOM_DOMAIN_LOAD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 impl Session {
     /// Loads the ONNX model `model` (serialised `ModelProto`) with `options`.
     pub fn from_bytes(runtime: &Runtime, model: &[u8], options: &SessionOptions) -> Result<Self> {
         let (builder, provider) = configure(runtime, options)?;
         let mut builder = builder;
+        // ONNX Runtime registers a custom operator domain in a process-wide table with a check
+        // and an insert that are not atomic: two sessions with our operators loading at once
+        // fail with "the domain is already exist". Loading one at a time avoids it.
+        let _one_at_a_time = match options.kernels {
+            crate::Kernels::OneDnn(_) => Some(CUSTOM_DOMAIN_LOAD.lock().unwrap_or_else(|p| p.into_inner())),
+            crate::Kernels::Mlas => None,
+        };
         let inner =
             builder.commit_from_memory(model).map_err(RuntimeError::ort("loading the model into ONNX Runtime"))?;
         let inputs = inner.inputs().iter().map(|o| o.name().to_string()).collect();

@@ -6,11 +6,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::Bytes;
-use collective::{all_reduce_buckets, all_reduce_mean, gather, plan_buckets};
+use collective::{all_reduce_buckets, all_reduce_mean, all_reduce_rows, gather, plan_buckets, used_rows};
 use quic::certs::NodeIdentity;
 use quic::{Peers, QuicRing, RingOptions, Tuning};
 
-use crate::train::GradSync;
+use crate::model::ModelDir;
+use crate::train::{Averaged, GradSync};
 use crate::TrainError;
 
 /// How this node joins a multi-node run.
@@ -36,21 +37,33 @@ pub struct ClusterOptions {
 const FIRST_BUCKET: usize = 1 << 18;
 const BUCKET: usize = 25 << 18;
 
+/// The word-embedding table inside the flat buffer: averaged row-sparse, since a batch's
+/// gradient is zero on every row its token ids do not name.
+#[derive(Debug, Clone)]
+struct EmbeddingTable {
+    range: Range<usize>,
+    rows: usize,
+    width: usize,
+}
+
 /// Gradient sync over the QUIC ring.
 pub struct QuicSync {
     ring: QuicRing,
+    /// The dense part of the buffer (everything but the embedding table), in buckets.
     buckets: Vec<Range<usize>>,
+    table: Option<EmbeddingTable>,
 }
 
 impl QuicSync {
-    /// Joins the ring of `options`; `layout_hash` must agree on every node.
-    pub fn join(options: &ClusterOptions, layout_hash: [u8; 32], buffer_len: usize) -> Result<Self, TrainError> {
+    /// Joins the ring of `options` for training `model` (whose parameter layout must agree on
+    /// every node).
+    pub fn join(options: &ClusterOptions, model: &ModelDir) -> Result<Self, TrainError> {
         let identity =
             NodeIdentity::load(&options.certs, options.rank).map_err(|e| TrainError::Other(e.to_string()))?;
         let ring = QuicRing::join(RingOptions {
             rank: options.rank,
             world: options.world,
-            layout: layout_hash,
+            layout: model.layout.hash(),
             identity,
             listen: options.listen,
             peers: options.peers.clone(),
@@ -59,7 +72,25 @@ impl QuicSync {
             tuning: Tuning { lanes: options.lanes, ..Tuning::default() },
         })
         .map_err(|e| TrainError::Other(e.to_string()))?;
-        Ok(QuicSync { ring, buckets: plan_buckets(buffer_len, FIRST_BUCKET, BUCKET, bert::ALIGN_FLOATS) })
+        let table = model.layout.get(&bert::word_embeddings_name(&model.config)).map(|e| EmbeddingTable {
+            range: e.range(),
+            rows: e.shape[0],
+            width: e.shape[1..].iter().product(),
+        });
+        let total = model.layout.total_len();
+        let dense: [Range<usize>; 2] = match &table {
+            Some(t) => [0..t.range.start, t.range.end..total],
+            None => [0..total, total..total],
+        };
+        let buckets = dense
+            .into_iter()
+            .flat_map(|part| {
+                plan_buckets(part.len(), FIRST_BUCKET, BUCKET, bert::ALIGN_FLOATS)
+                    .into_iter()
+                    .map(move |b| b.start + part.start..b.end + part.start)
+            })
+            .collect();
+        Ok(QuicSync { ring, buckets, table })
     }
 
     fn fail(&mut self, e: impl std::fmt::Display) -> TrainError {
@@ -83,14 +114,24 @@ impl GradSync for QuicSync {
         collective::Transport::world(&self.ring)
     }
 
-    fn average(&mut self, grads: &mut [f32], loss: f32) -> Result<f32, TrainError> {
+    fn average(&mut self, grads: &mut [f32], loss: f32, token_ids: &[i64]) -> Result<Averaged, TrainError> {
         let segment = self.ring.segment();
+        let mut floats = self.buckets.iter().map(|b| b.len()).sum::<usize>();
+        if let Some(table) = self.table.clone() {
+            let used = used_rows(token_ids, table.rows).map_err(|e| TrainError::Other(e.to_string()))?;
+            let first = self.ring.next_op();
+            self.ring.next_op();
+            match all_reduce_rows(&mut self.ring, first, &mut grads[table.range], table.width, &used, segment) {
+                Ok(rows) => floats += rows * table.width,
+                Err(e) => return Err(self.fail(e)),
+            }
+        }
         let first = self.ring.next_op();
         let buckets = self.buckets.clone();
         for _ in 1..buckets.len() {
             self.ring.next_op();
         }
-        if let Err(e) = all_reduce_buckets(&mut self.ring, first, grads, &buckets, segment, |_, _| {}) {
+        if let Err(e) = all_reduce_buckets(&mut self.ring, first, grads, &buckets, segment) {
             return Err(self.fail(e));
         }
         let mut mean_loss = [loss];
@@ -98,7 +139,7 @@ impl GradSync for QuicSync {
         if let Err(e) = all_reduce_mean(&mut self.ring, op, &mut mean_loss, 1) {
             return Err(self.fail(e));
         }
-        Ok(mean_loss[0])
+        Ok(Averaged { loss: mean_loss[0], floats })
     }
 
     fn check_params(&mut self, hash: [u8; 32]) -> Result<(), TrainError> {

@@ -254,7 +254,7 @@ fn main() -> Result<()> {
                 Some(cluster) => {
                     let _rank = tracing::info_span!("rank", rank = cluster.rank).entered();
                     let model = trainer::model::ModelDir::open(&root().join(&config.model))?;
-                    let mut sync = QuicSync::join(&cluster, model.layout.hash(), model.layout.total_len())?;
+                    let mut sync = QuicSync::join(&cluster, &model)?;
                     let summary = trainer::train::train(&config, &root(), args.resume, Some(&mut sync))?;
                     sync.shutdown();
                     if cluster.rank == 0 {

@@ -25,10 +25,20 @@ pub trait GradSync {
     fn rank(&self) -> usize;
     /// Number of nodes.
     fn world(&self) -> usize;
-    /// Replaces `grads` by the mean over all nodes, and returns the mean of `loss`.
-    fn average(&mut self, grads: &mut [f32], loss: f32) -> Result<f32, TrainError>;
+    /// Replaces `grads` by the mean over all nodes, and returns the mean of `loss`. `token_ids`
+    /// are this node's batch's input ids: the rows of the word-embedding table it touched.
+    fn average(&mut self, grads: &mut [f32], loss: f32, token_ids: &[i64]) -> Result<Averaged, TrainError>;
     /// Fails unless every node holds parameters with this hash.
     fn check_params(&mut self, hash: [u8; 32]) -> Result<(), TrainError>;
+}
+
+/// What one gradient average did.
+#[derive(Debug, Clone, Copy)]
+pub struct Averaged {
+    /// The mean of every node's loss.
+    pub loss: f32,
+    /// Floats all-reduced (the embedding table counts only the rows some node used).
+    pub floats: usize,
 }
 
 /// How a run ended.
@@ -60,6 +70,8 @@ struct StepRecord {
     data_s: f64,
     forward_backward_s: f64,
     sync_s: f64,
+    /// Megabytes all-reduced per step.
+    sync_mb: f64,
     optimizer_s: f64,
 }
 
@@ -264,12 +276,13 @@ pub fn train(
                 engine.step(&batch)?
             };
             let t2 = Instant::now();
-            let loss = match sync.as_deref_mut() {
+            let (loss, synced_floats) = match sync.as_deref_mut() {
                 Some(sync) => {
                     let _span = tracing::debug_span!("all_reduce").entered();
-                    sync.average(engine.grads_mut(), out.loss)?
+                    let averaged = sync.average(engine.grads_mut(), out.loss, &batch.input_ids)?;
+                    (averaged.loss, averaged.floats)
                 }
-                None => out.loss,
+                None => (out.loss, 0),
             };
             let t3 = Instant::now();
             let lr = schedule.lr(progress.step);
@@ -291,7 +304,7 @@ pub fn train(
             progress.batch_in_epoch = index as u64 + 1;
             let rows = batch.rows as u64 * world as u64;
             trained_samples += rows;
-            window.add(loss as f64, rows, [t1 - t0, t2 - t1, t3 - t2, t4 - t3]);
+            window.add(loss as f64, rows, synced_floats, [t1 - t0, t2 - t1, t3 - t2, t4 - t3]);
             bar.set_position(progress.step);
             bar.set_message(format!("epoch {} loss {:.4}", epoch + 1, loss));
 
@@ -481,18 +494,20 @@ struct Window {
     loss: f64,
     steps: u64,
     samples: u64,
+    synced_floats: usize,
     phases: [f64; 4],
     started: Option<Instant>,
 }
 
 impl Window {
-    fn add(&mut self, loss: f64, samples: u64, phases: [std::time::Duration; 4]) {
+    fn add(&mut self, loss: f64, samples: u64, synced_floats: usize, phases: [std::time::Duration; 4]) {
         if self.started.is_none() {
             self.started = Some(Instant::now() - phases.iter().sum::<std::time::Duration>());
         }
         self.loss += loss;
         self.steps += 1;
         self.samples += samples;
+        self.synced_floats += synced_floats;
         for (acc, d) in self.phases.iter_mut().zip(phases) {
             *acc += d.as_secs_f64();
         }
@@ -514,6 +529,7 @@ impl Window {
             data_s: self.phases[0] / n,
             forward_backward_s: self.phases[1] / n,
             sync_s: self.phases[2] / n,
+            sync_mb: self.synced_floats as f64 * 4.0 / 1e6 / n,
             optimizer_s: self.phases[3] / n,
         }
     }

@@ -42,7 +42,7 @@ fn train_on_nodes(base: &TrainConfig, world: usize, root: &Path, certs: &Path) -
             let root = root.to_path_buf();
             std::thread::spawn(move || {
                 let model = trainer::model::ModelDir::open(&cfg.model).expect("model");
-                let mut sync = QuicSync::join(&cluster, model.layout.hash(), model.layout.total_len()).expect("join");
+                let mut sync = QuicSync::join(&cluster, &model).expect("join");
                 let summary = trainer::train::train(&cfg, &root, false, Some(&mut sync)).expect("train");
                 sync.shutdown();
                 summary.steps
