@@ -53,3 +53,7 @@ ring-bench *ARGS:
 bench-scaling: data
     cargo build -q --release -p trainer --bin ringtune
     cargo run -q --release -p ringtune-bench -- scaling
+
+# Fuzzes the frame and row-list decoders for SECS seconds (needs `cargo install cargo-fuzz`).
+fuzz SECS="60":
+    cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run -s none frame_decode -- -max_total_time={{SECS}}

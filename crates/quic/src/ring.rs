@@ -594,4 +594,64 @@ mod tests {
         assert_eq!(decode_table(&encode_table(&table)), Some(table));
         assert_eq!(decode_table(&[0; 5]), None);
     }
+
+    /// Rank 1 is played by hand: a correct certificate and handshake, then bytes that are not
+    /// a frame. Rank 0's all-reduce must fail with an error naming rank 1, not hang or panic.
+    #[test]
+    fn a_malformed_frame_is_an_error_naming_the_sender() {
+        let certs = crate::certs::generate(2).expect("certs");
+        let identity = |rank: usize| {
+            let (cert, key) = &certs.nodes[rank];
+            NodeIdentity::from_pem(rank, &certs.ca_pem, cert, key).expect("identity")
+        };
+        let ports: Vec<u16> = {
+            let sockets: Vec<std::net::UdpSocket> =
+                (0..2).map(|_| std::net::UdpSocket::bind("127.0.0.1:0").expect("port")).collect();
+            sockets.iter().map(|s| s.local_addr().expect("addr").port()).collect()
+        };
+        let addr = |rank: usize| SocketAddr::from(([127, 0, 0, 1], ports[rank]));
+        let layout = [3u8; 32];
+        let honest = RingOptions {
+            rank: 0,
+            world: 2,
+            layout,
+            identity: identity(0),
+            listen: addr(0),
+            peers: Peers::List(ports.iter().map(|p| format!("127.0.0.1:{p}")).collect()),
+            deadline: Duration::from_secs(10),
+            rendezvous_deadline: Duration::from_secs(10),
+            tuning: Tuning::default(),
+        };
+        let rank0 = std::thread::spawn(move || {
+            let mut ring = QuicRing::join(honest).map_err(|e| e.to_string())?;
+            let mut grads = vec![1.0f32; 1000];
+            let op = ring.next_op();
+            collective::all_reduce_mean(&mut ring, op, &mut grads, 100).map_err(|e| e.to_string())
+        });
+
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let rogue = identity(1);
+        let _keep_alive = rt.block_on(async {
+            let server = quinn::ServerConfig::with_crypto(Arc::new(server_crypto(&rogue).expect("server tls")));
+            let endpoint = Endpoint::server(server, addr(1)).expect("endpoint");
+            let from0 = endpoint.accept().await.expect("rank 0 dials").await.expect("handshake");
+            let mut hello_in = from0.accept_uni().await.expect("rank 0's stream");
+            read_frame(&mut hello_in, &FramePool::default()).await.expect("rank 0's hello");
+            let client = quinn::ClientConfig::new(Arc::new(client_crypto(&rogue, ALPN_RING).expect("client tls")));
+            let to0 = endpoint.connect_with(client, addr(0), &node_name(0)).expect("dial").await.expect("link");
+            let mut out = to0.open_uni().await.expect("stream");
+            let hello = Hello { rank: 1, world: 2, layout };
+            write_frame(
+                &mut out,
+                Header::control(Kind::Hello, 0, Hello::LEN as u32),
+                Bytes::copy_from_slice(&hello.encode()),
+            )
+            .await
+            .expect("hello");
+            out.write_all(&[0xAB; 64]).await.expect("garbage");
+            (endpoint, from0, to0, hello_in, out)
+        });
+        let error = rank0.join().expect("rank 0 does not panic").expect_err("garbage is refused");
+        assert!(error.starts_with("rank 1 sent an invalid frame"), "{error}");
+    }
 }

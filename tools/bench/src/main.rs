@@ -1,6 +1,7 @@
 //! `ringtune-bench`: samples per second of inference and of training steps, each
 //! configuration in its own process (so peak memory is that configuration's), printed as a
-//! table beside PyTorch's numbers on this machine (`../shared/REFERENCE.md`).
+//! table beside PyTorch's numbers: measured in the same invocation when `--pytorch PYTHON`
+//! names a Python with torch and transformers, else `../shared/REFERENCE.md`'s.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -10,11 +11,13 @@ use anyhow::{bail, Context, Result};
 use bert::ModelConfig;
 use clap::{Parser, Subcommand, ValueEnum};
 use mrpc::Batch;
+use optim::{clip_global_norm, AdamW, AdamWConfig};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use runtime::{FlatBuffer, Runtime, SessionOptions};
 use serde::{Deserialize, Serialize};
 use trainer::engine::{Engine, Evaluator};
+use trainer::recipe::param_groups;
 
 #[derive(Parser)]
 #[command(version, about)]
@@ -36,6 +39,13 @@ enum Cmd {
         /// Only these models (bert-base, minilm, bert-mini).
         #[arg(long)]
         only: Vec<String>,
+        /// A Python with torch and transformers: PyTorch is then measured in this run, with the
+        /// reference's own script, instead of quoted from REFERENCE.md.
+        #[arg(long, env = "RINGTUNE_PYTORCH")]
+        pytorch: Option<PathBuf>,
+        /// The reference benchmark script.
+        #[arg(long, default_value = "../shared/reference/bench_bert.py")]
+        pytorch_script: PathBuf,
     },
     /// Measures one configuration and prints one JSON line.
     One(One),
@@ -95,7 +105,7 @@ struct One {
 enum Task {
     /// Forward only (logits).
     Eval,
-    /// Forward and backward in one run, dropout on.
+    /// Forward and backward in one run, dropout on, then clipping and the AdamW step.
     Train,
 }
 
@@ -118,7 +128,10 @@ fn main() -> Result<()> {
             let m = measure(&one)?;
             println!("{}", serde_json::to_string(&m)?);
         }
-        Cmd::Table { steps, repeats, only } => table(steps, repeats, &only)?,
+        Cmd::Table { steps, repeats, only, pytorch, pytorch_script } => {
+            let pytorch = pytorch.map(|python| PyTorch { python, script: root().join(pytorch_script) });
+            table(steps, repeats, &only, pytorch.as_ref())?
+        }
         Cmd::Scaling { ringtune, steps, batch } => scaling(&ringtune, steps, batch)?,
     }
     Ok(())
@@ -179,9 +192,13 @@ fn measure(one: &One) -> Result<Measurement> {
     };
     let mut step: Box<dyn FnMut() -> Result<()>> = match one.task {
         Task::Train => {
+            let mut adam = AdamW::new(AdamWConfig::default(), &param_groups(&layout, 0.01), layout.total_len())?;
             let mut engine = Engine::new(runtime, &config, &layout, params, true, &options)?;
             Box::new(move || {
                 engine.step(&batch)?;
+                let (params, grads) = engine.params_and_grads();
+                clip_global_norm(grads, 1.0);
+                adam.step(params, grads, 2e-5);
                 Ok(())
             })
         }
@@ -229,8 +246,8 @@ fn peak_rss_mib() -> f64 {
         .map_or(0.0, |kib| kib / 1024.0)
 }
 
-/// PyTorch 2.15 on this machine (`../shared/REFERENCE.md`): (task, fp32, bf16 autocast) samples/s.
-fn pytorch(model: &str, task: &str) -> Option<(f64, f64)> {
+/// PyTorch 2.15 as `../shared/REFERENCE.md` quotes it: (fp32, bf16 autocast) samples/s.
+fn pytorch_reference(model: &str, task: &str) -> Option<(f64, f64)> {
     Some(match (model, task) {
         ("bert-base", "train") => (2.54, 6.24),
         ("bert-base", "eval") => (7.8, 24.5),
@@ -242,14 +259,55 @@ fn pytorch(model: &str, task: &str) -> Option<(f64, f64)> {
     })
 }
 
-fn table(steps: usize, repeats: usize, only: &[String]) -> Result<()> {
+/// PyTorch measured in this run by the reference's script.
+struct PyTorch {
+    python: PathBuf,
+    script: PathBuf,
+}
+
+impl PyTorch {
+    /// Median samples/s of one configuration (the script's `RESULT` line).
+    fn measure(&self, model: &str, task: &str, precision: &str, steps: usize, repeats: usize) -> Result<f64> {
+        let size = match model {
+            "bert-base" => "base",
+            "bert-mini" => "mini",
+            other => other,
+        };
+        let out = Command::new(&self.python)
+            .arg(&self.script)
+            .args(["--size", size, "--task", task, "--prec", precision, "--max-wait", "30"])
+            .args(["--steps", &steps.to_string(), "--repeats", &repeats.to_string()])
+            .output()
+            .with_context(|| format!("running {} {}", self.python.display(), self.script.display()))?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let Some(result) = stdout.lines().find_map(|l| l.strip_prefix("RESULT ")) else {
+            bail!(
+                "PyTorch {model} {task} {precision} printed no RESULT line: {}",
+                String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("")
+            );
+        };
+        let value: serde_json::Value = serde_json::from_str(result)?;
+        value["median_sps"].as_f64().context("RESULT without median_sps")
+    }
+}
+
+fn table(steps: usize, repeats: usize, only: &[String], pytorch: Option<&PyTorch>) -> Result<()> {
     let exe = std::env::current_exe()?;
     let models = ["minilm", "bert-base", "bert-mini"];
     let variants = [("mlas", "fp32"), ("onednn", "fp32"), ("onednn", "bf16")];
-    println!("| model | task | batch x seq | kernels | ringtune samples/s | PyTorch fp32 | PyTorch bf16 | vs fp32 | vs bf16 | peak RSS MiB |");
+    let source = if pytorch.is_some() { "this run" } else { "REFERENCE.md" };
+    println!(
+        "| model | task | batch x seq | kernels | ringtune samples/s | PyTorch fp32 ({source}) | PyTorch bf16 ({source}) | vs fp32 | vs bf16 | peak RSS MiB |"
+    );
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for model in models.iter().filter(|m| only.is_empty() || only.iter().any(|o| o == *m)) {
         for task in ["eval", "train"] {
+            let (fp32, bf16) = match pytorch {
+                Some(p) => {
+                    (p.measure(model, task, "fp32", steps, repeats)?, p.measure(model, task, "bf16", steps, repeats)?)
+                }
+                None => pytorch_reference(model, task).unwrap_or((f64::NAN, f64::NAN)),
+            };
             for (kernels, precision) in variants {
                 let out = Command::new(&exe)
                     .args(["one", "--model", model, "--task", task, "--steps", &steps.to_string()])
@@ -259,7 +317,6 @@ fn table(steps: usize, repeats: usize, only: &[String]) -> Result<()> {
                     bail!("{model} {task} {kernels} {precision}: {}", String::from_utf8_lossy(&out.stderr));
                 }
                 let m: Measurement = serde_json::from_slice(&out.stdout)?;
-                let (fp32, bf16) = pytorch(model, task).unwrap_or((f64::NAN, f64::NAN));
                 println!(
                     "| {model} | {task} | {} x {} | {} | {:.2} | {fp32:.2} | {bf16:.2} | {:.2}x | {:.2}x | {:.0} |",
                     m.batch,
@@ -273,7 +330,11 @@ fn table(steps: usize, repeats: usize, only: &[String]) -> Result<()> {
             }
         }
     }
-    println!("\nringtune train = forward + backward in one ONNX Runtime run, dropout on (the optimizer is timed in the training loop's metrics); PyTorch train also includes AdamW and zero_grad (0.13 s of 12.4 s for bert-base). Batches: random ids, lengths 40..128 padded to 128, as the reference's.");
+    println!(
+        "\ntrain = forward + backward (dropout on) + optimizer step on both sides: ringtune runs forward and backward \
+         as one ONNX Runtime run, then global-norm clipping and AdamW on the flat buffers; PyTorch runs forward, \
+         backward, AdamW and zero_grad. Batches: random ids, lengths 40..128 padded to 128, as the reference's."
+    );
     Ok(())
 }
 
