@@ -168,6 +168,12 @@ pub fn train(
     let layout: ParamLayout = s.model.layout.clone();
     let output = resolve(root, &cfg.output);
     let checkpoints = output.join("checkpoints");
+    if !resume && (!checkpoint::list(&checkpoints).is_empty() || output.join("metrics.jsonl").exists()) {
+        return Err(TrainError::Other(format!(
+            "{} holds an earlier run (checkpoints, metrics.jsonl): continue it with --resume, or give another --output",
+            output.display()
+        )));
+    }
     std::fs::create_dir_all(&checkpoints).map_err(|e| TrainError::Other(format!("{}: {e}", checkpoints.display())))?;
     let layout_hash = hex(&layout.hash());
 

@@ -47,6 +47,9 @@ fn a_resumed_run_ends_at_the_same_weights_even_past_a_corrupt_checkpoint() {
         ..straight.clone()
     };
     trainer::train::train(&split, dir.path(), false, None).expect("first part");
+    // Starting afresh over an interrupted run would lose it: refused, with what to do.
+    let err = trainer::train::train(&split, dir.path(), false, None).expect_err("earlier run kept").to_string();
+    assert!(err.contains("holds an earlier run") && err.contains("--resume"), "{err}");
     let checkpoints = trainer::checkpoint::list(&split.output.join("checkpoints"));
     let newest = checkpoints.last().expect("a checkpoint");
     // A crash mid-write of the newest checkpoint: it is refused and the one before is used.
