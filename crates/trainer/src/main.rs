@@ -215,12 +215,15 @@ fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
         seed,
         threads,
         provider,
+        kernels,
+        precision,
         max_grad_norm,
         log_every,
         checkpoint_every,
         keep_checkpoints,
         max_steps,
-        stop_after
+        stop_after,
+        param_check_every
     );
     if args.data.is_some() {
         c.data = args.data.clone();
@@ -403,4 +406,50 @@ fn print_summary(s: &trainer::train::Summary) {
         s.wall_s,
         s.output.display()
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every `train` flag must reach the config (a flag parsed and then dropped is silently
+    /// ignored, which is worse than refused).
+    #[test]
+    fn every_train_flag_reaches_the_config() {
+        let line = "ringtune train --model m --data d --output o --epochs 5 --batch-size 7 --global-batch-size 14 --learning-rate 0.5 \
+            --warmup-ratio 0.25 --weight-decay 0.125 --max-len 64 --seed 9 --dropout 0.2 --threads 1 \
+            --provider cpu --kernels onednn --precision bf16 --max-grad-norm 2 --log-every 3 \
+            --checkpoint-every 11 --keep-checkpoints 4 --max-steps 13 --stop-after 12 --param-check-every 17";
+        let Command::Train(args) = Cli::parse_from(line.split_whitespace()).command else {
+            panic!("not a train command");
+        };
+        let c = train_config(&args).expect("valid settings");
+        let expected = TrainConfig {
+            model: "m".into(),
+            data: Some("d".into()),
+            output: "o".into(),
+            epochs: 5,
+            batch_size: 7,
+            global_batch_size: Some(14),
+            learning_rate: 0.5,
+            warmup_ratio: 0.25,
+            weight_decay: 0.125,
+            max_len: 64,
+            seed: 9,
+            dropout: Some(0.2),
+            threads: 1,
+            provider: "cpu".into(),
+            kernels: "onednn".into(),
+            precision: "bf16".into(),
+            max_grad_norm: 2.0,
+            log_every: 3,
+            checkpoint_every: 11,
+            keep_checkpoints: 4,
+            max_steps: 13,
+            stop_after: 12,
+            param_check_every: 17,
+            ..TrainConfig::default()
+        };
+        assert_eq!(c, expected);
+    }
 }
