@@ -41,7 +41,8 @@ pub struct TrainConfig {
     pub threads: usize,
     /// Execution provider: cpu, onednn, openvino, auto.
     pub provider: String,
-    /// Kernels of the matrix products: mlas (ONNX Runtime's) or onednn (ringtune's operators).
+    /// Kernels of the matrix products: onednn (ringtune's operators, the default: fastest in
+    /// `just bench`, in bf16 where the CPU multiplies it natively) or mlas (ONNX Runtime's).
     pub kernels: String,
     /// Precision of the oneDNN products: fp32, bf16, or auto (bf16 where the CPU has
     /// AVX512-BF16 or AMX, else fp32).
@@ -82,7 +83,7 @@ impl Default for TrainConfig {
             dropout: None,
             threads: 0,
             provider: "cpu".into(),
-            kernels: "mlas".into(),
+            kernels: "onednn".into(),
             precision: "auto".into(),
             max_grad_norm: 1.0,
             log_every: 10,

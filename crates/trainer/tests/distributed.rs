@@ -154,7 +154,10 @@ fn a_killed_node_fails_the_others_by_name_and_resume_finishes_the_run() {
         let status = node.wait().expect("wait");
         assert!(!status.success(), "rank {rank} must fail when rank 2 dies");
         let log = std::fs::read_to_string(&logs[rank]).expect("log");
-        assert!(log.contains("rank 2") || log.contains("rank 1"), "rank {rank} names no peer:\n{log}");
+        // The killed rank's neighbour names it; the other may first lose that neighbour, which
+        // gave up, and name it instead: either way a peer, by rank.
+        let names_a_peer = (0..world).filter(|&r| r != rank).any(|r| log.contains(&format!("rank {r}")));
+        assert!(names_a_peer, "rank {rank} names no peer:\n{log}");
     }
     nodes[2].wait().expect("reap");
     assert!(killed_at.elapsed() < Duration::from_secs(5 + 10), "the others took {:?} to fail", killed_at.elapsed());
