@@ -49,10 +49,10 @@ bench: setup
 ring-bench *ARGS:
     cargo run -q --release -p ring-bench -- --verify --tcp {{ARGS}}
 
-# 1 node x 1 thread against 2 nodes x 1 thread on one global batch, and a 1/2/4-node projection.
-bench-scaling: data
+# 1 node x 1 thread against 2 nodes x 1 thread on one global batch, and a 1/2/4-node projection; ARGS go to `ringtune train` (e.g. --kernels mlas).
+bench-scaling *ARGS: data
     cargo build -q --release -p trainer --bin ringtune
-    cargo run -q --release -p ringtune-bench -- scaling
+    cargo run -q --release -p ringtune-bench -- scaling -- {{ARGS}}
 
 # Fuzzes the frame and row-list decoders for SECS seconds (needs `cargo install cargo-fuzz`).
 fuzz SECS="60":

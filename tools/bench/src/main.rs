@@ -61,6 +61,9 @@ enum Cmd {
         /// Global batch.
         #[arg(long, default_value_t = 32)]
         batch: usize,
+        /// Settings passed on to every `ringtune train` (e.g. `--kernels mlas`).
+        #[arg(last = true)]
+        train_args: Vec<String>,
     },
 }
 
@@ -132,7 +135,7 @@ fn main() -> Result<()> {
             let pytorch = pytorch.map(|python| PyTorch { python, script: root().join(pytorch_script) });
             table(steps, repeats, &only, pytorch.as_ref())?
         }
-        Cmd::Scaling { ringtune, steps, batch } => scaling(&ringtune, steps, batch)?,
+        Cmd::Scaling { ringtune, steps, batch, train_args } => scaling(&ringtune, steps, batch, &train_args)?,
     }
     Ok(())
 }
@@ -380,7 +383,7 @@ fn run_ringtune(ringtune: &Path, args: &[String]) -> Result<()> {
     Ok(())
 }
 
-fn scaling(ringtune: &Path, steps: u64, batch: usize) -> Result<()> {
+fn scaling(ringtune: &Path, steps: u64, batch: usize, train_args: &[String]) -> Result<()> {
     let dir = tempfile::tempdir()?;
     let common = |out: &Path| -> Vec<String> {
         [
@@ -395,6 +398,7 @@ fn scaling(ringtune: &Path, steps: u64, batch: usize) -> Result<()> {
         .iter()
         .map(|s| s.to_string())
         .chain([out.display().to_string(), "--global-batch-size".into(), batch.to_string()])
+        .chain(train_args.iter().cloned())
         .collect()
     };
     let one = dir.path().join("one");
@@ -409,8 +413,9 @@ fn scaling(ringtune: &Path, steps: u64, batch: usize) -> Result<()> {
     let p1 = phases(&one.join("metrics.jsonl"))?;
     let p2 = phases(&two.join("metrics.jsonl"))?;
     let speedup = p1.step / p2.step;
+    let settings = if train_args.is_empty() { "default settings".to_string() } else { train_args.join(" ") };
     println!(
-        "Measured here (MiniLM on MRPC, dynamic padding, global batch {batch}, 1 thread per node, {steps} steps):"
+        "Measured here (MiniLM on MRPC, dynamic padding, global batch {batch}, 1 thread per node, {steps} steps, {settings}):"
     );
     println!("| nodes x threads | step s | forward+backward s | all-reduce s | MB all-reduced | optimizer s | share in sync | speedup | efficiency |");
     println!("|---|---|---|---|---|---|---|---|---|");
