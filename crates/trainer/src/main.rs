@@ -196,12 +196,45 @@ fn root() -> PathBuf {
 }
 
 fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
-    let mut c = match &args.config {
+    // Every field named, no `..`: a flag added to `TrainArgs` and not applied here does not compile.
+    let TrainArgs {
+        config,
+        resume: _,
+        cluster: _,
+        model,
+        data,
+        output,
+        epochs,
+        batch_size,
+        global_batch_size,
+        learning_rate,
+        warmup_ratio,
+        weight_decay,
+        max_len,
+        seed,
+        dropout,
+        threads,
+        provider,
+        kernels,
+        precision,
+        max_grad_norm,
+        log_every,
+        checkpoint_every,
+        keep_checkpoints,
+        max_steps,
+        stop_after,
+        param_check_every,
+    } = args;
+    let mut c = match config {
         Some(path) => TrainConfig::from_toml_file(path)?,
         None => TrainConfig::default(),
     };
+    // A flag given overrides the file; settings that are optional in the config stay optional.
     macro_rules! set {
-        ($($field:ident),*) => { $( if let Some(v) = &args.$field { c.$field = v.clone(); } )* };
+        ($($field:ident),*) => { $( if let Some(v) = $field { c.$field = v.clone(); } )* };
+    }
+    macro_rules! set_optional {
+        ($($field:ident),*) => { $( if $field.is_some() { c.$field = $field.clone(); } )* };
     }
     set!(
         model,
@@ -225,15 +258,7 @@ fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
         stop_after,
         param_check_every
     );
-    if args.data.is_some() {
-        c.data = args.data.clone();
-    }
-    if args.dropout.is_some() {
-        c.dropout = args.dropout;
-    }
-    if args.global_batch_size.is_some() {
-        c.global_batch_size = args.global_batch_size;
-    }
+    set_optional!(data, dropout, global_batch_size);
     c.validate()?;
     Ok(c)
 }

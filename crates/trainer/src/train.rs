@@ -168,7 +168,9 @@ pub fn train(
     let layout: ParamLayout = s.model.layout.clone();
     let output = resolve(root, &cfg.output);
     let checkpoints = output.join("checkpoints");
-    if !resume && (!checkpoint::list(&checkpoints).is_empty() || output.join("metrics.jsonl").exists()) {
+    // Only the lead writes outputs: on a shared file system another rank could otherwise see
+    // the files this very run's lead has just started.
+    if lead && !resume && (!checkpoint::list(&checkpoints).is_empty() || output.join("metrics.jsonl").exists()) {
         return Err(TrainError::Other(format!(
             "{} holds an earlier run (checkpoints, metrics.jsonl): continue it with --resume, or give another --output",
             output.display()
@@ -246,14 +248,7 @@ pub fn train(
             s.model.dir.display()
         );
     }
-    let mut metrics = if lead {
-        if !resume {
-            let _ = std::fs::remove_file(output.join("metrics.jsonl"));
-        }
-        Some(MetricsFile::open(&output.join("metrics.jsonl"))?)
-    } else {
-        None
-    };
+    let mut metrics = if lead { Some(MetricsFile::open(&output.join("metrics.jsonl"))?) } else { None };
     let bar = if lead { progress_bar(total, progress.step) } else { ProgressBar::hidden() };
     let pad_id = s.config.pad_token_id;
 
