@@ -1,4 +1,5 @@
-//! oneDNN matrix products as ONNX Runtime custom operators in the `ai.ringtune` domain.
+//! Our ONNX Runtime custom operators, in the `ai.ringtune` domain: oneDNN matrix products,
+//! and seeded dropout ([`crate::dropout`]).
 //!
 //! `DnnlMatMul(A, B)` is a batched product (numpy broadcasting of the batch axes) with
 //! `transA`/`transB` on the last two axes; `DnnlGemm(A, B, C?)` is a 2-D product with
@@ -13,6 +14,7 @@ use ort::operator::{
 };
 use ort::value::TensorElementType;
 
+use crate::dropout::SeededDropout;
 use crate::{Result, RuntimeError};
 
 /// The custom-operator domain.
@@ -42,15 +44,18 @@ pub fn onednn() -> Result<Arc<Engine>> {
         .map_err(RuntimeError::Binding)
 }
 
-/// The operator domain to register with sessions whose graphs use oneDNN nodes.
-pub(crate) fn domain(engine: Arc<Engine>) -> Result<OperatorDomain> {
+/// The operator domain every session registers: seeded dropout, and the oneDNN products when
+/// `engine` is given.
+pub(crate) fn domain(engine: Option<Arc<Engine>>) -> Result<OperatorDomain> {
     let build = || -> ort::Result<OperatorDomain> {
-        OperatorDomain::new(DOMAIN)?
-            .add(DnnlMatMul { engine: engine.clone() })?
-            .add(DnnlGemm { engine: engine.clone() })
+        let domain = OperatorDomain::new(DOMAIN)?.add(SeededDropout)?;
+        match &engine {
+            Some(engine) => domain.add(DnnlMatMul { engine: engine.clone() })?.add(DnnlGemm { engine: engine.clone() }),
+            None => Ok(domain),
+        }
     };
     build().map_err(|e| RuntimeError::Ort {
-        context: "registering the oneDNN operators".into(),
+        context: "registering the ai.ringtune operators".into(),
         message: e.message().into(),
     })
 }
@@ -66,7 +71,7 @@ fn flag(kctx: &KernelContext<'_>, name: &str) -> bool {
     kctx.get::<i64>(name).unwrap_or(0) != 0
 }
 
-fn fail(msg: String) -> ort::Error {
+pub(crate) fn fail(msg: String) -> ort::Error {
     ort::Error::new(msg)
 }
 

@@ -21,6 +21,7 @@
 
 mod binding;
 mod cpu;
+pub mod dropout;
 mod error;
 mod flat;
 pub mod kernels;

@@ -126,12 +126,10 @@ impl Session {
         let (builder, provider) = configure(runtime, options)?;
         let mut builder = builder;
         // ONNX Runtime registers a custom operator domain in a process-wide table with a check
-        // and an insert that are not atomic: two sessions with our operators loading at once
-        // fail with "the domain is already exist". Loading one at a time avoids it.
-        let _one_at_a_time = match options.kernels {
-            crate::Kernels::OneDnn(_) => Some(CUSTOM_DOMAIN_LOAD.lock().unwrap_or_else(|p| p.into_inner())),
-            crate::Kernels::Mlas => None,
-        };
+        // and an insert that are not atomic: two sessions with our operators (every session
+        // has them) loading at once fail with "the domain is already exist". Loading one at a
+        // time avoids it.
+        let _one_at_a_time = CUSTOM_DOMAIN_LOAD.lock().unwrap_or_else(|p| p.into_inner());
         let inner =
             builder.commit_from_memory(model).map_err(RuntimeError::ort("loading the model into ONNX Runtime"))?;
         let inputs = inner.inputs().iter().map(|o| o.name().to_string()).collect();
@@ -224,15 +222,19 @@ fn configure(runtime: &Runtime, options: &SessionOptions) -> Result<(SessionBuil
             .with_execution_providers([ep::CPU::default().with_arena_allocator(options.arena).build()])
             .map_err(RuntimeError::ort(context))?;
     }
-    if let crate::Kernels::OneDnn(_) = options.kernels {
-        let engine = crate::kernels::onednn()?;
-        if options.threads > 0 {
-            engine.set_threads(options.threads);
+    let engine = match options.kernels {
+        crate::Kernels::OneDnn(_) => {
+            let engine = crate::kernels::onednn()?;
+            if options.threads > 0 {
+                engine.set_threads(options.threads);
+            }
+            Some(engine)
         }
-        builder = builder
-            .with_operators(crate::kernels::domain(engine)?)
-            .map_err(RuntimeError::ort("registering the oneDNN operators"))?;
-    }
+        crate::Kernels::Mlas => None,
+    };
+    builder = builder
+        .with_operators(crate::kernels::domain(engine)?)
+        .map_err(RuntimeError::ort("registering the ai.ringtune operators"))?;
     if let Some(prefix) = &options.profile {
         builder = builder.with_profiling(prefix).map_err(RuntimeError::ort(context))?;
     }

@@ -3,6 +3,7 @@
 
 use bert::{ModelConfig, ParamLayout};
 use mrpc::Batch;
+use runtime::dropout::SEED_INPUT;
 use runtime::{BoundTensor, FlatBinding, FlatBuffer, Runtime, Session, SessionOptions, TensorView};
 
 use crate::model::{eval_graph, grad_name, training_graph};
@@ -51,6 +52,9 @@ pub struct Engine {
     session: Session,
     binding: FlatBinding,
     layout: ParamLayout,
+    /// The seed the next step draws its dropout masks from (when the graph has dropout).
+    dropout_seed: [i64; 1],
+    seeded: bool,
 }
 
 impl Engine {
@@ -75,14 +79,23 @@ impl Engine {
             &bound_tensors(layout, grad_name),
             &[bert::LOSS, bert::LOGITS],
         )?;
-        Ok(Engine { session, binding, layout: layout.clone() })
+        let seeded = session.input_names().iter().any(|i| i == SEED_INPUT);
+        Ok(Engine { session, binding, layout: layout.clone(), dropout_seed: [0], seeded })
+    }
+
+    /// Sets the seed of the next steps' dropout masks: the same seed, the same masks.
+    pub fn set_dropout_seed(&mut self, seed: u64) {
+        self.dropout_seed = [seed as i64];
     }
 
     /// Runs forward and backward on `batch`; the gradients land in [`Engine::grads`].
     pub fn step(&mut self, batch: &Batch) -> Result<StepOutput, TrainError> {
         let dims = batch.dims();
         let labels = [batch.rows as i64];
-        let feeds = batch_feeds(&self.session, batch, &dims, &labels);
+        let mut feeds = batch_feeds(&self.session, batch, &dims, &labels);
+        if self.seeded {
+            feeds.push((SEED_INPUT, TensorView::i64(&[1], &self.dropout_seed)));
+        }
         let out = self.binding.run(&mut self.session, &feeds)?;
         let loss =
             out[0].as_f32().and_then(|v| v.first().copied()).ok_or_else(|| TrainError::Other("no loss".into()))?;

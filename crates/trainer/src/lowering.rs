@@ -1,12 +1,101 @@
-//! The lowering pass that moves a graph's matrix products onto oneDNN: `Gemm` (with
+//! Lowering passes over the finished training graph (forward and backward), swapping standard
+//! nodes for our `ai.ringtune` operators.
+//!
+//! [`seed_dropouts`]: each training-mode `Dropout` becomes `SeededDropout`, fed the step's seed.
+//!
+//! [`lower_to_onednn`] moves the matrix products onto oneDNN: `Gemm` (with
 //! `alpha = beta = 1` and a bias that broadcasts as a row, a column or a full matrix) becomes
 //! `DnnlGemm`, `MatMul` of rank 2 or more becomes `DnnlMatMul`, and a `Transpose` of the last
 //! two axes that feeds only the product is folded into its `transA`/`transB` flag (oneDNN reads
 //! the operand through strides). Forward and backward nodes alike.
 
-use onnx_ir::{Attribute, Dim, Graph, Value};
+use onnx_ir::{shape, Attribute, DType, Dim, Graph, IrError, Value};
+use runtime::dropout::{SEEDED_DROPOUT, SEED_INPUT};
 use runtime::kernels::{DOMAIN, GEMM, MATMUL};
 use runtime::Precision;
+
+/// Swaps every training-mode `Dropout` for `SeededDropout(X, ratio, seed)` with its own `site`
+/// number, `seed` being a new graph input ([`SEED_INPUT`], int64 `[1]`); returns how many.
+///
+/// The backward `Where(mask, dy * 1/(1 - ratio), 0)` that the autodiff rule emits becomes
+/// `SeededDropout(dy)` of the same site: the mask is redrawn rather than stored, which saves a
+/// byte per element of memory and two passes over the gradient. Other readers of a mask keep
+/// it as an output.
+pub fn seed_dropouts(graph: &mut Graph) -> Result<usize, IrError> {
+    let training = |graph: &Graph, i: usize| {
+        graph.nodes[i]
+            .input(2)
+            .and_then(|name| graph.constant_value(name))
+            .is_some_and(|t| t.dtype == DType::Bool && t.data.first() == Some(&1))
+    };
+    let sites: Vec<usize> = (0..graph.nodes.len())
+        .filter(|&i| {
+            let node = &graph.nodes[i];
+            node.domain.is_empty() && node.op_type == "Dropout" && node.input(1).is_some() && training(graph, i)
+        })
+        .collect();
+    if sites.is_empty() {
+        return Ok(0);
+    }
+    graph.input(SEED_INPUT, DType::I64, shape(&[1]))?;
+    for (site, &i) in sites.iter().enumerate() {
+        let ratio = graph.nodes[i].inputs[1].clone();
+        let mask = graph.nodes[i].outputs.get(1).filter(|m| !m.is_empty()).cloned();
+        let backward: Option<Vec<(usize, String)>> = mask.as_deref().and_then(|mask| {
+            let readers = graph.consumers(mask);
+            let redrawn: Vec<_> =
+                readers.iter().filter_map(|&w| Some((w, mask_gradient_input(graph, w, mask, &ratio)?))).collect();
+            let kept_as_output = graph.outputs.iter().any(|o| o == mask);
+            (redrawn.len() == readers.len() && !kept_as_output).then_some(redrawn)
+        });
+        let seeded = |node: &mut onnx_ir::Node, x: String| {
+            node.op_type = SEEDED_DROPOUT.into();
+            node.domain = DOMAIN.into();
+            node.inputs = vec![x, ratio.clone(), SEED_INPUT.into()];
+            node.attributes.clear();
+            node.attributes.insert("site".into(), Attribute::Int(site as i64));
+        };
+        let x = graph.nodes[i].inputs[0].clone();
+        seeded(&mut graph.nodes[i], x);
+        if let Some(backward) = backward {
+            graph.nodes[i].outputs.truncate(1);
+            for (w, dy) in backward {
+                seeded(&mut graph.nodes[w], dy);
+            }
+        }
+    }
+    graph.domains.insert(DOMAIN.into(), 1);
+    graph.prune();
+    Ok(sites.len())
+}
+
+/// `dy` when node `w` is `Where(mask, Mul(dy, 1/(1 - ratio)), 0)`: the gradient of a dropout
+/// through `mask`, which is that dropout applied to `dy`.
+fn mask_gradient_input(graph: &Graph, w: usize, mask: &str, ratio: &str) -> Option<String> {
+    let node = &graph.nodes[w];
+    if node.op_type != "Where" || !node.domain.is_empty() || node.input(0)? != mask {
+        return None;
+    }
+    let scalar = |name: &str| graph.constant_value(name)?.as_f64s().filter(|v| v.len() == 1).map(|v| v[0]);
+    if scalar(node.input(2)?)? != 0.0 {
+        return None;
+    }
+    let scale = 1.0 / (1.0 - scalar(ratio)?);
+    let mul = graph.producer(node.input(1)?)?;
+    if mul.op_type != "Mul" || !mul.domain.is_empty() {
+        return None;
+    }
+    let (a, b) = (mul.input(0)?, mul.input(1)?);
+    let is_scale = |name: &str| scalar(name).is_some_and(|v| ((v - scale) / scale).abs() < 1e-6);
+    let dy = if is_scale(b) {
+        a
+    } else if is_scale(a) {
+        b
+    } else {
+        return None;
+    };
+    Some(dy.to_string())
+}
 
 /// Rewrites every supported product of `graph` for oneDNN at `precision`; returns how many.
 pub fn lower_to_onednn(graph: &mut Graph, precision: Precision) -> usize {
@@ -105,9 +194,47 @@ fn swapped_transpose_input(graph: &Graph, name: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use onnx_ir::{shape, DType};
-
     use super::*;
+
+    #[test]
+    fn training_dropouts_are_seeded_and_numbered() {
+        let mut g = Graph::new("t");
+        let x = g.input("x", DType::F32, shape(&[Dim::sym("n"), Dim::Known(8)])).expect("x");
+        let a = g.dropout(&x, 0.1).expect("dropout");
+        let b = g.dropout(&a.y, 0.2).expect("dropout");
+        g.output(&b.y).expect("out");
+        g.output(&a.mask).expect("out");
+        assert_eq!(seed_dropouts(&mut g).expect("lowered"), 2);
+        let seeded: Vec<_> = g.nodes.iter().filter(|n| n.op_type == SEEDED_DROPOUT).collect();
+        assert_eq!(seeded.len(), 2);
+        for (site, node) in seeded.iter().enumerate() {
+            assert_eq!((node.domain.as_str(), node.int("site")), (DOMAIN, Some(site as i64)));
+            assert_eq!(node.inputs.len(), 3);
+            assert_eq!(node.inputs[2], SEED_INPUT);
+        }
+        assert!(g.to_bytes().is_ok());
+        // The backward graph redraws the mask: no `Where` over it, no mask output left.
+        let mut g = Graph::new("b");
+        let x = g.input("x", DType::F32, shape(&[3, 8])).expect("x");
+        let d = g.dropout(&x, 0.25).expect("dropout");
+        let squared = g.mul(&d.y, &d.y).expect("mul");
+        let loss = g.reduce_sum(&squared, &[0, 1], false).expect("sum");
+        g.output(&loss).expect("out");
+        let grads = autodiff::backward(&mut g, &loss, std::slice::from_ref(&x)).expect("backward");
+        g.output(&grads[0]).expect("grad");
+        assert_eq!(seed_dropouts(&mut g).expect("lowered"), 1);
+        let seeded: Vec<_> = g.nodes.iter().filter(|n| n.op_type == SEEDED_DROPOUT).collect();
+        assert_eq!(seeded.len(), 2, "forward and backward");
+        assert!(seeded.iter().all(|n| n.int("site") == Some(0) && n.outputs.len() == 1));
+        assert!(!g.nodes.iter().any(|n| n.op_type == "Where"));
+        assert!(g.to_bytes().is_ok());
+        // A graph without training dropout gains no seed input.
+        let mut plain = Graph::new("p");
+        let x = plain.input("x", DType::F32, shape(&[2])).expect("x");
+        plain.output(&x).expect("out");
+        assert_eq!(seed_dropouts(&mut plain).expect("lowered"), 0);
+        assert_eq!(plain.inputs.len(), 1);
+    }
 
     #[test]
     fn products_are_lowered_and_transposes_folded() {

@@ -38,9 +38,9 @@ impl ModelDir {
     }
 }
 
-/// The forward and backward graph as ONNX bytes: inputs are the batch and every parameter,
-/// outputs `loss`, `logits` and one `grad.<name>` per parameter; matrix products on oneDNN when
-/// `kernels` asks.
+/// The forward and backward graph as ONNX bytes: inputs are the batch, every parameter and (with
+/// dropout) the step's dropout seed, outputs `loss`, `logits` and one `grad.<name>` per
+/// parameter; matrix products on oneDNN when `kernels` asks.
 pub fn training_graph(
     config: &ModelConfig,
     layout: &ParamLayout,
@@ -53,6 +53,8 @@ pub fn training_graph(
     let grads = autodiff::backward(&mut forward.graph, &loss, &forward.params)?;
     let names: Vec<String> = layout.entries().iter().map(|e| grad_name(&e.name)).collect();
     autodiff::name_gradients(&mut forward.graph, &grads, &names)?;
+    let seeded = crate::lowering::seed_dropouts(&mut forward.graph)?;
+    tracing::debug!(sites = seeded, "dropouts seeded");
     lower(&mut forward.graph, kernels);
     Ok(forward.graph.to_bytes()?)
 }

@@ -98,6 +98,12 @@ pub fn params_hash(params: &[f32]) -> [u8; 32] {
     h.finalize().into()
 }
 
+/// The dropout seed of `step` on `rank`: a function of the run's seed alone, so a rerun or a
+/// resume draws the same masks; ranks draw different ones, as they see different samples.
+fn dropout_seed(seed: u64, rank: usize, step: u64) -> u64 {
+    seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ ((rank as u64) << 48) ^ step
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -274,6 +280,7 @@ pub fn train(
             let t1 = Instant::now();
             let out = {
                 let _span = tracing::debug_span!("forward_backward").entered();
+                engine.set_dropout_seed(dropout_seed(cfg.seed, rank, progress.step));
                 engine.step(&batch)?
             };
             let t2 = Instant::now();

@@ -1,5 +1,6 @@
 //! Training end to end on a small slice of MRPC with a tiny BERT: the loss falls, a resumed run
-//! ends at the same weights bitwise (dropout off), and a corrupt checkpoint is passed over.
+//! ends at the same weights bitwise (dropout on: its masks follow the run's seed and the step),
+//! and a corrupt checkpoint is passed over.
 
 mod common;
 
@@ -35,7 +36,7 @@ fn the_loss_falls_and_every_output_is_written() {
 #[test]
 fn a_resumed_run_ends_at_the_same_weights_even_past_a_corrupt_checkpoint() {
     let dir = tempfile::tempdir().expect("dir");
-    let straight = config(dir.path(), "straight");
+    let straight = TrainConfig { dropout: Some(0.1), ..config(dir.path(), "straight") };
     trainer::train::train(&straight, dir.path(), false, None).expect("straight run");
 
     // Interrupted at step 20 (checkpoints every 6 steps), then resumed.
