@@ -47,6 +47,7 @@ pub struct AdamW {
     config: AdamWConfig,
     groups: Vec<Group>,
     state: AdamWState,
+    threads: usize,
 }
 
 impl AdamW {
@@ -80,7 +81,14 @@ impl AdamW {
             config,
             groups: groups.to_vec(),
             state: AdamWState { step: 0, m: vec![0.0; len], v: vec![0.0; len] },
+            threads: 1,
         })
+    }
+
+    /// Steps on up to `threads` threads (0: one per core); the result is the same bits.
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        self.threads = threads;
+        self
     }
 
     /// One step at learning rate `lr`: `p -= lr * wd * p`, then the Adam update with bias
@@ -93,17 +101,30 @@ impl AdamW {
         let bias2_sqrt = (1.0 - (c.beta2 as f64).powi(t)).sqrt();
         let step_size = (lr as f64 / bias1) as f32;
         let inv_bias2_sqrt = (1.0 / bias2_sqrt) as f32;
-        for g in &self.groups {
-            let decay = 1.0 - lr * g.weight_decay;
-            let r = g.range.clone();
-            update(
-                &mut params[r.clone()],
-                &grads[r.clone()],
-                &mut self.state.m[r.clone()],
-                &mut self.state.v[r],
-                Coefficients { decay, step_size, inv_bias2_sqrt, beta1: c.beta1, beta2: c.beta2, eps: c.eps },
-            );
-        }
+        let k = Coefficients { decay: 1.0, step_size, inv_bias2_sqrt, beta1: c.beta1, beta2: c.beta2, eps: c.eps };
+        let bounds = crate::parallel::bounds(params.len(), self.threads);
+        let parts = crate::parallel::cut(params, &bounds)
+            .into_iter()
+            .zip(crate::parallel::cut(&mut self.state.m, &bounds))
+            .zip(crate::parallel::cut(&mut self.state.v, &bounds))
+            .zip(bounds.windows(2));
+        let groups = &self.groups;
+        std::thread::scope(|s| {
+            for (((p, m), v), w) in parts {
+                let (start, end) = (w[0], w[1]);
+                s.spawn(move || {
+                    // This part's share of every group.
+                    for group in groups {
+                        let (from, to) = (group.range.start.max(start), group.range.end.min(end));
+                        if from < to {
+                            let (local, decay) = (from - start..to - start, 1.0 - lr * group.weight_decay);
+                            let (p, m, v) = (&mut p[local.clone()], &mut m[local.clone()], &mut v[local]);
+                            update(p, &grads[from..to], m, v, Coefficients { decay, ..k });
+                        }
+                    }
+                });
+            }
+        });
     }
 
     /// The state to checkpoint.
@@ -186,5 +207,30 @@ mod tests {
         b.step(&mut q, &[0.3, -0.1], 0.1);
         assert_eq!(p, q);
         assert!(b.restore(AdamWState { step: 1, m: vec![0.0; 3], v: vec![0.0; 3] }).is_err());
+    }
+
+    #[test]
+    fn threads_change_no_bit() {
+        let len = 500_003;
+        // Groups that straddle the parts' bounds, and a gap that no group covers.
+        let groups = [
+            Group { range: 0..200_000, weight_decay: 0.01 },
+            Group { range: 200_000..333_333, weight_decay: 0.0 },
+            Group { range: 340_000..len, weight_decay: 0.1 },
+        ];
+        let grads: Vec<f32> = (0..len).map(|i| ((i * 7919) % 1000) as f32 * 1e-3 - 0.5).collect();
+        let run = |threads| {
+            let mut adam = AdamW::new(AdamWConfig::default(), &groups, len).expect("adam").with_threads(threads);
+            let mut p = vec![0.5f32; len];
+            for _ in 0..3 {
+                adam.step(&mut p, &grads, 1e-3);
+            }
+            p
+        };
+        let one = run(1);
+        assert!(one[335_000] == 0.5 && one[0] != 0.5, "the gap is left alone, groups are stepped");
+        for threads in [2, 3, 8] {
+            assert_eq!(one, run(threads), "{threads} threads");
+        }
     }
 }

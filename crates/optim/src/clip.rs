@@ -1,18 +1,45 @@
 //! Global-norm clipping, as `torch.nn.utils.clip_grad_norm_` does it.
 
-/// The L2 norm of all gradients together (accumulated in f64).
-pub fn global_norm(grads: &[f32]) -> f64 {
-    grads.iter().map(|&g| (g as f64) * (g as f64)).sum::<f64>().sqrt()
+use crate::parallel::resolve;
+
+/// Elements per partial sum: blocks, not threads, fix the order of the additions, so the norm
+/// is the same bits on any number of threads.
+const BLOCK: usize = 1 << 15;
+
+/// The L2 norm of all gradients together (accumulated in f64), on up to `threads` threads
+/// (0: one per core).
+pub fn global_norm(grads: &[f32], threads: usize) -> f64 {
+    let blocks: Vec<&[f32]> = grads.chunks(BLOCK).collect();
+    let mut sums = vec![0.0f64; blocks.len()];
+    let per_thread = blocks.len().div_ceil(resolve(threads)).max(1);
+    let sum_blocks = |blocks: &[&[f32]], sums: &mut [f64]| {
+        for (block, sum) in blocks.iter().zip(sums) {
+            *sum = block.iter().map(|&g| (g as f64) * (g as f64)).sum();
+        }
+    };
+    if per_thread >= blocks.len() {
+        sum_blocks(&blocks, &mut sums);
+    } else {
+        std::thread::scope(|s| {
+            for (blocks, sums) in blocks.chunks(per_thread).zip(sums.chunks_mut(per_thread)) {
+                s.spawn(|| sum_blocks(blocks, sums));
+            }
+        });
+    }
+    sums.iter().sum::<f64>().sqrt()
 }
 
 /// Scales `grads` by `min(1, max_norm / (norm + 1e-6))` and returns the norm before clipping.
-pub fn clip_global_norm(grads: &mut [f32], max_norm: f64) -> f64 {
-    let norm = global_norm(grads);
+pub fn clip_global_norm(grads: &mut [f32], max_norm: f64, threads: usize) -> f64 {
+    let norm = global_norm(grads, threads);
     let coef = (max_norm / (norm + 1e-6)).min(1.0) as f32;
     if coef < 1.0 {
-        for g in grads.iter_mut() {
-            *g *= coef;
-        }
+        let bounds = crate::parallel::bounds(grads.len(), threads);
+        std::thread::scope(|s| {
+            for part in crate::parallel::cut(grads, &bounds) {
+                s.spawn(move || part.iter_mut().for_each(|g| *g *= coef));
+            }
+        });
     }
     norm
 }
@@ -24,9 +51,22 @@ mod tests {
     #[test]
     fn clips_only_above_the_limit() {
         let mut g = vec![3.0f32, 4.0];
-        assert_eq!(clip_global_norm(&mut g, 10.0), 5.0);
+        assert_eq!(clip_global_norm(&mut g, 10.0, 1), 5.0);
         assert_eq!(g, vec![3.0, 4.0]);
-        clip_global_norm(&mut g, 1.0);
-        assert!((global_norm(&g) - 1.0).abs() < 1e-5);
+        clip_global_norm(&mut g, 1.0, 1);
+        assert!((global_norm(&g, 1) - 1.0).abs() < 1e-5);
+    }
+
+    #[test]
+    fn threads_change_no_bit() {
+        let g: Vec<f32> = (0..300_001usize).map(|i| ((i * 7919) % 1000) as f32 * 1e-3 - 0.5).collect();
+        let one = global_norm(&g, 1);
+        for threads in [2, 3, 8] {
+            assert_eq!(one.to_bits(), global_norm(&g, threads).to_bits(), "{threads} threads");
+        }
+        let (mut a, mut b) = (g.clone(), g);
+        clip_global_norm(&mut a, 1.0, 1);
+        clip_global_norm(&mut b, 1.0, 4);
+        assert_eq!(a, b);
     }
 }

@@ -3,7 +3,8 @@
 //! Owns: AdamW with bias correction and decoupled weight decay (PyTorch's `torch.optim.AdamW`),
 //! parameter groups as plain ranges of the flat buffer (Hugging Face Trainer's grouping is the
 //! caller's rule, handed over as ranges), global-norm gradient clipping, and the linear
-//! warmup-then-decay schedule (`get_linear_schedule_with_warmup`).
+//! warmup-then-decay schedule (`get_linear_schedule_with_warmup`). The elementwise work runs on
+//! several threads in contiguous parts; results do not depend on the thread count.
 //!
 //! Does not own: the parameter layout (`bert`) or where gradients come from.
 //!
@@ -20,6 +21,7 @@
 
 mod adamw;
 mod clip;
+mod parallel;
 mod schedule;
 
 pub use adamw::{AdamW, AdamWConfig, AdamWState, Group};

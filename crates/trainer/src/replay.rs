@@ -50,7 +50,7 @@ pub fn replay(engine: &mut Engine, batches: &[mrpc::Batch], trace: &Trace) -> Re
     for batch in &batches[..trace.steps] {
         losses.push(engine.step(batch)?.loss);
         let (params, grads) = engine.params_and_grads();
-        clip_global_norm(grads, trace.max_grad_norm);
+        clip_global_norm(grads, trace.max_grad_norm, 0);
         adam.step(params, grads, trace.lr as f32);
     }
     Ok(losses)

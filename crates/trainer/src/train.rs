@@ -194,7 +194,8 @@ pub fn train(
         tracing::info!("not used by the model: {}", report.ignored.join(", "));
     }
     let mut adam = AdamW::new(AdamWConfig::default(), &param_groups(&layout, cfg.weight_decay), layout.total_len())
-        .map_err(|e| TrainError::Other(e.to_string()))?;
+        .map_err(|e| TrainError::Other(e.to_string()))?
+        .with_threads(cfg.threads);
     let mut progress = Progress { step: 0, epoch: 0, batch_in_epoch: 0 };
     if resume {
         let (found, refused) = checkpoint::latest_valid(&checkpoints, &layout_hash);
@@ -297,7 +298,7 @@ pub fn train(
             let grad_norm = {
                 let _span = tracing::debug_span!("optimizer").entered();
                 let (params, grads) = engine.params_and_grads();
-                let norm = clip_global_norm(grads, cfg.max_grad_norm);
+                let norm = clip_global_norm(grads, cfg.max_grad_norm, cfg.threads);
                 adam.step(params, grads, lr as f32);
                 norm
             };

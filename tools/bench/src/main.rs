@@ -195,12 +195,13 @@ fn measure(one: &One) -> Result<Measurement> {
     };
     let mut step: Box<dyn FnMut() -> Result<()>> = match one.task {
         Task::Train => {
-            let mut adam = AdamW::new(AdamWConfig::default(), &param_groups(&layout, 0.01), layout.total_len())?;
+            let mut adam = AdamW::new(AdamWConfig::default(), &param_groups(&layout, 0.01), layout.total_len())?
+                .with_threads(one.threads);
             let mut engine = Engine::new(runtime, &config, &layout, params, true, &options)?;
             Box::new(move || {
                 engine.step(&batch)?;
                 let (params, grads) = engine.params_and_grads();
-                clip_global_norm(grads, 1.0);
+                clip_global_norm(grads, 1.0, one.threads);
                 adam.step(params, grads, 2e-5);
                 Ok(())
             })
