@@ -1,5 +1,5 @@
 //! Our ONNX Runtime custom operators, in the `ai.ringtune` domain: oneDNN matrix products,
-//! and seeded dropout ([`crate::dropout`]).
+//! seeded dropout ([`crate::dropout`]) and in-order scatter-add ([`crate::scatter`]).
 //!
 //! `DnnlMatMul(A, B)` is a batched product (numpy broadcasting of the batch axes) with
 //! `transA`/`transB` on the last two axes; `DnnlGemm(A, B, C?)` is a 2-D product with
@@ -15,6 +15,7 @@ use ort::operator::{
 use ort::value::TensorElementType;
 
 use crate::dropout::SeededDropout;
+use crate::scatter::ScatterNdAdd;
 use crate::{Result, RuntimeError};
 
 /// The custom-operator domain.
@@ -44,11 +45,11 @@ pub fn onednn() -> Result<Arc<Engine>> {
         .map_err(RuntimeError::Binding)
 }
 
-/// The operator domain every session registers: seeded dropout, and the oneDNN products when
-/// `engine` is given.
+/// The operator domain every session registers: seeded dropout, in-order scatter-add, and the
+/// oneDNN products when `engine` is given.
 pub(crate) fn domain(engine: Option<Arc<Engine>>) -> Result<OperatorDomain> {
     let build = || -> ort::Result<OperatorDomain> {
-        let domain = OperatorDomain::new(DOMAIN)?.add(SeededDropout)?;
+        let domain = OperatorDomain::new(DOMAIN)?.add(SeededDropout)?.add(ScatterNdAdd)?;
         match &engine {
             Some(engine) => domain.add(DnnlMatMul { engine: engine.clone() })?.add(DnnlGemm { engine: engine.clone() }),
             None => Ok(domain),

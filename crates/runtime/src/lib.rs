@@ -26,6 +26,7 @@ mod error;
 mod flat;
 pub mod kernels;
 mod library;
+pub mod scatter;
 mod session;
 mod tensor;
 

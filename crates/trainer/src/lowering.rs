@@ -3,6 +3,10 @@
 //!
 //! [`seed_dropouts`]: each training-mode `Dropout` becomes `SeededDropout`, fed the step's seed.
 //!
+//! [`ordered_scatters`]: each `ScatterND` with `reduction = add` (the embedding gradients)
+//! becomes `ScatterNdAdd`, which adds repeated indices in order, so a step gives the same bits
+//! on every run.
+//!
 //! [`lower_to_onednn`] moves the matrix products onto oneDNN: `Gemm` (with
 //! `alpha = beta = 1` and a bias that broadcasts as a row, a column or a full matrix) becomes
 //! `DnnlGemm`, `MatMul` of rank 2 or more becomes `DnnlMatMul`, and a `Transpose` of the last
@@ -12,6 +16,7 @@
 use onnx_ir::{shape, Attribute, DType, Dim, Graph, IrError, Value};
 use runtime::dropout::{SEEDED_DROPOUT, SEED_INPUT};
 use runtime::kernels::{DOMAIN, GEMM, MATMUL};
+use runtime::scatter::SCATTER_ND_ADD;
 use runtime::Precision;
 
 /// Swaps every training-mode `Dropout` for `SeededDropout(X, ratio, seed)` with its own `site`
@@ -67,6 +72,29 @@ pub fn seed_dropouts(graph: &mut Graph) -> Result<usize, IrError> {
     graph.domains.insert(DOMAIN.into(), 1);
     graph.prune();
     Ok(sites.len())
+}
+
+/// Swaps every float `ScatterND` with `reduction = add` for `ScatterNdAdd`; returns how many.
+pub fn ordered_scatters(graph: &mut Graph) -> usize {
+    let mut swapped = 0;
+    for i in 0..graph.nodes.len() {
+        let node = &graph.nodes[i];
+        let float_data = node.input(0).is_some_and(|d| graph.dtype(&Value::named(d)).ok() == Some(DType::F32));
+        let scatter_add =
+            node.domain.is_empty() && node.op_type == "ScatterND" && node.string("reduction") == Some("add");
+        if !(scatter_add && float_data) {
+            continue;
+        }
+        let node = &mut graph.nodes[i];
+        node.op_type = SCATTER_ND_ADD.into();
+        node.domain = DOMAIN.into();
+        node.attributes.remove("reduction");
+        swapped += 1;
+    }
+    if swapped > 0 {
+        graph.domains.insert(DOMAIN.into(), 1);
+    }
+    swapped
 }
 
 /// `dy` when node `w` is `Where(mask, Mul(dy, 1/(1 - ratio)), 0)`: the gradient of a dropout
@@ -195,6 +223,23 @@ fn swapped_transpose_input(graph: &Graph, name: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn embedding_gradients_scatter_in_order() {
+        let mut g = Graph::new("s");
+        let table = g.input("table", DType::F32, shape(&[10, 4])).expect("table");
+        let ids = g.input("ids", DType::I64, shape(&[Dim::sym("n")])).expect("ids");
+        let rows = g.gather(&table, &ids, 0).expect("gather");
+        let loss = g.reduce_sum(&rows, &[0, 1], false).expect("sum");
+        g.output(&loss).expect("out");
+        let grads = autodiff::backward(&mut g, &loss, std::slice::from_ref(&table)).expect("backward");
+        g.output(&grads[0]).expect("grad");
+        assert_eq!(ordered_scatters(&mut g), 1);
+        assert!(!g.nodes.iter().any(|n| n.op_type == "ScatterND"));
+        let node = g.nodes.iter().find(|n| n.op_type == SCATTER_ND_ADD).expect("swapped");
+        assert_eq!((node.domain.as_str(), node.string("reduction")), (DOMAIN, None));
+        assert!(g.to_bytes().is_ok());
+    }
 
     #[test]
     fn training_dropouts_are_seeded_and_numbered() {

@@ -54,7 +54,8 @@ pub fn training_graph(
     let names: Vec<String> = layout.entries().iter().map(|e| grad_name(&e.name)).collect();
     autodiff::name_gradients(&mut forward.graph, &grads, &names)?;
     let seeded = crate::lowering::seed_dropouts(&mut forward.graph)?;
-    tracing::debug!(sites = seeded, "dropouts seeded");
+    let scatters = crate::lowering::ordered_scatters(&mut forward.graph);
+    tracing::debug!(dropout_sites = seeded, scatters, "dropouts seeded, scatter-adds ordered");
     lower(&mut forward.graph, kernels);
     Ok(forward.graph.to_bytes()?)
 }
