@@ -37,7 +37,10 @@ pub fn load_params(
         let bytes = std::fs::read(path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
         let tensors = SafeTensors::deserialize(&bytes)
             .map_err(|e| ModelError::Checkpoint { path: path.clone(), reason: e.to_string() })?;
-        for (name, view) in tensors.tensors() {
+        // In name order, not the file index's hash order: the same file gives the same report.
+        let mut named = tensors.tensors();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        for (name, view) in named {
             let position = layout
                 .entries()
                 .iter()
