@@ -2,6 +2,7 @@
 
 use std::ops::Range;
 
+use crate::parallel::{cut, each, element_bounds};
 use crate::OptimError;
 
 /// A range of the flat buffer and its weight decay.
@@ -102,27 +103,25 @@ impl AdamW {
         let step_size = (lr as f64 / bias1) as f32;
         let inv_bias2_sqrt = (1.0 / bias2_sqrt) as f32;
         let k = Coefficients { decay: 1.0, step_size, inv_bias2_sqrt, beta1: c.beta1, beta2: c.beta2, eps: c.eps };
-        let bounds = crate::parallel::bounds(params.len(), self.threads);
-        let parts = crate::parallel::cut(params, &bounds)
+        let split = element_bounds(params.len(), self.threads);
+        let parts = cut(params, &split)
             .into_iter()
-            .zip(crate::parallel::cut(&mut self.state.m, &bounds))
-            .zip(crate::parallel::cut(&mut self.state.v, &bounds))
-            .zip(bounds.windows(2));
+            .zip(cut(&mut self.state.m, &split))
+            .zip(cut(&mut self.state.v, &split))
+            .zip(split.windows(2).map(|w| w[0]))
+            .map(|(((p, m), v), start)| (p, m, v, start))
+            .collect::<Vec<_>>();
         let groups = &self.groups;
-        std::thread::scope(|s| {
-            for (((p, m), v), w) in parts {
-                let (start, end) = (w[0], w[1]);
-                s.spawn(move || {
-                    // This part's share of every group.
-                    for group in groups {
-                        let (from, to) = (group.range.start.max(start), group.range.end.min(end));
-                        if from < to {
-                            let (local, decay) = (from - start..to - start, 1.0 - lr * group.weight_decay);
-                            let (p, m, v) = (&mut p[local.clone()], &mut m[local.clone()], &mut v[local]);
-                            update(p, &grads[from..to], m, v, Coefficients { decay, ..k });
-                        }
-                    }
-                });
+        each(parts, |(p, m, v, start)| {
+            // This part's share of every group.
+            let end = start + p.len();
+            for group in groups {
+                let (from, to) = (group.range.start.max(start), group.range.end.min(end));
+                if from < to {
+                    let (local, decay) = (from - start..to - start, 1.0 - lr * group.weight_decay);
+                    let (p, m, v) = (&mut p[local.clone()], &mut m[local.clone()], &mut v[local]);
+                    update(p, &grads[from..to], m, v, Coefficients { decay, ..k });
+                }
             }
         });
     }

@@ -1,6 +1,6 @@
 //! Global-norm clipping, as `torch.nn.utils.clip_grad_norm_` does it.
 
-use crate::parallel::resolve;
+use crate::parallel::{bounds, cut, each, element_bounds};
 
 /// Elements per partial sum: blocks, not threads, fix the order of the additions, so the norm
 /// is the same bits on any number of threads.
@@ -11,21 +11,13 @@ const BLOCK: usize = 1 << 15;
 pub fn global_norm(grads: &[f32], threads: usize) -> f64 {
     let blocks: Vec<&[f32]> = grads.chunks(BLOCK).collect();
     let mut sums = vec![0.0f64; blocks.len()];
-    let per_thread = blocks.len().div_ceil(resolve(threads)).max(1);
-    let sum_blocks = |blocks: &[&[f32]], sums: &mut [f64]| {
+    let split = bounds(blocks.len(), threads, 1);
+    let parts = split.windows(2).map(|w| &blocks[w[0]..w[1]]).zip(cut(&mut sums, &split)).collect::<Vec<_>>();
+    each(parts, |(blocks, sums)| {
         for (block, sum) in blocks.iter().zip(sums) {
             *sum = block.iter().map(|&g| (g as f64) * (g as f64)).sum();
         }
-    };
-    if per_thread >= blocks.len() {
-        sum_blocks(&blocks, &mut sums);
-    } else {
-        std::thread::scope(|s| {
-            for (blocks, sums) in blocks.chunks(per_thread).zip(sums.chunks_mut(per_thread)) {
-                s.spawn(|| sum_blocks(blocks, sums));
-            }
-        });
-    }
+    });
     sums.iter().sum::<f64>().sqrt()
 }
 
@@ -34,12 +26,8 @@ pub fn clip_global_norm(grads: &mut [f32], max_norm: f64, threads: usize) -> f64
     let norm = global_norm(grads, threads);
     let coef = (max_norm / (norm + 1e-6)).min(1.0) as f32;
     if coef < 1.0 {
-        let bounds = crate::parallel::bounds(grads.len(), threads);
-        std::thread::scope(|s| {
-            for part in crate::parallel::cut(grads, &bounds) {
-                s.spawn(move || part.iter_mut().for_each(|g| *g *= coef));
-            }
-        });
+        let split = element_bounds(grads.len(), threads);
+        each(cut(grads, &split), |part| part.iter_mut().for_each(|g| *g *= coef));
     }
     norm
 }

@@ -196,69 +196,46 @@ fn root() -> PathBuf {
 }
 
 fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
-    // Every field named, no `..`: a flag added to `TrainArgs` and not applied here does not compile.
-    let TrainArgs {
-        config,
-        resume: _,
-        cluster: _,
-        model,
-        data,
-        output,
-        epochs,
-        batch_size,
-        global_batch_size,
-        learning_rate,
-        warmup_ratio,
-        weight_decay,
-        max_len,
-        seed,
-        dropout,
-        threads,
-        provider,
-        kernels,
-        precision,
-        max_grad_norm,
-        log_every,
-        checkpoint_every,
-        keep_checkpoints,
-        max_steps,
-        stop_after,
-        param_check_every,
-    } = args;
-    let mut c = match config {
-        Some(path) => TrainConfig::from_toml_file(path)?,
-        None => TrainConfig::default(),
-    };
-    // A flag given overrides the file; settings that are optional in the config stay optional.
-    macro_rules! set {
-        ($($field:ident),*) => { $( if let Some(v) = $field { c.$field = v.clone(); } )* };
+    // Each setting is named once. The macro destructures `TrainArgs` with every field and no
+    // `..`, so a flag added there and not listed here does not compile. A flag given overrides
+    // the file; settings that are optional in the config stay optional.
+    macro_rules! settings {
+        (set: [$($set:ident),*], optional: [$($optional:ident),*]) => {{
+            let TrainArgs { config, resume: _, cluster: _, $($set,)* $($optional,)* } = args;
+            let mut c = match config {
+                Some(path) => TrainConfig::from_toml_file(path)?,
+                None => TrainConfig::default(),
+            };
+            $( if let Some(v) = $set { c.$set = v.clone(); } )*
+            $( if $optional.is_some() { c.$optional = $optional.clone(); } )*
+            c
+        }};
     }
-    macro_rules! set_optional {
-        ($($field:ident),*) => { $( if $field.is_some() { c.$field = $field.clone(); } )* };
-    }
-    set!(
-        model,
-        output,
-        epochs,
-        batch_size,
-        learning_rate,
-        warmup_ratio,
-        weight_decay,
-        max_len,
-        seed,
-        threads,
-        provider,
-        kernels,
-        precision,
-        max_grad_norm,
-        log_every,
-        checkpoint_every,
-        keep_checkpoints,
-        max_steps,
-        stop_after,
-        param_check_every
+    let c = settings!(
+        set: [
+            model,
+            output,
+            epochs,
+            batch_size,
+            learning_rate,
+            warmup_ratio,
+            weight_decay,
+            max_len,
+            seed,
+            threads,
+            provider,
+            kernels,
+            precision,
+            max_grad_norm,
+            log_every,
+            checkpoint_every,
+            keep_checkpoints,
+            max_steps,
+            stop_after,
+            param_check_every
+        ],
+        optional: [data, dropout, global_batch_size]
     );
-    set_optional!(data, dropout, global_batch_size);
     c.validate()?;
     Ok(c)
 }
