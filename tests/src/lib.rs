@@ -39,10 +39,26 @@ pub fn mpnet_dir() -> PathBuf {
 }
 
 /// The loaded ONNX Runtime.
-pub fn runtime() -> &'static runtime::Runtime {
-    match runtime::Runtime::get() {
+pub fn runtime() -> &'static ringtune_runtime::Runtime {
+    match ringtune_runtime::Runtime::get() {
         Ok(rt) => rt,
         Err(e) => panic!("{e}"),
+    }
+}
+
+/// Whether this CPU has oneDNN bf16 products. Where it has none, asking for them must fail
+/// with a message that says what to do (checked here), and the bf16 checks of the caller are
+/// skipped with a line saying so.
+pub fn bf16_products(test: &str) -> bool {
+    use ringtune_ops::{custom_ops, Kernels, Precision};
+    match custom_ops(Kernels::OneDnn(Precision::Bf16), 1) {
+        Ok(_) => true,
+        Err(e) => {
+            let message = e.to_string();
+            assert!(message.contains("--precision fp32"), "an unhelpful refusal: {message}");
+            eprintln!("{test}: bf16 not checked on this CPU ({message})");
+            false
+        }
     }
 }
 
@@ -61,13 +77,13 @@ pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
 }
 
 /// A fixture batch file as a padded batch (token types zero where the file has none).
-pub fn read_batch(path: &Path) -> mrpc::Batch {
+pub fn read_batch(path: &Path) -> ringtune_mrpc::Batch {
     read_batch_prefixed(path, "")
 }
 
 /// A batch whose tensors are named `{prefix}input_ids`, ... (the optimizer trace's layout).
-pub fn read_batch_prefixed(path: &Path, prefix: &str) -> mrpc::Batch {
-    let tensors = bert::read_tensor_file(path).expect("batch file");
+pub fn read_batch_prefixed(path: &Path, prefix: &str) -> ringtune_mrpc::Batch {
+    let tensors = ringtune_bert::read_tensor_file(path).expect("batch file");
     let ints = |name: &str| tensors[&format!("{prefix}{name}")].i64s().expect("int64").to_vec();
     let shape = tensors[&format!("{prefix}input_ids")].shape().to_vec();
     let ids = ints("input_ids");
@@ -76,7 +92,7 @@ pub fn read_batch_prefixed(path: &Path, prefix: &str) -> mrpc::Batch {
     } else {
         vec![0; ids.len()]
     };
-    mrpc::Batch {
+    ringtune_mrpc::Batch {
         rows: shape[0],
         seq: shape[1],
         input_ids: ids,

@@ -5,9 +5,11 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use bert::{forward_graph, layout, load_params, read_tensor_file, GraphOptions, HostTensor, ModelConfig, Params};
+use ringtune_bert::{
+    forward_graph, layout, load_params, read_tensor_file, GraphOptions, HostTensor, ModelConfig, Params,
+};
+use ringtune_runtime::{Session, SessionOptions, TensorView};
 use ringtune_tests::{fixtures, max_abs_diff, minilm_dir, mpnet_dir, runtime};
-use runtime::{Session, SessionOptions, TensorView};
 
 struct Case {
     config: ModelConfig,
@@ -82,14 +84,14 @@ fn check(case: Case) {
         .map(|(e, s)| (e.name.as_str(), TensorView::f32(s, &params[e.range()])))
         .collect();
     let batch_inputs: Vec<&str> = if case.config.family.has_token_types() {
-        vec![bert::INPUT_IDS, bert::TOKEN_TYPE_IDS, bert::ATTENTION_MASK]
+        vec![ringtune_bert::INPUT_IDS, ringtune_bert::TOKEN_TYPE_IDS, ringtune_bert::ATTENTION_MASK]
     } else {
-        vec![bert::INPUT_IDS, bert::ATTENTION_MASK]
+        vec![ringtune_bert::INPUT_IDS, ringtune_bert::ATTENTION_MASK]
     };
-    for name in batch_inputs.iter().chain([&bert::LABELS]) {
+    for name in batch_inputs.iter().chain([&ringtune_bert::LABELS]) {
         inputs.push((name, view(&case.batch, name)));
     }
-    let out = session.run(&inputs, &[bert::LOGITS, bert::LOSS]).expect("run");
+    let out = session.run(&inputs, &[ringtune_bert::LOGITS, ringtune_bert::LOSS]).expect("run");
     let logits = out[0].as_f32().expect("logits");
     let want_logits = case.outputs["logits"].f32s().expect("f32");
     assert!(max_abs_diff(logits, want_logits) < 1e-4, "logits {logits:?} vs {want_logits:?}");
@@ -98,11 +100,11 @@ fn check(case: Case) {
     assert!((loss[0] - want_loss[0]).abs() < 1e-4, "loss {loss:?} vs {want_loss:?}");
 
     // The exported, self-contained inference model gives the same logits.
-    let exported = bert::export_inference(&case.config, &layout, &params).expect("export");
+    let exported = ringtune_bert::export_inference(&case.config, &layout, &params).expect("export");
     let mut inference = Session::from_bytes(runtime(), &exported, &SessionOptions::default()).expect("session");
     assert_eq!(inference.input_names(), batch_inputs.as_slice());
     let feeds: Vec<(&str, TensorView<'_>)> = batch_inputs.iter().map(|name| (*name, view(&case.batch, name))).collect();
-    let exported_logits = inference.run(&feeds, &[bert::LOGITS]).expect("run");
+    let exported_logits = inference.run(&feeds, &[ringtune_bert::LOGITS]).expect("run");
     assert!(max_abs_diff(exported_logits[0].as_f32().expect("f32"), want_logits) < 1e-4);
 }
 

@@ -1,21 +1,22 @@
 //! Three AdamW steps (Hugging Face's grouping, clipping to 1.0) against PyTorch: the losses
 //! before each step and every parameter after them within 1e-4.
 
-use bert::{load_params, read_tensor_file, ModelConfig};
+use ringtune_bert::{load_params, read_tensor_file, ModelConfig};
+use ringtune_ops::Kernels;
+use ringtune_runtime::{FlatBuffer, SessionOptions};
 use ringtune_tests::{fixtures, max_abs_diff, read_batch_prefixed, runtime};
-use runtime::{FlatBuffer, SessionOptions};
-use trainer::engine::Engine;
-use trainer::replay::{replay, Trace};
+use ringtune_trainer::engine::Engine;
+use ringtune_trainer::replay::{replay, Trace};
 
 #[test]
 fn adamw_steps_match_pytorch() {
     let dir = fixtures().join("tiny-bert");
     let config = ModelConfig::from_dir(&dir).expect("config");
-    let layout = bert::layout(&config);
+    let layout = ringtune_bert::layout(&config);
     let mut params = FlatBuffer::zeros(layout.total_len());
     load_params(&[dir.join("model.safetensors")], &config, &layout, 0, &mut params).expect("weights");
-    let mut engine =
-        Engine::new(runtime(), &config, &layout, params, false, &SessionOptions::default()).expect("engine");
+    let mut engine = Engine::new(runtime(), &config, &layout, params, false, Kernels::Mlas, &SessionOptions::default())
+        .expect("engine");
     let trace = Trace::from_file(&dir.join("steps.json")).expect("steps.json");
     let batches: Vec<_> = (0..trace.steps)
         .map(|i| read_batch_prefixed(&dir.join("steps_batches.safetensors"), &format!("step{i}.")))

@@ -3,19 +3,20 @@
 //! of the parameters whose gradient the backward graph (masks redrawn, not stored) must match
 //! by finite differences.
 
-use bert::{load_params, ModelConfig};
+use ringtune_bert::{load_params, ModelConfig};
+use ringtune_ops::Kernels;
+use ringtune_runtime::{FlatBuffer, SessionOptions};
 use ringtune_tests::{fixtures, read_batch, runtime};
-use runtime::{FlatBuffer, Kernels, SessionOptions};
-use trainer::engine::Engine;
+use ringtune_trainer::engine::Engine;
 
-fn engine() -> (Engine, mrpc::Batch) {
+fn engine() -> (Engine, ringtune_mrpc::Batch) {
     let dir = fixtures().join("tiny-bert");
     let config = ModelConfig::from_dir(&dir).expect("config").with_dropout(0.3);
-    let layout = bert::layout(&config);
+    let layout = ringtune_bert::layout(&config);
     let mut params = FlatBuffer::zeros(layout.total_len());
     load_params(&[dir.join("model.safetensors")], &config, &layout, 0, &mut params).expect("weights");
-    let options = SessionOptions { kernels: Kernels::Mlas, threads: 2, ..SessionOptions::default() };
-    let engine = Engine::new(runtime(), &config, &layout, params, true, &options).expect("engine");
+    let options = SessionOptions { threads: 2, ..SessionOptions::default() };
+    let engine = Engine::new(runtime(), &config, &layout, params, true, Kernels::Mlas, &options).expect("engine");
     (engine, read_batch(&dir.join("batch.safetensors")))
 }
 

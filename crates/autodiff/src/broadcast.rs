@@ -1,6 +1,6 @@
 //! Reducing a gradient over the axes that numpy broadcasting expanded.
 
-use onnx_ir::{Dim, Graph, Shape, Value};
+use ringtune_onnx_ir::{Dim, Graph, Shape, Value};
 
 use crate::AutodiffError;
 
@@ -11,7 +11,7 @@ pub(crate) fn reduce_to(graph: &mut Graph, grad: &Value, out: &Shape, input: &Va
         return Ok(grad.clone());
     }
     let undecidable = || {
-        AutodiffError::Graph(onnx_ir::IrError::Invalid(format!(
+        AutodiffError::Graph(ringtune_onnx_ir::IrError::Invalid(format!(
             "cannot tell which axes of `{}` ({in_shape:?}) were broadcast to {out:?}",
             input.name()
         )))

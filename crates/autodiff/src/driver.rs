@@ -3,15 +3,26 @@
 
 use std::collections::{HashMap, HashSet};
 
-use onnx_ir::{Dim, Graph, Value, ValueType};
+use ringtune_onnx_ir::{Dim, Graph, Value, ValueType};
 
-use crate::rules::{rule_for, RuleCtx};
+use crate::rules::{rule_for, CustomRule, RuleCtx};
 use crate::AutodiffError;
 
 /// Adds the backward nodes of `loss` with respect to `wrt` (float graph inputs or
 /// initialisers) to `graph`, and returns one gradient value per entry of `wrt`, in order. A
 /// parameter the loss does not depend on gets zeros.
 pub fn backward(graph: &mut Graph, loss: &Value, wrt: &[Value]) -> Result<Vec<Value>, AutodiffError> {
+    backward_with(graph, loss, wrt, &[])
+}
+
+/// [`backward`] through graphs that hold operators outside ONNX's standard set, whose rules
+/// `custom` gives.
+pub fn backward_with(
+    graph: &mut Graph,
+    loss: &Value,
+    wrt: &[Value],
+    custom: &[CustomRule],
+) -> Result<Vec<Value>, AutodiffError> {
     let loss_type = graph.value_type(loss).map_err(|_| AutodiffError::BadLoss(loss.name().into()))?.clone();
     let scalar = loss_type.static_dims().is_some_and(|d| d.iter().product::<i64>() == 1);
     if !loss_type.dtype.is_float() || !scalar || graph.producer(loss.name()).is_none() {
@@ -24,18 +35,20 @@ pub fn backward(graph: &mut Graph, loss: &Value, wrt: &[Value]) -> Result<Vec<Va
             return Err(AutodiffError::BadParameter(w.name().into()));
         }
     }
-    let forward_len = graph.nodes.len();
+    let forward_len = graph.nodes().len();
     let requires = requires_grad(graph, wrt);
     let needed = leads_to_loss(graph, loss, &requires);
 
     let mut pending: HashMap<String, Vec<Value>> = HashMap::new();
     let seed_dims = loss_type.static_dims().unwrap_or_default();
-    let seed =
-        graph.constant(onnx_ir::Tensor { dims: seed_dims, ..onnx_ir::Tensor::scalar_float(loss_type.dtype, 1.0) })?;
+    let seed = graph.constant(ringtune_onnx_ir::Tensor {
+        dims: seed_dims,
+        ..ringtune_onnx_ir::Tensor::scalar_float(loss_type.dtype, 1.0)
+    })?;
     pending.insert(loss.name().to_string(), vec![seed]);
 
     for index in (0..forward_len).rev() {
-        let node = graph.nodes[index].clone();
+        let node = graph.nodes()[index].clone();
         if !node.outputs.iter().any(|o| pending.contains_key(o)) {
             continue;
         }
@@ -49,7 +62,7 @@ pub fn backward(graph: &mut Graph, loss: &Value, wrt: &[Value]) -> Result<Vec<Va
             let grads = pending.remove(out).unwrap_or_default();
             output_grads.push(sum(graph, grads)?);
         }
-        let rule = rule_for(&node.domain, &node.op_type)
+        let rule = rule_for(&node.domain, &node.op_type, custom)
             .ok_or_else(|| AutodiffError::NoRule { op: node.op_type.clone(), node: node.name.clone() })?;
         graph.push_scope(&format!("grad/{}", node.name));
         let input_grads = rule(&mut RuleCtx { graph: &mut *graph, node: &node, output_grads, needs: needs.clone() });
@@ -74,7 +87,7 @@ pub fn backward(graph: &mut Graph, loss: &Value, wrt: &[Value]) -> Result<Vec<Va
 /// Values that depend on `wrt` through float values.
 fn requires_grad(graph: &Graph, wrt: &[Value]) -> HashSet<String> {
     let mut requires: HashSet<String> = wrt.iter().map(|w| w.name().to_string()).collect();
-    for node in &graph.nodes {
+    for node in graph.nodes() {
         if node.inputs.iter().any(|i| requires.contains(i)) {
             for out in node.outputs.iter().filter(|o| !o.is_empty()) {
                 if graph.types().get(out).is_some_and(|t| t.dtype.is_float()) {
@@ -89,7 +102,7 @@ fn requires_grad(graph: &Graph, wrt: &[Value]) -> HashSet<String> {
 /// Values on some path to the loss.
 fn leads_to_loss(graph: &Graph, loss: &Value, requires: &HashSet<String>) -> HashSet<String> {
     let mut needed: HashSet<String> = [loss.name().to_string()].into();
-    for node in graph.nodes.iter().rev() {
+    for node in graph.nodes().iter().rev() {
         if node.outputs.iter().any(|o| needed.contains(o)) {
             needed.extend(node.inputs.iter().filter(|i| requires.contains(*i)).cloned());
         }
@@ -126,7 +139,7 @@ fn refine(graph: &mut Graph, grad: &Value, input: ValueType) -> Result<(), Autod
                     (h, w) if h == w => h.clone(),
                     (Dim::Sym(_), w) => w.clone(),
                     (h, w) => {
-                        return Err(AutodiffError::Graph(onnx_ir::IrError::Invalid(format!(
+                        return Err(AutodiffError::Graph(ringtune_onnx_ir::IrError::Invalid(format!(
                             "gradient `{}` has dimension {h} where its input has {w}",
                             grad.name()
                         ))))
@@ -137,7 +150,7 @@ fn refine(graph: &mut Graph, grad: &Value, input: ValueType) -> Result<(), Autod
         }
         (None, want) => want.clone(),
         (Some(have), Some(want)) => {
-            return Err(AutodiffError::Graph(onnx_ir::IrError::Invalid(format!(
+            return Err(AutodiffError::Graph(ringtune_onnx_ir::IrError::Invalid(format!(
                 "gradient `{}` has rank {} where its input has rank {}",
                 grad.name(),
                 have.len(),

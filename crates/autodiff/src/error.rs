@@ -29,5 +29,5 @@ pub enum AutodiffError {
     BadParameter(String),
     /// The graph builder refused a backward node.
     #[error(transparent)]
-    Graph(#[from] onnx_ir::IrError),
+    Graph(#[from] ringtune_onnx_ir::IrError),
 }

@@ -9,14 +9,14 @@
 //! Does not own: building forward graphs (`bert`) or running them (`runtime`).
 //!
 //! ```
-//! use onnx_ir::{shape, DType, Graph};
+//! use ringtune_onnx_ir::{shape, DType, Graph};
 //! let mut g = Graph::new("demo");
 //! let x = g.input("x", DType::F32, shape(&[3])).unwrap();
 //! let w = g.input("w", DType::F32, shape(&[3])).unwrap();
 //! let y = g.mul(&x, &w).unwrap();
 //! let loss = g.reduce_sum(&y, &[0], false).unwrap();
-//! let grads = autodiff::backward(&mut g, &loss, std::slice::from_ref(&w)).unwrap();
-//! autodiff::name_gradients(&mut g, &grads, &["w_grad".to_string()]).unwrap();
+//! let grads = ringtune_autodiff::backward(&mut g, &loss, std::slice::from_ref(&w)).unwrap();
+//! ringtune_autodiff::name_gradients(&mut g, &grads, &["w_grad".to_string()]).unwrap();
 //! assert!(g.outputs.contains(&"w_grad".to_string()));
 //! ```
 
@@ -25,6 +25,6 @@ mod driver;
 mod error;
 mod rules;
 
-pub use driver::{backward, name_gradients};
+pub use driver::{backward, backward_with, name_gradients};
 pub use error::AutodiffError;
-pub use rules::has_rule;
+pub use rules::{has_rule, CustomRule, GradRule, RuleCtx};

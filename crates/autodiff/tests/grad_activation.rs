@@ -3,7 +3,7 @@
 mod common;
 
 use common::{check, float};
-use onnx_ir::DType;
+use ringtune_onnx_ir::DType;
 
 #[test]
 fn tanh_sigmoid_exp_relu() {

@@ -3,7 +3,7 @@
 mod common;
 
 use common::{check, fixed, float, int};
-use onnx_ir::{DType, Dim, Graph, Tensor, Value};
+use ringtune_onnx_ir::{DType, Dim, Graph, Tensor, Value};
 
 #[test]
 fn add_sub_with_broadcasting() {
@@ -76,7 +76,7 @@ fn dropout_outside_training_is_identity() {
     check(DType::F32, &[float("x", &[6], -1.0, 1.0, 16)], |g, v| {
         let ratio = g.scalar(DType::F32, 0.3)?;
         let off = g.constant(Tensor { dtype: DType::Bool, dims: vec![], data: vec![0] })?;
-        let outs = g.node(onnx_ir::NodeSpec {
+        let outs = g.node(ringtune_onnx_ir::NodeSpec {
             op_type: "Dropout",
             domain: "",
             inputs: vec![Some(&v[0]), Some(&ratio), Some(&off)],
@@ -98,17 +98,21 @@ fn dropout_gradient_reuses_the_mask() {
     let y = g.mul(&d.y, &w).expect("mul");
     let loss = g.reduce_sum(&y, &[0], false).expect("sum");
     let loss = g.output_as(&loss, "loss").expect("loss");
-    let grads = autodiff::backward(&mut g, &loss, std::slice::from_ref(&x)).expect("backward");
-    autodiff::name_gradients(&mut g, &grads, &["x_grad".into()]).expect("names");
+    let grads = ringtune_autodiff::backward(&mut g, &loss, std::slice::from_ref(&x)).expect("backward");
+    ringtune_autodiff::name_gradients(&mut g, &grads, &["x_grad".into()]).expect("names");
     let mask = g.cast(&d.mask, DType::F32).expect("cast");
     g.output_as(&mask, "mask").expect("mask");
-    let rt = runtime::Runtime::get().expect("runtime");
-    let mut s = runtime::Session::from_bytes(rt, &g.to_bytes().expect("bytes"), &Default::default()).expect("session");
+    let rt = ringtune_runtime::Runtime::get().expect("runtime");
+    let mut s =
+        ringtune_runtime::Session::from_bytes(rt, &g.to_bytes().expect("bytes"), &Default::default()).expect("session");
     let xs = vec![1.0f32; 4000];
     let ws: Vec<f32> = (0..4000).map(|i| (i % 7) as f32 - 3.0).collect();
     let out = s
         .run(
-            &[("x", runtime::TensorView::f32(&[4000], &xs)), ("w", runtime::TensorView::f32(&[4000], &ws))],
+            &[
+                ("x", ringtune_runtime::TensorView::f32(&[4000], &xs)),
+                ("w", ringtune_runtime::TensorView::f32(&[4000], &ws)),
+            ],
             &["x_grad", "mask"],
         )
         .expect("run");

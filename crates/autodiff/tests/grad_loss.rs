@@ -3,7 +3,7 @@
 mod common;
 
 use common::{check, float, int};
-use onnx_ir::DType;
+use ringtune_onnx_ir::DType;
 
 #[test]
 fn softmax_cross_entropy_mean() {

@@ -3,7 +3,7 @@
 mod common;
 
 use common::{check, float};
-use onnx_ir::DType;
+use ringtune_onnx_ir::DType;
 
 #[test]
 fn matmul_2d_3d_and_batched() {
@@ -49,9 +49,9 @@ fn gemm_alpha_beta() {
             "Gemm",
             &[&v[0], &v[1], &v[2]],
             vec![
-                ("transB", onnx_ir::Attribute::Int(1)),
-                ("alpha", onnx_ir::Attribute::Float(0.5)),
-                ("beta", onnx_ir::Attribute::Float(-2.0)),
+                ("transB", ringtune_onnx_ir::Attribute::Int(1)),
+                ("alpha", ringtune_onnx_ir::Attribute::Float(0.5)),
+                ("beta", ringtune_onnx_ir::Attribute::Float(-2.0)),
             ],
         )
     });

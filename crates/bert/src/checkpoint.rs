@@ -133,29 +133,9 @@ pub fn save_params(path: &Path, layout: &ParamLayout, params: &[f32]) -> Result<
     write_atomically(path, &encoded)
 }
 
-/// Writes through a temporary sibling, fsyncs and renames, so a crash leaves the old file or the
-/// new one, never half of one.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), ModelError> {
-    use std::io::Write;
-    let io = |source| ModelError::Io { path: path.into(), source };
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(io)?;
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let unique = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let temp = dir.join(format!(".{name}.tmp-{}-{unique}", std::process::id()));
-    let result = (|| {
-        let mut file = std::fs::File::create(&temp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        std::fs::rename(&temp, path)?;
-        // The rename itself is durable only once the directory is synced.
-        std::fs::File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&temp);
-    }
-    result.map_err(io)
+/// Writes `bytes` to `path` atomically, a failure reported as this crate's error.
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), ModelError> {
+    ringtune_files::write_atomically(path, bytes).map_err(|e| ModelError::Io { path: e.path, source: e.source })
 }
 
 #[cfg(test)]

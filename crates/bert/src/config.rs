@@ -1,7 +1,8 @@
 //! Model configuration read from a Hugging Face `config.json`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use serde::Deserialize;
 use serde_json::Value as Json;
 
 use crate::ModelError;
@@ -87,89 +88,74 @@ impl ModelConfig {
         Self::from_json(&text, path)
     }
 
-    /// Parses config JSON (`path` is named in errors).
+    /// Parses config JSON (`path` is named in errors, with the line of a value of the wrong type).
     pub fn from_json(text: &str, path: &Path) -> Result<Self, ModelError> {
-        let json: Json =
+        let hf: HfConfig =
             serde_json::from_str(text).map_err(|e| ModelError::Config { path: path.into(), reason: e.to_string() })?;
-        let r = Reader { json: &json, path: path.to_path_buf() };
-        let family = match r.str_or("model_type", "bert")?.as_str() {
+        hf.check_supported(path)?;
+        let family = match hf.model_type.as_deref().unwrap_or("bert") {
             "bert" => Family::Bert,
             "mpnet" => Family::MPNet,
-            other => return Err(r.unsupported("model_type", other, "bert or mpnet")),
+            other => return Err(unsupported(path, "model_type", other, "bert or mpnet")),
         };
-        let act = r.str_or("hidden_act", "gelu")?;
-        if act != "gelu" {
-            return Err(r.unsupported("hidden_act", &act, "only `gelu`, the exact erf form"));
-        }
-        let position = r.str_or("position_embedding_type", "absolute")?;
-        if position != "absolute" {
-            return Err(r.unsupported("position_embedding_type", &position, "only `absolute`"));
-        }
-        for flag in ["is_decoder", "add_cross_attention"] {
-            if json.get(flag).and_then(Json::as_bool) == Some(true) {
-                return Err(r.unsupported(flag, "true", "encoders only"));
-            }
-        }
-        if let Some(problem) = json.get("problem_type").and_then(Json::as_str) {
-            if problem != "single_label_classification" {
-                return Err(r.unsupported("problem_type", problem, "only single_label_classification"));
-            }
-        }
-        let num_labels = match json.get("num_labels").and_then(Json::as_u64) {
-            Some(n) => n as usize,
-            None => json.get("id2label").and_then(Json::as_object).map_or(2, |m| m.len()),
-        };
+        let num_labels = hf.num_labels.or(hf.id2label.as_ref().map(|m| m.len())).unwrap_or(2);
         if num_labels < 2 {
-            return Err(r.unsupported("num_labels", &num_labels.to_string(), "classification with 2 or more labels"));
+            return Err(unsupported(path, "num_labels", &num_labels.to_string(), "classification with 2 or more labels"));
         }
-        let hidden_dropout = r.float_or("hidden_dropout_prob", 0.1)?;
+        let hidden_dropout = hf.hidden_dropout_prob.unwrap_or(0.1);
         let config = ModelConfig {
             family,
-            vocab_size: r.usize("vocab_size")?,
-            hidden_size: r.usize("hidden_size")?,
-            num_layers: r.usize("num_hidden_layers")?,
-            num_heads: r.usize("num_attention_heads")?,
-            intermediate_size: r.usize("intermediate_size")?,
-            max_position_embeddings: r.usize("max_position_embeddings")?,
+            vocab_size: positive(path, "vocab_size", hf.vocab_size)?,
+            hidden_size: positive(path, "hidden_size", hf.hidden_size)?,
+            num_layers: positive(path, "num_hidden_layers", hf.num_hidden_layers)?,
+            num_heads: positive(path, "num_attention_heads", hf.num_attention_heads)?,
+            intermediate_size: positive(path, "intermediate_size", hf.intermediate_size)?,
+            max_position_embeddings: positive(path, "max_position_embeddings", hf.max_position_embeddings)?,
             type_vocab_size: match family {
-                Family::Bert => r.usize_or("type_vocab_size", 2)?,
+                Family::Bert => positive(path, "type_vocab_size", hf.type_vocab_size.unwrap_or(2))?,
                 Family::MPNet => 0,
             },
-            layer_norm_eps: r.float_or("layer_norm_eps", 1e-12)?,
-            initializer_range: r.float_or("initializer_range", 0.02)?,
+            layer_norm_eps: hf.layer_norm_eps.unwrap_or(1e-12),
+            initializer_range: hf.initializer_range.unwrap_or(0.02),
             hidden_dropout,
-            attention_dropout: r.float_or("attention_probs_dropout_prob", 0.1)?,
-            classifier_dropout: match json.get("classifier_dropout") {
-                None | Some(Json::Null) => hidden_dropout,
-                Some(_) => r.float_or("classifier_dropout", hidden_dropout)?,
-            },
+            attention_dropout: hf.attention_probs_dropout_prob.unwrap_or(0.1),
+            classifier_dropout: hf.classifier_dropout.unwrap_or(hidden_dropout),
             num_labels,
-            pad_token_id: json.get("pad_token_id").and_then(Json::as_i64).unwrap_or(match family {
+            pad_token_id: hf.pad_token_id.unwrap_or(match family {
                 Family::Bert => 0,
                 Family::MPNet => 1,
             }),
             relative_attention_buckets: match family {
                 Family::Bert => 0,
-                Family::MPNet => r.usize_or("relative_attention_num_buckets", 32)?,
+                Family::MPNet => {
+                    positive(path, "relative_attention_num_buckets", hf.relative_attention_num_buckets.unwrap_or(32))?
+                }
             },
         };
-        if !config.hidden_size.is_multiple_of(config.num_heads) {
-            return Err(r.unsupported(
+        config.check(path)?;
+        Ok(config)
+    }
+
+    /// Refuses head counts that do not divide the hidden size and dropouts outside [0, 1).
+    fn check(&self, path: &Path) -> Result<(), ModelError> {
+        if !self.hidden_size.is_multiple_of(self.num_heads) {
+            return Err(unsupported(
+                path,
                 "num_attention_heads",
-                &config.num_heads.to_string(),
-                &format!("must divide hidden_size {}", config.hidden_size),
+                &self.num_heads.to_string(),
+                &format!("must divide hidden_size {}", self.hidden_size),
             ));
         }
         for (field, p) in [
-            ("hidden_dropout_prob", config.hidden_dropout),
-            ("attention_probs_dropout_prob", config.attention_dropout),
-            ("classifier_dropout", config.classifier_dropout),
+            ("hidden_dropout_prob", self.hidden_dropout),
+            ("attention_probs_dropout_prob", self.attention_dropout),
+            ("classifier_dropout", self.classifier_dropout),
         ] {
             if !(0.0..1.0).contains(&p) {
-                return Err(r.unsupported(field, &p.to_string(), "a probability in [0, 1)"));
+                return Err(unsupported(path, field, &p.to_string(), "a probability in [0, 1)"));
             }
         }
-        Ok(config)
+        Ok(())
     }
 
     /// Size of one attention head.
@@ -232,47 +218,67 @@ impl ModelConfig {
     }
 }
 
-struct Reader<'a> {
-    json: &'a Json,
-    path: PathBuf,
+/// The keys of a Hugging Face `config.json` that shape the model (others are ignored);
+/// `null` reads as absent, as `transformers` treats it.
+#[derive(Deserialize)]
+struct HfConfig {
+    model_type: Option<String>,
+    vocab_size: usize,
+    hidden_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    intermediate_size: usize,
+    max_position_embeddings: usize,
+    type_vocab_size: Option<usize>,
+    layer_norm_eps: Option<f64>,
+    initializer_range: Option<f64>,
+    hidden_dropout_prob: Option<f64>,
+    attention_probs_dropout_prob: Option<f64>,
+    classifier_dropout: Option<f64>,
+    num_labels: Option<usize>,
+    id2label: Option<serde_json::Map<String, Json>>,
+    pad_token_id: Option<i64>,
+    relative_attention_num_buckets: Option<usize>,
+    hidden_act: Option<String>,
+    position_embedding_type: Option<String>,
+    is_decoder: Option<bool>,
+    add_cross_attention: Option<bool>,
+    problem_type: Option<String>,
 }
 
-impl Reader<'_> {
-    fn missing(&self, field: &str, what: &str) -> ModelError {
-        ModelError::Config { path: self.path.clone(), reason: format!("`{field}` must be {what}") }
-    }
-
-    fn unsupported(&self, field: &str, value: &str, hint: &str) -> ModelError {
-        ModelError::Unsupported { path: self.path.clone(), field: field.into(), value: value.into(), hint: hint.into() }
-    }
-
-    fn usize(&self, field: &str) -> Result<usize, ModelError> {
-        match self.json.get(field).and_then(Json::as_u64) {
-            Some(n) if n > 0 => Ok(n as usize),
-            _ => Err(self.missing(field, "a positive integer")),
+impl HfConfig {
+    /// Refuses, by name, settings of a model that is not an encoder for single-label
+    /// classification with exact GELU and absolute positions.
+    fn check_supported(&self, path: &Path) -> Result<(), ModelError> {
+        let act = self.hidden_act.as_deref().unwrap_or("gelu");
+        if act != "gelu" {
+            return Err(unsupported(path, "hidden_act", act, "only `gelu`, the exact erf form"));
+        }
+        let position = self.position_embedding_type.as_deref().unwrap_or("absolute");
+        if position != "absolute" {
+            return Err(unsupported(path, "position_embedding_type", position, "only `absolute`"));
+        }
+        for (flag, set) in [("is_decoder", self.is_decoder), ("add_cross_attention", self.add_cross_attention)] {
+            if set == Some(true) {
+                return Err(unsupported(path, flag, "true", "encoders only"));
+            }
+        }
+        match self.problem_type.as_deref() {
+            None | Some("single_label_classification") => Ok(()),
+            Some(other) => Err(unsupported(path, "problem_type", other, "only single_label_classification")),
         }
     }
+}
 
-    fn usize_or(&self, field: &str, default: usize) -> Result<usize, ModelError> {
-        match self.json.get(field) {
-            None | Some(Json::Null) => Ok(default),
-            Some(_) => self.usize(field),
-        }
-    }
+fn unsupported(path: &Path, field: &str, value: &str, hint: &str) -> ModelError {
+    ModelError::Unsupported { path: path.into(), field: field.into(), value: value.into(), hint: hint.into() }
+}
 
-    fn float_or(&self, field: &str, default: f64) -> Result<f64, ModelError> {
-        match self.json.get(field) {
-            None | Some(Json::Null) => Ok(default),
-            Some(v) => v.as_f64().ok_or_else(|| self.missing(field, "a number")),
-        }
+fn positive(path: &Path, field: &str, value: usize) -> Result<usize, ModelError> {
+    if value == 0 {
+        return Err(ModelError::Config { path: path.into(), reason: format!("`{field}` must be a positive integer") });
     }
-
-    fn str_or(&self, field: &str, default: &str) -> Result<String, ModelError> {
-        match self.json.get(field) {
-            None | Some(Json::Null) => Ok(default.to_string()),
-            Some(v) => v.as_str().map(str::to_string).ok_or_else(|| self.missing(field, "a string")),
-        }
-    }
+    Ok(value)
 }
 
 #[cfg(test)]
@@ -314,6 +320,12 @@ mod tests {
         assert!(err.contains("num_attention_heads"), "{err}");
         let err = parse(&MINI.replace("\"vocab_size\": 100,", "")).expect_err("missing").to_string();
         assert!(err.contains("vocab_size"), "{err}");
+        let err = parse(&MINI.replace("\"vocab_size\": 100", "\"vocab_size\": 0")).expect_err("zero").to_string();
+        assert!(err.contains("`vocab_size` must be a positive integer"), "{err}");
+        let err = parse(&MINI.replace("\"hidden_size\": 32", "\"hidden_size\": \"wide\"")).expect_err("type").to_string();
+        assert!(err.contains("config.json") && err.contains("line 1"), "{err}");
+        let null_dropout = MINI.replace("}", r#", "classifier_dropout": null, "hidden_dropout_prob": 0.2}"#);
+        assert_eq!(parse(&null_dropout).expect("null means absent").classifier_dropout, 0.2);
         let rel = MINI.replace("}", r#", "position_embedding_type": "relative_key"}"#);
         assert!(parse(&rel).expect_err("relative").to_string().contains("position_embedding_type"));
     }

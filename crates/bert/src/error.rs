@@ -76,7 +76,7 @@ pub enum ModelError {
     },
     /// The graph builder refused something.
     #[error("building the graph: {0}")]
-    Graph(#[from] onnx_ir::IrError),
+    Graph(#[from] ringtune_onnx_ir::IrError),
     /// A buffer of the wrong length for the layout.
     #[error("the parameter buffer has {found} floats but the layout needs {expected}")]
     BufferLength {

@@ -5,7 +5,7 @@
 //! `transB` (Hugging Face stores weights as `[out, in]`): no transposed weight copies, and the
 //! backward pass is plain `Gemm`s too. Only attention goes to 4-D and back.
 
-use onnx_ir::{shape, DType, Dim, Graph, Tensor, Value};
+use ringtune_onnx_ir::{shape, DType, Dim, Graph, Tensor, Value};
 
 use crate::{Family, ModelConfig, ModelError, ParamLayout};
 
@@ -141,7 +141,7 @@ impl Builder<'_> {
         let (x, position_bias) = match (c.family, &types) {
             (Family::Bert, Some(types)) => (self.embeddings(&ids, types, &dims)?, None),
             (Family::MPNet, _) => (self.mpnet_embeddings(&ids)?, Some(self.mpnet_position_bias(&dims)?)),
-            (Family::Bert, None) => return Err(onnx_ir::IrError::UnknownValue(TOKEN_TYPE_IDS.into()).into()),
+            (Family::Bert, None) => return Err(ringtune_onnx_ir::IrError::UnknownValue(TOKEN_TYPE_IDS.into()).into()),
         };
         let h = c.hidden_size as i64;
         let mut x = self.g.reshape(&x, &[-1, h])?;
@@ -187,7 +187,7 @@ impl Builder<'_> {
     pub(crate) fn param(&self, name: &str) -> Result<Value, ModelError> {
         match self.layout.entries().iter().position(|e| e.name == name) {
             Some(i) => Ok(self.params[i].clone()),
-            None => Err(onnx_ir::IrError::UnknownValue(name.to_string()).into()),
+            None => Err(ringtune_onnx_ir::IrError::UnknownValue(name.to_string()).into()),
         }
     }
 

@@ -10,7 +10,7 @@
 //!
 //! ```
 //! use std::path::Path;
-//! use bert::{forward_graph, layout, GraphOptions, ModelConfig, Params};
+//! use ringtune_bert::{forward_graph, layout, GraphOptions, ModelConfig, Params};
 //! let config = ModelConfig::from_json(
 //!     r#"{"vocab_size": 30, "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
 //!         "intermediate_size": 16, "max_position_embeddings": 10}"#,
@@ -32,7 +32,7 @@ mod mpnet;
 mod params;
 mod tensor_file;
 
-pub use checkpoint::{load_params, save_params, write_atomically, LoadReport};
+pub use checkpoint::{load_params, save_params, LoadReport};
 pub use config::{Family, ModelConfig};
 pub use error::ModelError;
 pub use forward::{

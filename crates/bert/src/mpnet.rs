@@ -4,7 +4,7 @@
 //! distance 128, the logarithm in float32, from plain `0..len` positions), and a head of
 //! dense + tanh on the first token followed by the output projection.
 
-use onnx_ir::{DType, Tensor, Value};
+use ringtune_onnx_ir::{DType, Tensor, Value};
 
 use crate::forward::{Builder, LayerNames};
 use crate::ModelError;
@@ -61,7 +61,7 @@ impl Builder<'_> {
     /// `[seq, seq]` bucket of `key - query`, as `MPNetEncoder.relative_position_bucket`.
     fn relative_buckets(&mut self, dims: &Value) -> Result<Value, ModelError> {
         let g = &mut self.g;
-        let int = |g: &mut onnx_ir::Graph, v: i64| g.constant(Tensor::scalar_i64(v));
+        let int = |g: &mut ringtune_onnx_ir::Graph, v: i64| g.constant(Tensor::scalar_i64(v));
         let (zero, one) = (int(g, 0)?, int(g, 1)?);
         let seq = g.gather(dims, &one, 0)?;
         let positions = g.range(&zero, &seq, &one)?;

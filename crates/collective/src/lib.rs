@@ -10,7 +10,7 @@
 //! handshake by the caller).
 //!
 //! ```
-//! use collective::{memory_ring, all_reduce_mean};
+//! use ringtune_collective::{memory_ring, all_reduce_mean};
 //! let transports = memory_ring(3, std::time::Duration::from_secs(5));
 //! let handles: Vec<_> = transports
 //!     .into_iter()

@@ -5,10 +5,10 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use collective::{
+use proptest::prelude::*;
+use ringtune_collective::{
     all_reduce_buckets, all_reduce_mean, all_reduce_rows, gather, memory_ring, plan_buckets, used_rows, Transport,
 };
-use proptest::prelude::*;
 
 fn inputs(world: usize, len: usize, seed: u64) -> Vec<Vec<f32>> {
     let mut state = seed | 1;

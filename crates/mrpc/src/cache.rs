@@ -44,13 +44,9 @@ pub fn save_cache(path: &Path, fingerprint: &[u8; 32], splits: &Splits) -> Resul
     }
     let checksum: [u8; 32] = Sha256::digest(&out).into();
     out.extend_from_slice(&checksum);
-    let io = |source| DataError::Io { path: path.into(), source };
-    // Several processes (the ranks of one machine) may write the same cache at once.
-    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let unique = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let temp = path.with_extension(format!("partial-{}-{unique}", std::process::id()));
-    std::fs::write(&temp, &out).map_err(io)?;
-    std::fs::rename(&temp, path).map_err(io)
+    // Several processes (the ranks of one machine) may write the same cache at once: each
+    // writes its own temporary file and the last rename wins, with identical contents.
+    ringtune_files::write_atomically(path, &out).map_err(|e| DataError::Io { path: e.path, source: e.source })
 }
 
 /// Reads the cache; a different fingerprint or version is stale, damage is corrupt.

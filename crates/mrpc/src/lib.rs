@@ -9,7 +9,7 @@
 //! but for file reads and writes.
 //!
 //! ```
-//! use mrpc::{epoch_order, shard, ShardMode};
+//! use ringtune_mrpc::{epoch_order, shard, ShardMode};
 //! let order = epoch_order(10, 42, 0);
 //! let shards: Vec<Vec<usize>> = (0..4).map(|r| shard(&order, r, 4, ShardMode::Pad).unwrap()).collect();
 //! assert!(shards.iter().all(|s| s.len() == 3));
@@ -30,7 +30,7 @@ pub use cache::{load_cache, save_cache, Splits, CACHE_VERSION};
 pub use error::{BadRow, DataError, REPORTED_ROWS};
 pub use locate::{data_dir, sha256_hex, DataDir, PINNED_SHA256};
 pub use order::{epoch_order, shard, steps_per_epoch, ShardMode};
-pub use prepare::{fingerprint, prepare, CacheUse, SPLITS};
+pub use prepare::{cache_file, fingerprint, prepare, CacheUse, SPLITS};
 pub use reader::{
     glue_labelled_tsv, glue_split, glue_test_tsv, parse_pairs, read_dev_ids, read_pairs, Dataset, GlueFiles, Layout,
     Pair, ReadOptions,

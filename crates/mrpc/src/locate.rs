@@ -56,5 +56,5 @@ pub fn data_dir(root: &Path) -> Result<DataDir, DataError> {
 /// Lower-case hex sha256 of a file.
 pub fn sha256_hex(path: &Path) -> Result<String, DataError> {
     let bytes = std::fs::read(path).map_err(|source| DataError::Io { path: path.into(), source })?;
-    Ok(Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect())
+    Ok(ringtune_files::hex(&Sha256::digest(&bytes)))
 }

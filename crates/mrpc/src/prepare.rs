@@ -1,6 +1,6 @@
 //! Tokenized splits from a data folder, through the cache when it is fresh.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
@@ -18,6 +18,13 @@ pub enum CacheUse {
     Built,
     /// Tokenized now because the cache was stale or corrupt (the reason).
     Rebuilt(String),
+}
+
+/// Where the tokenized splits of the model in `model_dir` at `max_len` are cached: under
+/// `mrpc/` in the shared cache folder ([`ringtune_files::cache_dir`]).
+pub fn cache_file(model_dir: &Path, max_len: usize) -> PathBuf {
+    let model = model_dir.file_name().map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned());
+    ringtune_files::cache_dir().path.join("mrpc").join(format!("{model}-{max_len}.bin"))
 }
 
 /// The fingerprint of a cache: tokenizer and settings, and the contents of the data files.

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use mrpc::{
+use ringtune_mrpc::{
     data_dir, glue_labelled_tsv, glue_split, load_split, read_dev_ids, read_pairs, sha256_hex, PairTokenizer,
     ReadOptions, SplitStats, PINNED_SHA256,
 };

@@ -5,69 +5,71 @@
 
 use std::ffi::{c_int, c_void};
 
-pub type dnnl_status_t = c_int;
-pub type dnnl_dim_t = i64;
-pub const DNNL_MAX_NDIMS: usize = 12;
+pub(crate) type dnnl_status_t = c_int;
+pub(crate) type dnnl_dim_t = i64;
+pub(crate) const DNNL_MAX_NDIMS: usize = 12;
 
-pub type dnnl_engine_t = *mut c_void;
-pub type dnnl_stream_t = *mut c_void;
-pub type dnnl_memory_desc_t = *mut c_void;
-pub type dnnl_memory_t = *mut c_void;
-pub type dnnl_primitive_desc_t = *mut c_void;
-pub type dnnl_primitive_t = *mut c_void;
-pub type dnnl_primitive_attr_t = *mut c_void;
+pub(crate) type dnnl_engine_t = *mut c_void;
+pub(crate) type dnnl_stream_t = *mut c_void;
+pub(crate) type dnnl_memory_desc_t = *mut c_void;
+pub(crate) type dnnl_memory_t = *mut c_void;
+pub(crate) type dnnl_primitive_desc_t = *mut c_void;
+pub(crate) type dnnl_primitive_t = *mut c_void;
+pub(crate) type dnnl_primitive_attr_t = *mut c_void;
 
-pub const DNNL_SUCCESS: dnnl_status_t = 0;
+pub(crate) const DNNL_SUCCESS: dnnl_status_t = 0;
+/// `dnnl_unimplemented`: no implementation for these arguments on this CPU.
+pub(crate) const DNNL_UNIMPLEMENTED: dnnl_status_t = 3;
 /// `dnnl_cpu` in `dnnl_engine_kind_t`.
-pub const DNNL_CPU: c_int = 1;
+pub(crate) const DNNL_CPU: c_int = 1;
 /// `dnnl_stream_in_order`.
-pub const DNNL_STREAM_IN_ORDER: u32 = 1;
+pub(crate) const DNNL_STREAM_IN_ORDER: u32 = 1;
 /// `dnnl_data_type_t` values.
-pub const DNNL_BF16: c_int = 2;
-pub const DNNL_F32: c_int = 3;
+pub(crate) const DNNL_BF16: c_int = 2;
+pub(crate) const DNNL_F32: c_int = 3;
 /// `dnnl_query_impl_info_str` in `dnnl_query_t`.
-pub const DNNL_QUERY_IMPL_INFO_STR: c_int = 8;
+pub(crate) const DNNL_QUERY_IMPL_INFO_STR: c_int = 8;
 /// `dnnl_format_tag_any`: let the primitive choose the layout.
-pub const DNNL_FORMAT_ANY: c_int = 1;
+pub(crate) const DNNL_FORMAT_ANY: c_int = 1;
 /// `dnnl_query_weights_md` in `dnnl_query_t`.
-pub const DNNL_QUERY_WEIGHTS_MD: c_int = 131;
+pub(crate) const DNNL_QUERY_WEIGHTS_MD: c_int = 131;
 /// Execution argument indices.
-pub const DNNL_ARG_SRC: c_int = 1;
-pub const DNNL_ARG_DST: c_int = 17;
-pub const DNNL_ARG_WEIGHTS: c_int = 33;
-pub const DNNL_ARG_BIAS: c_int = 41;
+pub(crate) const DNNL_ARG_SRC: c_int = 1;
+pub(crate) const DNNL_ARG_DST: c_int = 17;
+pub(crate) const DNNL_ARG_WEIGHTS: c_int = 33;
+pub(crate) const DNNL_ARG_BIAS: c_int = 41;
 /// Reorder arguments (`DNNL_ARG_FROM`, `DNNL_ARG_TO`).
-pub const DNNL_ARG_FROM: c_int = 1;
-pub const DNNL_ARG_TO: c_int = 17;
+pub(crate) const DNNL_ARG_FROM: c_int = 1;
+pub(crate) const DNNL_ARG_TO: c_int = 17;
 
 #[repr(C)]
-pub struct dnnl_exec_arg_t {
-    pub arg: c_int,
-    pub memory: dnnl_memory_t,
+pub(crate) struct dnnl_exec_arg_t {
+    pub(crate) arg: c_int,
+    pub(crate) memory: dnnl_memory_t,
 }
 
 /// Function pointers resolved from the library.
-pub struct Api {
-    pub engine_create: unsafe extern "C" fn(*mut dnnl_engine_t, c_int, usize) -> dnnl_status_t,
-    pub engine_destroy: unsafe extern "C" fn(dnnl_engine_t) -> dnnl_status_t,
-    pub stream_create: unsafe extern "C" fn(*mut dnnl_stream_t, dnnl_engine_t, u32) -> dnnl_status_t,
-    pub stream_wait: unsafe extern "C" fn(dnnl_stream_t) -> dnnl_status_t,
-    pub stream_destroy: unsafe extern "C" fn(dnnl_stream_t) -> dnnl_status_t,
-    pub memory_desc_create_with_strides: unsafe extern "C" fn(
+pub(crate) struct Api {
+    pub(crate) engine_create: unsafe extern "C" fn(*mut dnnl_engine_t, c_int, usize) -> dnnl_status_t,
+    pub(crate) engine_destroy: unsafe extern "C" fn(dnnl_engine_t) -> dnnl_status_t,
+    pub(crate) stream_create: unsafe extern "C" fn(*mut dnnl_stream_t, dnnl_engine_t, u32) -> dnnl_status_t,
+    pub(crate) stream_wait: unsafe extern "C" fn(dnnl_stream_t) -> dnnl_status_t,
+    pub(crate) stream_destroy: unsafe extern "C" fn(dnnl_stream_t) -> dnnl_status_t,
+    pub(crate) memory_desc_create_with_strides: unsafe extern "C" fn(
         *mut dnnl_memory_desc_t,
         c_int,
         *const dnnl_dim_t,
         c_int,
         *const dnnl_dim_t,
     ) -> dnnl_status_t,
-    pub memory_desc_create_with_tag:
+    pub(crate) memory_desc_create_with_tag:
         unsafe extern "C" fn(*mut dnnl_memory_desc_t, c_int, *const dnnl_dim_t, c_int, c_int) -> dnnl_status_t,
-    pub memory_desc_get_size: unsafe extern "C" fn(dnnl_memory_desc_t) -> usize,
-    pub memory_desc_destroy: unsafe extern "C" fn(dnnl_memory_desc_t) -> dnnl_status_t,
-    pub memory_create:
+    pub(crate) memory_desc_get_size: unsafe extern "C" fn(dnnl_memory_desc_t) -> usize,
+    pub(crate) memory_desc_destroy: unsafe extern "C" fn(dnnl_memory_desc_t) -> dnnl_status_t,
+    pub(crate) memory_create:
         unsafe extern "C" fn(*mut dnnl_memory_t, dnnl_memory_desc_t, dnnl_engine_t, *mut c_void) -> dnnl_status_t,
-    pub memory_destroy: unsafe extern "C" fn(dnnl_memory_t) -> dnnl_status_t,
-    pub matmul_primitive_desc_create: unsafe extern "C" fn(
+    pub(crate) memory_destroy: unsafe extern "C" fn(dnnl_memory_t) -> dnnl_status_t,
+    pub(crate) matmul_primitive_desc_create: unsafe extern "C" fn(
         *mut dnnl_primitive_desc_t,
         dnnl_engine_t,
         dnnl_memory_desc_t,
@@ -76,7 +78,7 @@ pub struct Api {
         dnnl_memory_desc_t,
         dnnl_primitive_attr_t,
     ) -> dnnl_status_t,
-    pub reorder_primitive_desc_create: unsafe extern "C" fn(
+    pub(crate) reorder_primitive_desc_create: unsafe extern "C" fn(
         *mut dnnl_primitive_desc_t,
         dnnl_memory_desc_t,
         dnnl_engine_t,
@@ -84,20 +86,21 @@ pub struct Api {
         dnnl_engine_t,
         dnnl_primitive_attr_t,
     ) -> dnnl_status_t,
-    pub primitive_desc_query: unsafe extern "C" fn(dnnl_primitive_desc_t, c_int, c_int, *mut c_void) -> dnnl_status_t,
-    pub primitive_desc_query_md: unsafe extern "C" fn(dnnl_primitive_desc_t, c_int, c_int) -> dnnl_memory_desc_t,
-    pub primitive_desc_destroy: unsafe extern "C" fn(dnnl_primitive_desc_t) -> dnnl_status_t,
-    pub primitive_create: unsafe extern "C" fn(*mut dnnl_primitive_t, dnnl_primitive_desc_t) -> dnnl_status_t,
-    pub primitive_execute:
+    pub(crate) primitive_desc_query:
+        unsafe extern "C" fn(dnnl_primitive_desc_t, c_int, c_int, *mut c_void) -> dnnl_status_t,
+    pub(crate) primitive_desc_query_md: unsafe extern "C" fn(dnnl_primitive_desc_t, c_int, c_int) -> dnnl_memory_desc_t,
+    pub(crate) primitive_desc_destroy: unsafe extern "C" fn(dnnl_primitive_desc_t) -> dnnl_status_t,
+    pub(crate) primitive_create: unsafe extern "C" fn(*mut dnnl_primitive_t, dnnl_primitive_desc_t) -> dnnl_status_t,
+    pub(crate) primitive_execute:
         unsafe extern "C" fn(dnnl_primitive_t, dnnl_stream_t, c_int, *const dnnl_exec_arg_t) -> dnnl_status_t,
-    pub primitive_destroy: unsafe extern "C" fn(dnnl_primitive_t) -> dnnl_status_t,
+    pub(crate) primitive_destroy: unsafe extern "C" fn(dnnl_primitive_t) -> dnnl_status_t,
 }
 
 /// Resolves every function of [`Api`] from `lib`.
 ///
 /// # Safety
 /// `lib` must be oneDNN 3.x, whose symbols have the signatures above.
-pub unsafe fn resolve(lib: &libloading::Library) -> Result<Api, String> {
+pub(crate) unsafe fn resolve(lib: &libloading::Library) -> Result<Api, String> {
     macro_rules! get {
         ($name:literal) => {
             // SAFETY: the caller vouches that the library is oneDNN 3.x.

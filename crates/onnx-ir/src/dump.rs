@@ -7,14 +7,14 @@ use crate::{Attribute, Graph};
 impl fmt::Display for Graph {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ty = |name: &str| self.type_of(name).map(ToString::to_string).unwrap_or_else(|_| "?".into());
-        writeln!(f, "graph {} ({} nodes)", self.name, self.nodes.len())?;
+        writeln!(f, "graph {} ({} nodes)", self.name, self.nodes().len())?;
         for name in &self.inputs {
             writeln!(f, "  input  %{name}: {}", ty(name))?;
         }
         for (name, t) in &self.initializers {
             writeln!(f, "  init   %{name}: {}{:?}", t.dtype, t.dims)?;
         }
-        for node in &self.nodes {
+        for node in self.nodes() {
             let outs: Vec<String> = node
                 .outputs
                 .iter()

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 
-use crate::{ops, DType, Dim, IrError, Shape, Tensor, ValueType};
+use crate::{op_key, ops, DType, Dim, IrError, Shape, ShapeRule, Tensor, ValueType};
 
 /// A named value in a graph (a graph input, an initialiser or a node output).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -105,8 +105,9 @@ impl Node {
 pub struct Graph {
     /// Graph name.
     pub name: String,
-    /// Nodes, each after the producers of its inputs.
-    pub nodes: Vec<Node>,
+    /// Nodes, each after the producers of its inputs (changed only through methods, which keep
+    /// the index of producers and the recorded types consistent).
+    nodes: Vec<Node>,
     /// Graph input names, in order.
     pub inputs: Vec<String>,
     /// Graph output names, in order.
@@ -120,6 +121,7 @@ pub struct Graph {
     sym_values: HashMap<String, Vec<Dim>>,
     constant_cache: HashMap<(DType, Vec<i64>, Vec<u8>), String>,
     producers: HashMap<String, usize>,
+    custom_rules: HashMap<String, ShapeRule>,
     scope: Vec<String>,
     counter: usize,
 }
@@ -143,6 +145,21 @@ impl Graph {
     /// An empty graph.
     pub fn new(name: &str) -> Self {
         Graph { name: name.to_string(), ..Graph::default() }
+    }
+
+    /// The nodes, in topological order.
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    /// Teaches the graph the shape rule of an operator outside the standard set, so nodes of
+    /// it can be added and their outputs typed.
+    pub fn register_op(&mut self, domain: &str, op_type: &str, rule: ShapeRule) {
+        self.custom_rules.insert(op_key(domain, op_type), rule);
+    }
+
+    pub(crate) fn custom_rule(&self, key: &str) -> Option<ShapeRule> {
+        self.custom_rules.get(key).copied()
     }
 
     /// The type of a value, when known.
@@ -366,6 +383,81 @@ impl Graph {
         Ok(outputs)
     }
 
+    /// Replaces node `index` by `node`, in place. Its inputs must be defined before it; its
+    /// outputs are typed anew (an output kept under the same name keeps its element type and
+    /// takes the new shape); an output it no longer makes must have no readers. The producer
+    /// index, recorded types and constants stay consistent.
+    pub fn replace_node(&mut self, index: usize, node: Node) -> Result<(), IrError> {
+        let old = self.nodes.get(index).ok_or_else(|| IrError::Invalid(format!("no node at index {index}")))?;
+        for input in node.inputs.iter().filter(|i| !i.is_empty()) {
+            let defined_before = match self.producers.get(input) {
+                Some(&producer) => producer < index,
+                None => self.types.contains_key(input),
+            };
+            if !defined_before {
+                return Err(IrError::UndefinedInput { node: node.name.clone(), input: input.clone() });
+            }
+        }
+        for dropped in old.outputs.iter().filter(|o| !o.is_empty() && !node.outputs.contains(o)) {
+            if !self.consumers(dropped).is_empty() || self.outputs.contains(dropped) {
+                return Err(IrError::Invalid(format!(
+                    "replacing node {} would drop `{dropped}`, which is still read",
+                    old.name
+                )));
+            }
+        }
+        let inferred = ops::infer(self, &node).map_err(|reason| IrError::Shape {
+            node: node.name.clone(),
+            op: node.op_type.clone(),
+            reason,
+        })?;
+        for (name, ty) in node.outputs.iter().zip(&inferred.types) {
+            let previous = self.types.get(name).filter(|_| old.outputs.contains(name));
+            if let Some(previous) = previous.filter(|p| p.dtype != ty.dtype) {
+                return Err(IrError::Invalid(format!("`{name}` would change from {} to {}", previous.dtype, ty.dtype)));
+            }
+            if !name.is_empty() && !old.outputs.contains(name) && self.types.contains_key(name) {
+                return Err(IrError::Duplicate(name.clone()));
+            }
+        }
+        let old = std::mem::replace(&mut self.nodes[index], node);
+        for name in old.outputs.iter().filter(|o| !o.is_empty()) {
+            self.producers.remove(name);
+            self.sym_values.remove(name);
+            self.constants.remove(name);
+            self.constant_cache.retain(|_, cached| cached != name);
+        }
+        let node = &self.nodes[index];
+        for (name, ty) in node.outputs.iter().zip(inferred.types) {
+            if name.is_empty() {
+                continue;
+            }
+            self.types.insert(name.clone(), ty);
+            self.producers.insert(name.clone(), index);
+        }
+        for name in old.outputs.iter().filter(|o| !o.is_empty() && !self.producers.contains_key(*o)) {
+            self.types.remove(name);
+        }
+        if !node.domain.is_empty() {
+            self.domains.entry(node.domain.clone()).or_insert(1);
+        }
+        Ok(())
+    }
+
+    /// Visits every node in order and replaces each one `rule` returns a new node for (see
+    /// [`Graph::replace_node`]); later nodes see the earlier replacements. Returns how many
+    /// were replaced.
+    pub fn rewrite(&mut self, mut rule: impl FnMut(&Graph, usize) -> Option<Node>) -> Result<usize, IrError> {
+        let mut replaced = 0;
+        for index in 0..self.nodes.len() {
+            if let Some(node) = rule(self, index) {
+                self.replace_node(index, node)?;
+                replaced += 1;
+            }
+        }
+        Ok(replaced)
+    }
+
     /// Checks the graph: names unique, every input defined before use, outputs defined.
     pub fn validate(&self) -> Result<(), IrError> {
         let mut defined: HashSet<&str> = HashSet::new();
@@ -497,6 +589,50 @@ mod tests {
         assert_eq!(g.nodes.len(), 1);
         assert!(g.producer(unused.name()).is_none());
         assert!(matches!(g.input("x", DType::F32, vec![]), Err(IrError::Duplicate(_))));
+    }
+
+    #[test]
+    fn replacing_nodes_keeps_the_graph_consistent() {
+        let mut g = Graph::new("t");
+        let x = g.input("x", DType::F32, shape(&[2, 3])).expect("x");
+        let y = g.relu(&x).expect("relu");
+        let z = g.neg(&y).expect("neg");
+        g.output(&z).expect("output");
+        // Swap the Relu for a Sigmoid reading the same input, under the same output name.
+        let relu = g.nodes()[0].clone();
+        let sigmoid = Node { op_type: "Sigmoid".into(), ..relu.clone() };
+        assert_eq!(g.rewrite(|g, i| (g.nodes()[i].op_type == "Relu").then(|| sigmoid.clone())).expect("rewrite"), 1);
+        assert_eq!(g.producer(y.name()).map(|n| n.op_type.as_str()), Some("Sigmoid"));
+        assert_eq!(g.shape(&y).expect("typed"), &shape(&[2, 3]));
+        // A node may not read what comes after it, nor drop an output that is still read.
+        let reads_later = Node { inputs: vec![z.name().into()], ..relu.clone() };
+        assert!(matches!(g.replace_node(0, reads_later), Err(IrError::UndefinedInput { .. })));
+        let renamed = Node { outputs: vec!["other".into()], ..relu };
+        let err = g.replace_node(0, renamed).expect_err("y is read").to_string();
+        assert!(err.contains("still read"), "{err}");
+        g.validate().expect("still valid");
+    }
+
+    #[test]
+    fn custom_operators_are_typed_by_their_registered_rule() {
+        fn same_as_input(ctx: &crate::InferCtx<'_>) -> Result<Vec<ValueType>, String> {
+            Ok(vec![ValueType::new(ctx.dtype(0)?, ctx.ranked(0)?.clone())])
+        }
+        let mut g = Graph::new("t");
+        let x = g.input("x", DType::F32, shape(&[4])).expect("x");
+        let spec = || NodeSpec {
+            op_type: "Twice",
+            domain: "my.ops",
+            inputs: vec![Some(&x)],
+            outputs: 1,
+            ..NodeSpec::default()
+        };
+        let err = g.node(spec()).expect_err("unknown").to_string();
+        assert!(err.contains("my.ops.Twice"), "{err}");
+        g.register_op("my.ops", "Twice", same_as_input);
+        let y = g.node(spec()).expect("known now").remove(0);
+        assert_eq!(g.shape(&y).expect("typed"), &shape(&[4]));
+        assert_eq!(g.domains.get("my.ops"), Some(&1));
     }
 
     #[test]

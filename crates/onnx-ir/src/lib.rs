@@ -9,7 +9,7 @@
 //! (`runtime`).
 //!
 //! ```
-//! use onnx_ir::{shape, DType, Dim, Graph};
+//! use ringtune_onnx_ir::{shape, DType, Dim, Graph};
 //! let mut g = Graph::new("demo");
 //! let x = g.input("x", DType::F32, shape(&[Dim::sym("batch"), Dim::Known(4)])).unwrap();
 //! let w = g.input("w", DType::F32, shape(&[3, 4])).unwrap();
@@ -31,8 +31,8 @@ mod types;
 
 pub use error::IrError;
 pub use graph::{Attribute, Graph, Node, NodeSpec, Value};
-pub use ops::{broadcast_shapes, is_known};
-pub use ops::{DropoutOutputs, LayerNormOutputs};
+pub use ops::{broadcast_shapes, is_known, matmul_shape, op_key, InferCtx, ShapeRule};
+pub use ops::{DropoutMode, DropoutOutputs, LayerNormOutputs};
 pub use proto::{IR_VERSION, OPSET};
 pub use tensor::Tensor;
 pub use types::{shape, DType, Dim, Shape, ValueType};

@@ -17,7 +17,7 @@ impl Graph {
     pub fn to_model(&self) -> Result<ModelProto, IrError> {
         let mut graph = GraphProto::new();
         graph.name = self.name.clone();
-        graph.node = self.nodes.iter().map(node_proto).collect();
+        graph.node = self.nodes().iter().map(node_proto).collect();
         graph.initializer = self.initializers.iter().map(|(name, t)| tensor_proto(name, t)).collect();
         graph.input =
             self.inputs.iter().map(|n| Ok(value_info(n, self.type_of(n)?))).collect::<Result<_, IrError>>()?;

@@ -126,6 +126,14 @@ impl AdamW {
         });
     }
 
+    /// The optimizer phase of a training step: clips `grads` to the global norm
+    /// `max_grad_norm`, then steps at `lr`; returns the norm before clipping.
+    pub fn clip_and_step(&mut self, params: &mut [f32], grads: &mut [f32], max_grad_norm: f64, lr: f32) -> f64 {
+        let norm = crate::clip_global_norm(grads, max_grad_norm, self.threads);
+        self.step(params, grads, lr);
+        norm
+    }
+
     /// The state to checkpoint.
     pub fn state(&self) -> &AdamWState {
         &self.state

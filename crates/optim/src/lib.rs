@@ -9,7 +9,7 @@
 //! Does not own: the parameter layout (`bert`) or where gradients come from.
 //!
 //! ```
-//! use optim::{AdamW, AdamWConfig, Group};
+//! use ringtune_optim::{AdamW, AdamWConfig, Group};
 //! let mut params = vec![1.0f32; 4];
 //! let grads = vec![0.5f32; 4];
 //! let groups = [Group { range: 0..2, weight_decay: 0.01 }, Group { range: 2..4, weight_decay: 0.0 }];

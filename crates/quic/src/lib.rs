@@ -3,29 +3,35 @@
 //! peer list or coordinator, and deadlines that turn a dead or lying peer into an error naming
 //! it.
 //!
-//! Owns: certificates (`ringtune certs`), rustls and quinn configuration, launcher variables
-//! (torchrun, Slurm, Open MPI, PMI), the async shell that drives `collective`'s state machines.
+//! Owns: certificates (`ringtune certs`), rustls and quinn configuration, and the async shell
+//! that drives `ringtune-collective`'s state machines, in three parts: `transport` (the
+//! collective's [`Transport`](ringtune_collective::Transport) over the neighbour links, with
+//! deadlines), `links` (opening them, with a handshake of rank, world and layout), and
+//! `rendezvous` (how the nodes learn each other's addresses, with messages of its own).
 //!
-//! Does not own: the all-reduce schedule or frame format (`collective`), or training (`trainer`).
+//! Does not own: the all-reduce schedule or frame format (`ringtune-collective`), launcher
+//! variables (the `ringtune` command line) or training (`ringtune-trainer`).
 //!
 //! ```
-//! let certs = quic::certs::generate(2).unwrap();
+//! let certs = ringtune_quic::certs::generate(2).unwrap();
 //! let (cert, key) = &certs.nodes[1];
-//! let id = quic::certs::NodeIdentity::from_pem(1, &certs.ca_pem, cert, key).unwrap();
+//! let id = ringtune_quic::certs::NodeIdentity::from_pem(1, &certs.ca_pem, cert, key).unwrap();
 //! assert_eq!(id.rank, 1);
-//! assert_eq!(quic::certs::node_name(1), "node-1");
+//! assert_eq!(ringtune_quic::certs::node_name(1), "node-1");
 //! ```
 
 pub mod certs;
-pub mod launch;
-mod ring;
+mod links;
+mod rendezvous;
 mod tls;
+mod transport;
 mod tuning;
 mod wire;
 
 use std::net::SocketAddr;
 
-pub use ring::{Peers, QuicRing, RingOptions};
+pub use rendezvous::{Message as RendezvousMessage, Peers};
+pub use transport::{QuicRing, RingOptions};
 pub use tuning::Tuning;
 
 /// What can go wrong setting up or running the ring.
@@ -40,9 +46,6 @@ pub enum QuicError {
     /// Bad settings.
     #[error("{0}")]
     Setup(String),
-    /// Launcher variables that do not make sense.
-    #[error("launcher environment: {0}")]
-    Launch(String),
     /// Finding the other nodes failed.
     #[error("rendezvous: {0}")]
     Rendezvous(String),
@@ -59,7 +62,7 @@ pub enum QuicError {
 }
 
 impl QuicError {
-    fn peer(rank: usize, addr: SocketAddr, reason: String) -> Self {
+    pub(crate) fn peer(rank: usize, addr: SocketAddr, reason: String) -> Self {
         QuicError::Peer { rank, addr, reason }
     }
 }

@@ -11,9 +11,9 @@ use crate::certs::NodeIdentity;
 use crate::QuicError;
 
 /// ALPN of ring links.
-pub const ALPN_RING: &[u8] = b"ringtune-ring/1";
+pub(crate) const ALPN_RING: &[u8] = b"ringtune-ring/1";
 /// ALPN of rendezvous registrations.
-pub const ALPN_RENDEZVOUS: &[u8] = b"ringtune-rdv/1";
+pub(crate) const ALPN_RENDEZVOUS: &[u8] = b"ringtune-rdv/1";
 
 fn tls(e: impl std::fmt::Display) -> QuicError {
     QuicError::Certificates(e.to_string())
@@ -34,7 +34,7 @@ fn roots(id: &NodeIdentity) -> Result<Arc<RootCertStore>, QuicError> {
 }
 
 /// Accepts connections only from clients whose certificate the CA signed.
-pub fn server_crypto(id: &NodeIdentity) -> Result<QuicServerConfig, QuicError> {
+pub(crate) fn server_crypto(id: &NodeIdentity) -> Result<QuicServerConfig, QuicError> {
     let verifier = WebPkiClientVerifier::builder_with_provider(roots(id)?, provider()).build().map_err(tls)?;
     let mut config = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
@@ -47,7 +47,7 @@ pub fn server_crypto(id: &NodeIdentity) -> Result<QuicServerConfig, QuicError> {
 }
 
 /// Presents this node's certificate and accepts servers the CA signed for the name asked for.
-pub fn client_crypto(id: &NodeIdentity, alpn: &[u8]) -> Result<QuicClientConfig, QuicError> {
+pub(crate) fn client_crypto(id: &NodeIdentity, alpn: &[u8]) -> Result<QuicClientConfig, QuicError> {
     let mut config = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(tls)?
@@ -59,7 +59,7 @@ pub fn client_crypto(id: &NodeIdentity, alpn: &[u8]) -> Result<QuicClientConfig,
 }
 
 /// Whether `cert` is valid for the DNS name `name`.
-pub fn certificate_names(cert: &CertificateDer<'_>, name: &str) -> bool {
+pub(crate) fn certificate_names(cert: &CertificateDer<'_>, name: &str) -> bool {
     let Ok(end_entity) = webpki::EndEntityCert::try_from(cert) else { return false };
     let Ok(server_name) = ServerName::try_from(name) else { return false };
     end_entity.verify_is_valid_for_subject_name(&server_name).is_ok()
@@ -67,7 +67,7 @@ pub fn certificate_names(cert: &CertificateDer<'_>, name: &str) -> bool {
 
 /// Whether the peer of `conn` presented a certificate for `name` (the CA check already passed
 /// during the handshake).
-pub fn peer_is(conn: &quinn::Connection, name: &str) -> bool {
+pub(crate) fn peer_is(conn: &quinn::Connection, name: &str) -> bool {
     conn.peer_identity()
         .and_then(|any| any.downcast::<Vec<CertificateDer<'static>>>().ok())
         .and_then(|chain| chain.first().map(|leaf| certificate_names(leaf, name)))
@@ -75,7 +75,7 @@ pub fn peer_is(conn: &quinn::Connection, name: &str) -> bool {
 }
 
 /// The ALPN protocol a connection agreed on.
-pub fn alpn(conn: &quinn::Connection) -> Option<Vec<u8>> {
+pub(crate) fn alpn(conn: &quinn::Connection) -> Option<Vec<u8>> {
     conn.handshake_data()
         .and_then(|any| any.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
         .and_then(|h| h.protocol)

@@ -32,7 +32,7 @@ impl Default for Tuning {
 }
 
 /// The transport configuration: big windows, a dead peer noticed within `deadline`.
-pub fn transport_config(t: &Tuning, deadline: Duration) -> Result<TransportConfig, QuicError> {
+pub(crate) fn transport_config(t: &Tuning, deadline: Duration) -> Result<TransportConfig, QuicError> {
     let mut c = TransportConfig::default();
     let window =
         VarInt::from_u64(t.window).map_err(|_| QuicError::Setup(format!("window {} is too large", t.window)))?;
@@ -52,7 +52,7 @@ pub fn transport_config(t: &Tuning, deadline: Duration) -> Result<TransportConfi
 }
 
 /// A UDP socket on `addr` with big buffers (forced past the system limit where permitted).
-pub fn bind_udp(addr: SocketAddr, buffer: usize) -> Result<std::net::UdpSocket, QuicError> {
+pub(crate) fn bind_udp(addr: SocketAddr, buffer: usize) -> Result<std::net::UdpSocket, QuicError> {
     use socket2::{Domain, Protocol, Socket, Type};
     let io = |e: std::io::Error| QuicError::Io(format!("UDP socket on {addr}: {e}"));
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP)).map_err(io)?;
@@ -68,7 +68,7 @@ pub fn bind_udp(addr: SocketAddr, buffer: usize) -> Result<std::net::UdpSocket, 
 
 /// An endpoint that both accepts (server) and dials (client), taking datagrams as large as
 /// the tuning's MTU (quinn's default stops at 1472 bytes).
-pub fn endpoint(
+pub(crate) fn endpoint(
     socket: std::net::UdpSocket,
     server: quinn::ServerConfig,
     t: &Tuning,

@@ -4,12 +4,12 @@
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use collective::{FrameError, Header, HEADER_LEN};
 use quinn::{RecvStream, SendStream};
+use ringtune_collective::{FrameError, Header, HEADER_LEN};
 
 /// Why a frame could not be read.
 #[derive(Debug)]
-pub enum ReadFrameError {
+pub(crate) enum ReadFrameError {
     /// The stream or connection failed.
     Stream(String),
     /// The bytes are not a valid frame.
@@ -17,7 +17,11 @@ pub enum ReadFrameError {
 }
 
 /// Writes one frame (the payload is handed over without a copy).
-pub async fn write_frame(send: &mut SendStream, header: Header, payload: Bytes) -> Result<(), quinn::WriteError> {
+pub(crate) async fn write_frame(
+    send: &mut SendStream,
+    header: Header,
+    payload: Bytes,
+) -> Result<(), quinn::WriteError> {
     let mut chunks = [Bytes::copy_from_slice(&header.encode()), payload];
     send.write_all_chunks(&mut chunks).await
 }
@@ -25,7 +29,7 @@ pub async fn write_frame(send: &mut SendStream, header: Header, payload: Bytes) 
 /// Payload buffers returned after use: a fresh megabyte per frame costs page faults and
 /// zeroing that showed up as a tenth of a ring's CPU time.
 #[derive(Clone, Default)]
-pub struct FramePool(Arc<Mutex<Vec<Vec<u32>>>>);
+pub(crate) struct FramePool(Arc<Mutex<Vec<Vec<u32>>>>);
 
 /// Buffers a pool keeps; a ring has a few segments in flight per lane.
 const POOL_KEEP: usize = 64;
@@ -68,7 +72,7 @@ impl Drop for Aligned {
 }
 
 /// Reads one frame; the payload lands, with one copy, in a float-aligned buffer from `pool`.
-pub async fn read_frame(recv: &mut RecvStream, pool: &FramePool) -> Result<(Header, Bytes), ReadFrameError> {
+pub(crate) async fn read_frame(recv: &mut RecvStream, pool: &FramePool) -> Result<(Header, Bytes), ReadFrameError> {
     let mut head = [0u8; HEADER_LEN];
     recv.read_exact(&mut head).await.map_err(|e| ReadFrameError::Stream(describe_read_exact(e)))?;
     let header = Header::decode(&head).map_err(ReadFrameError::Frame)?;
@@ -88,7 +92,7 @@ fn describe_read_exact(e: quinn::ReadExactError) -> String {
 }
 
 /// A read error in words, with the peer's own reason when it closed the connection.
-pub fn describe_read(e: quinn::ReadError) -> String {
+pub(crate) fn describe_read(e: quinn::ReadError) -> String {
     match e {
         quinn::ReadError::ConnectionLost(c) => describe_connection(&c),
         quinn::ReadError::Reset(code) => format!("reset its stream (code {code})"),
@@ -97,7 +101,7 @@ pub fn describe_read(e: quinn::ReadError) -> String {
 }
 
 /// A connection error in words.
-pub fn describe_connection(e: &quinn::ConnectionError) -> String {
+pub(crate) fn describe_connection(e: &quinn::ConnectionError) -> String {
     match e {
         quinn::ConnectionError::ApplicationClosed(close) => {
             format!("closed the connection: {}", String::from_utf8_lossy(&close.reason))

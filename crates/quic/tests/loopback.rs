@@ -4,9 +4,9 @@
 use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
-use collective::all_reduce_mean;
-use quic::certs::{generate, ClusterCerts, NodeIdentity};
-use quic::{Peers, QuicRing, RingOptions, Tuning};
+use ringtune_collective::all_reduce_mean;
+use ringtune_quic::certs::{generate, ClusterCerts, NodeIdentity};
+use ringtune_quic::{Peers, QuicRing, RingOptions, Tuning};
 
 fn free_ports(n: usize) -> Vec<u16> {
     let sockets: Vec<UdpSocket> = (0..n).map(|_| UdpSocket::bind("127.0.0.1:0").expect("port")).collect();

@@ -37,6 +37,19 @@ impl CpuFeatures {
     }
 }
 
+/// The CPU's model name (`/proc/cpuinfo`), to name the machine beside every measurement.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
 #[cfg(target_arch = "x86_64")]
 fn cpuinfo_has(flag: &str) -> bool {
     std::fs::read_to_string("/proc/cpuinfo")

@@ -50,9 +50,6 @@ pub enum RuntimeError {
         /// What the library offers.
         available: Vec<String>,
     },
-    /// An unknown provider name.
-    #[error("unknown execution provider `{0}`; expected one of: cpu, onednn, openvino, auto")]
-    UnknownProvider(String),
     /// ONNX Runtime reported an error.
     #[error("{context}: {message}")]
     Ort {

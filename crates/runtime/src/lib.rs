@@ -3,14 +3,16 @@
 //! Owns: finding and loading the ONNX Runtime library (`RINGTUNE_ORT_LIB`, else `ORT_DYLIB_PATH`,
 //! else the cache folder that `just setup` fills), the one ORT environment of the process,
 //! sessions with the options training needs (threads, graph optimisation, arena, execution
-//! provider), running them on borrowed tensors, and binding flat `f32` buffers to a session so
-//! that parameters go in and gradients come out without a copy per step.
+//! provider), running them on borrowed tensors, binding flat `f32` buffers to a session so
+//! that parameters go in and gradients come out without a copy per step, the CPU features that
+//! decide which kernels are fast, and the [`Kernel`] trait that custom operators plug into.
 //!
-//! Does not own: building graphs (`onnx-ir`, `bert`, `autodiff`) or deciding what the buffers
-//! hold (the parameter layout lives in `bert`).
+//! Does not own: building graphs (`ringtune-onnx-ir`, `ringtune-bert`, `ringtune-autodiff`),
+//! our custom operators themselves (`ringtune-ops`), or deciding what the buffers hold (the
+//! parameter layout lives in `ringtune-bert`).
 //!
 //! ```
-//! use runtime::{FlatBuffer, SessionOptions, Provider};
+//! use ringtune_runtime::{FlatBuffer, SessionOptions, Provider};
 //! let mut buf = FlatBuffer::zeros(10);
 //! buf[3] = 1.5;
 //! assert_eq!(buf.as_ptr() as usize % 64, 0);
@@ -21,23 +23,20 @@
 
 mod binding;
 mod cpu;
-pub mod dropout;
+mod custom_op;
 mod error;
 mod flat;
-pub mod kernels;
 mod library;
-pub mod scatter;
 mod session;
 mod tensor;
 
 pub use binding::{BoundTensor, FlatBinding};
-pub use cpu::CpuFeatures;
+pub use cpu::{cpu_model, CpuFeatures};
+pub use custom_op::{Attributes, CustomOp, ElementType, Kernel, Port, TensorMut, TensorRef, DOMAIN};
 pub use error::RuntimeError;
 pub use flat::FlatBuffer;
-pub use kernels::Kernels;
 pub use library::{default_library_path, LibraryChoice, Runtime, ORT_VERSION};
-pub use onednn::Precision;
-pub use session::{GraphOptimization, Provider, Session, SessionOptions};
+pub use session::{CustomOps, GraphOptimization, Provider, Session, SessionOptions};
 pub use tensor::{OwnedTensor, TensorData, TensorView};
 
 /// Result with this crate's error.

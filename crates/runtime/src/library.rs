@@ -18,24 +18,23 @@ pub struct LibraryChoice {
 }
 
 /// The library to load: `RINGTUNE_ORT_LIB`, else `ORT_DYLIB_PATH`, else the cache folder
-/// (`RINGTUNE_CACHE`, else the workspace's `.cache`) that `just setup` fills.
+/// that `just setup` fills ([`ringtune_files::cache_dir`]).
 pub fn default_library_path() -> LibraryChoice {
-    choose_library(|var| std::env::var_os(var))
+    choose_library(|var| std::env::var_os(var), ringtune_files::cache_dir())
 }
 
-fn choose_library(var_os: impl Fn(&str) -> Option<std::ffi::OsString>) -> LibraryChoice {
+fn choose_library(
+    var_os: impl Fn(&str) -> Option<std::ffi::OsString>,
+    cache: ringtune_files::CacheDir,
+) -> LibraryChoice {
     for var in ["RINGTUNE_ORT_LIB", "ORT_DYLIB_PATH"] {
         if let Some(path) = var_os(var).filter(|v| !v.is_empty()) {
             return LibraryChoice { path: PathBuf::from(path), origin: var.to_string() };
         }
     }
-    let (cache, origin) = match var_os("RINGTUNE_CACHE").filter(|v| !v.is_empty()) {
-        Some(dir) => (PathBuf::from(dir), "RINGTUNE_CACHE"),
-        None => (Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.cache"), "the workspace cache folder"),
-    };
     LibraryChoice {
-        path: cache.join(format!("onnxruntime-{ORT_VERSION}")).join(format!("libonnxruntime.so.{ORT_VERSION}")),
-        origin: origin.to_string(),
+        path: cache.path.join(format!("onnxruntime-{ORT_VERSION}")).join(format!("libonnxruntime.so.{ORT_VERSION}")),
+        origin: cache.origin.to_string(),
     }
 }
 
@@ -140,13 +139,13 @@ mod tests {
         let env = |pairs: &'static [(&'static str, &'static str)]| {
             move |var: &str| pairs.iter().find(|(k, _)| *k == var).map(|(_, v)| (*v).into())
         };
+        let cache = || ringtune_files::CacheDir { path: PathBuf::from("/c"), origin: "RINGTUNE_CACHE" };
         let both = env(&[("RINGTUNE_ORT_LIB", "/a.so"), ("ORT_DYLIB_PATH", "/b.so")]);
-        assert_eq!(choose_library(both).path, PathBuf::from("/a.so"));
+        assert_eq!(choose_library(both, cache()).path, PathBuf::from("/a.so"));
         let ort_only = env(&[("RINGTUNE_ORT_LIB", ""), ("ORT_DYLIB_PATH", "/b.so")]);
-        assert_eq!(choose_library(ort_only).origin, "ORT_DYLIB_PATH");
-        let cache = choose_library(env(&[("RINGTUNE_CACHE", "/c")]));
-        assert_eq!(cache.path, PathBuf::from("/c/onnxruntime-1.31.1/libonnxruntime.so.1.31.1"));
-        let default = choose_library(env(&[]));
-        assert!(default.path.ends_with(".cache/onnxruntime-1.31.1/libonnxruntime.so.1.31.1"));
+        assert_eq!(choose_library(ort_only, cache()).origin, "ORT_DYLIB_PATH");
+        let cached = choose_library(env(&[]), cache());
+        assert_eq!(cached.path, PathBuf::from("/c/onnxruntime-1.31.1/libonnxruntime.so.1.31.1"));
+        assert_eq!(cached.origin, "RINGTUNE_CACHE");
     }
 }

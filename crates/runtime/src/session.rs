@@ -2,27 +2,35 @@
 
 use std::borrow::Cow;
 use std::path::PathBuf;
-use std::str::FromStr;
 
 use ort::ep::{self, ExecutionProviderDispatch};
 use ort::session::builder::{GraphOptimizationLevel, SessionBuilder};
 use ort::session::{OutputSelector, RunOptions, SessionInputValue};
 
-use crate::{OwnedTensor, Result, Runtime, RuntimeError, TensorView};
+use std::sync::Arc;
+
+use crate::{CustomOp, OwnedTensor, Result, Runtime, RuntimeError, TensorView};
 
 const CPU: &str = "CPUExecutionProvider";
 const DNNL: &str = "DnnlExecutionProvider";
 const OPENVINO: &str = "OpenVINOExecutionProvider";
 
 /// Which execution provider runs the graph.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
 pub enum Provider {
     /// ONNX Runtime's own CPU kernels (MLAS).
     #[default]
+    #[serde(alias = "mlas")]
     Cpu,
     /// The oneDNN (DNNL) provider, in builds that have it.
+    #[serde(rename = "onednn", alias = "dnnl")]
+    #[cfg_attr(feature = "clap", value(name = "onednn"))]
     OneDnn,
     /// The OpenVINO provider, in builds that have it.
+    #[serde(rename = "openvino")]
+    #[cfg_attr(feature = "clap", value(name = "openvino"))]
     OpenVino,
     /// The best provider the library has (OpenVINO, then oneDNN, then CPU).
     Auto,
@@ -34,19 +42,6 @@ impl Provider {
             Provider::Cpu | Provider::Auto => CPU,
             Provider::OneDnn => DNNL,
             Provider::OpenVino => OPENVINO,
-        }
-    }
-}
-
-impl FromStr for Provider {
-    type Err = RuntimeError;
-    fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "cpu" | "mlas" => Ok(Provider::Cpu),
-            "onednn" | "dnnl" => Ok(Provider::OneDnn),
-            "openvino" => Ok(Provider::OpenVino),
-            "auto" => Ok(Provider::Auto),
-            _ => Err(RuntimeError::UnknownProvider(s.to_string())),
         }
     }
 }
@@ -91,8 +86,19 @@ pub struct SessionOptions {
     pub provider: Provider,
     /// Writes ONNX Runtime's profile (JSON) with this file prefix.
     pub profile: Option<PathBuf>,
-    /// Registers the oneDNN operators (graphs lowered to them need it).
-    pub kernels: crate::Kernels,
+    /// Our operators that graphs of this session may use (registered in the
+    /// [`crate::DOMAIN`] domain).
+    pub custom_ops: CustomOps,
+}
+
+/// The custom operators a session registers.
+#[derive(Clone, Default)]
+pub struct CustomOps(pub Vec<Arc<dyn CustomOp>>);
+
+impl std::fmt::Debug for CustomOps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.0.iter().map(|op| op.name())).finish()
+    }
 }
 
 impl Default for SessionOptions {
@@ -104,7 +110,7 @@ impl Default for SessionOptions {
             spinning: true,
             provider: Provider::Cpu,
             profile: None,
-            kernels: crate::Kernels::Mlas,
+            custom_ops: CustomOps::default(),
         }
     }
 }
@@ -126,9 +132,8 @@ impl Session {
         let (builder, provider) = configure(runtime, options)?;
         let mut builder = builder;
         // ONNX Runtime registers a custom operator domain in a process-wide table with a check
-        // and an insert that are not atomic: two sessions with our operators (every session
-        // has them) loading at once fail with "the domain is already exist". Loading one at a
-        // time avoids it.
+        // and an insert that are not atomic: two sessions with our operators loading at once
+        // fail with "the domain is already exist". Loading one at a time avoids it.
         let _one_at_a_time = CUSTOM_DOMAIN_LOAD.lock().unwrap_or_else(|p| p.into_inner());
         let inner =
             builder.commit_from_memory(model).map_err(RuntimeError::ort("loading the model into ONNX Runtime"))?;
@@ -222,19 +227,11 @@ fn configure(runtime: &Runtime, options: &SessionOptions) -> Result<(SessionBuil
             .with_execution_providers([ep::CPU::default().with_arena_allocator(options.arena).build()])
             .map_err(RuntimeError::ort(context))?;
     }
-    let engine = match options.kernels {
-        crate::Kernels::OneDnn(_) => {
-            let engine = crate::kernels::onednn()?;
-            if options.threads > 0 {
-                engine.set_threads(options.threads);
-            }
-            Some(engine)
-        }
-        crate::Kernels::Mlas => None,
-    };
-    builder = builder
-        .with_operators(crate::kernels::domain(engine)?)
-        .map_err(RuntimeError::ort("registering the ai.ringtune operators"))?;
+    if !options.custom_ops.0.is_empty() {
+        builder = builder
+            .with_operators(crate::custom_op::domain(&options.custom_ops.0)?)
+            .map_err(RuntimeError::ort(format!("registering the {} operators", crate::DOMAIN)))?;
+    }
     if let Some(prefix) = &options.profile {
         builder = builder.with_profiling(prefix).map_err(RuntimeError::ort(context))?;
     }
@@ -285,18 +282,4 @@ pub(crate) fn available_providers() -> Result<Vec<String>> {
     // SAFETY: as above.
     unsafe { ort::Error::result_from_status(status) }.map_err(RuntimeError::ort("listing execution providers"))?;
     Ok(providers)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn provider_names_parse() {
-        assert_eq!("CPU".parse::<Provider>().expect("cpu"), Provider::Cpu);
-        assert_eq!("onednn".parse::<Provider>().expect("onednn"), Provider::OneDnn);
-        assert_eq!("auto".parse::<Provider>().expect("auto"), Provider::Auto);
-        let err = "cuda".parse::<Provider>().expect_err("cuda");
-        assert!(err.to_string().contains("cpu, onednn, openvino, auto"));
-    }
 }

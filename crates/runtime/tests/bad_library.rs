@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use runtime::{default_library_path, Runtime, RuntimeError};
+use ringtune_runtime::{default_library_path, Runtime, RuntimeError};
 
 #[test]
 fn wrong_libraries_are_refused_then_the_right_one_loads() {
@@ -31,7 +31,7 @@ fn wrong_libraries_are_refused_then_the_right_one_loads() {
 
     let good = default_library_path();
     let rt = Runtime::load(&good.path, &good.origin).expect("the provisioned library loads after the failures");
-    assert_eq!(rt.version(), runtime::ORT_VERSION);
+    assert_eq!(rt.version(), ringtune_runtime::ORT_VERSION);
     let err = Runtime::load(&garbage, "a test").err().expect("a second library");
     assert!(matches!(err, RuntimeError::AlreadyLoaded { .. }), "{err}");
     std::fs::remove_dir_all(&dir).ok();

@@ -5,7 +5,7 @@ use onnx_protobuf::{
     TensorShapeProto, TypeProto, ValueInfoProto,
 };
 use protobuf::Message;
-use runtime::{
+use ringtune_runtime::{
     BoundTensor, FlatBinding, FlatBuffer, Provider, Runtime, RuntimeError, Session, SessionOptions, TensorView,
 };
 
@@ -67,7 +67,7 @@ fn runtime() -> &'static Runtime {
 #[test]
 fn reports_version_and_cpu_provider() {
     let rt = runtime();
-    assert_eq!(rt.version(), runtime::ORT_VERSION);
+    assert_eq!(rt.version(), ringtune_runtime::ORT_VERSION);
     assert!(rt.providers().iter().any(|p| p == "CPUExecutionProvider"), "{:?}", rt.providers());
 }
 

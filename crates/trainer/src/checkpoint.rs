@@ -66,11 +66,7 @@ pub fn file_name(step: u64) -> String {
 
 /// Writes a checkpoint atomically: a crash leaves the previous files intact.
 pub fn save(path: &Path, meta: &Meta, params: &[f32], m: &[f32], v: &[f32]) -> Result<(), TrainError> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(|e| err(path, e))?;
-    let temp = path.with_extension("ckpt.partial");
-    let result = (|| -> std::io::Result<()> {
-        let file = File::create(&temp)?;
+    ringtune_files::write_atomically_with(path, |file| {
         let mut out = HashingWriter { inner: BufWriter::with_capacity(1 << 22, file), hasher: Sha256::new() };
         let json = serde_json::to_vec(meta).map_err(std::io::Error::other)?;
         out.write_all(MAGIC)?;
@@ -85,16 +81,9 @@ pub fn save(path: &Path, meta: &Meta, params: &[f32], m: &[f32], v: &[f32]) -> R
         let digest = out.hasher.finalize();
         let mut inner = out.inner;
         inner.write_all(&digest)?;
-        let file = inner.into_inner().map_err(|e| e.into_error())?;
-        file.sync_all()?;
-        std::fs::rename(&temp, path)?;
-        File::open(dir)?.sync_all()
-    })();
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&temp);
-        return Err(err(path, e));
-    }
-    Ok(())
+        inner.flush()
+    })
+    .map_err(|e| err(path, e.source))
 }
 
 struct HashingWriter<W: Write> {
@@ -215,6 +204,7 @@ mod tests {
         let (path, c) = found.expect("previous checkpoint");
         assert_eq!((path, c.meta.progress.step), (dir.path().join(file_name(2)), 2));
         assert!(refused[0].contains("step-00000003.ckpt") && refused[0].contains("corrupt"), "{refused:?}");
-        assert!(!dir.path().join("step-00000003.ckpt.partial").exists());
+        let files = std::fs::read_dir(dir.path()).expect("dir").count();
+        assert_eq!(files, list(dir.path()).len(), "no temporary file is left behind");
     }
 }

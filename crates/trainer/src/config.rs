@@ -3,6 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
+use ringtune_ops::{KernelChoice, Kernels, PrecisionChoice};
+use ringtune_runtime::Provider;
 use serde::{Deserialize, Serialize};
 
 use crate::TrainError;
@@ -40,13 +42,13 @@ pub struct TrainConfig {
     /// Intra-op threads per node (0: one per core).
     pub threads: usize,
     /// Execution provider: cpu, onednn, openvino, auto.
-    pub provider: String,
+    pub provider: Provider,
     /// Kernels of the matrix products: onednn (ringtune's operators, the default: fastest in
     /// `just bench`, in bf16 where the CPU multiplies it natively) or mlas (ONNX Runtime's).
-    pub kernels: String,
+    pub kernels: KernelChoice,
     /// Precision of the oneDNN products: fp32, bf16, or auto (bf16 where the CPU has
     /// AVX512-BF16 or AMX, else fp32).
-    pub precision: String,
+    pub precision: PrecisionChoice,
     /// Global gradient-norm clip.
     pub max_grad_norm: f64,
     /// Steps between metric lines.
@@ -82,9 +84,9 @@ impl Default for TrainConfig {
             seed: 42,
             dropout: None,
             threads: 0,
-            provider: "cpu".into(),
-            kernels: "onednn".into(),
-            precision: "auto".into(),
+            provider: Provider::Cpu,
+            kernels: KernelChoice::Onednn,
+            precision: PrecisionChoice::Auto,
             max_grad_norm: 1.0,
             log_every: 10,
             checkpoint_every: 0,
@@ -155,32 +157,12 @@ impl TrainConfig {
         if self.keep_checkpoints == 0 {
             return bad("keep-checkpoints", "0".into(), "keep at least 1 (resume needs one)");
         }
-        self.provider.parse::<runtime::Provider>()?;
-        self.kernel_choice()?;
         Ok(())
     }
 
     /// The kernels and precision asked for, `auto` resolved for this CPU.
-    pub fn kernel_choice(&self) -> Result<runtime::Kernels, TrainError> {
-        kernel_choice(&self.kernels, &self.precision)
-    }
-}
-
-/// `mlas`/`onednn` and `fp32`/`bf16`/`auto` as the runtime's kernel choice.
-pub fn kernel_choice(kernels: &str, precision: &str) -> Result<runtime::Kernels, TrainError> {
-    let precision = match precision {
-        "fp32" => runtime::Precision::F32,
-        "bf16" => runtime::Precision::Bf16,
-        "auto" if runtime::CpuFeatures::detect().has_native_bf16() => runtime::Precision::Bf16,
-        "auto" => runtime::Precision::F32,
-        other => {
-            return Err(TrainError::Other(format!("--precision {other} is not allowed: use fp32, bf16 or auto")));
-        }
-    };
-    match kernels {
-        "mlas" => Ok(runtime::Kernels::Mlas),
-        "onednn" => Ok(runtime::Kernels::OneDnn(precision)),
-        other => Err(TrainError::Other(format!("--kernels {other} is not allowed: use mlas or onednn"))),
+    pub fn kernels(&self) -> Kernels {
+        Kernels::resolve(self.kernels, self.precision)
     }
 }
 
@@ -197,9 +179,6 @@ mod tests {
             (TrainConfig { warmup_ratio: 1.5, ..Default::default() }, "--warmup-ratio 1.5"),
             (TrainConfig { dropout: Some(1.0), ..Default::default() }, "--dropout 1"),
             (TrainConfig { epochs: 0, ..Default::default() }, "--epochs 0"),
-            (TrainConfig { provider: "cuda".into(), ..Default::default() }, "cuda"),
-            (TrainConfig { kernels: "cublas".into(), ..Default::default() }, "--kernels cublas"),
-            (TrainConfig { precision: "fp8".into(), ..Default::default() }, "--precision fp8"),
         ];
         for (config, expected) in cases {
             let msg = config.validate().expect_err(expected).to_string();
@@ -217,5 +196,15 @@ mod tests {
         std::fs::write(&path, "epoch = 1\n").expect("write");
         let msg = TrainConfig::from_toml_file(&path).expect_err("typo").to_string();
         assert!(msg.contains("run.toml") && msg.contains("epoch"), "{msg}");
+        std::fs::write(&path, "kernels = \"mlas\"\nprecision = \"bf16\"\nprovider = \"auto\"\n").expect("write");
+        let c = TrainConfig::from_toml_file(&path).expect("settings");
+        assert_eq!((c.kernels, c.precision, c.provider), (KernelChoice::Mlas, PrecisionChoice::Bf16, Provider::Auto));
+        for (line, named) in
+            [("kernels = \"cublas\"", "cublas"), ("precision = \"fp8\"", "fp8"), ("provider = \"cuda\"", "cuda")]
+        {
+            std::fs::write(&path, line).expect("write");
+            let msg = TrainConfig::from_toml_file(&path).expect_err(named).to_string();
+            assert!(msg.contains("run.toml") && msg.contains(named), "{msg}");
+        }
     }
 }

@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::Bytes;
-use collective::{all_reduce_buckets, all_reduce_mean, all_reduce_rows, gather, plan_buckets, used_rows};
-use quic::certs::NodeIdentity;
-use quic::{Peers, QuicRing, RingOptions, Tuning};
+use ringtune_collective::{all_reduce_buckets, all_reduce_mean, all_reduce_rows, gather, plan_buckets, used_rows};
+use ringtune_quic::certs::NodeIdentity;
+use ringtune_quic::{Peers, QuicRing, RingOptions, Tuning};
 
 use crate::model::ModelDir;
 use crate::train::{Averaged, GradSync};
@@ -72,7 +72,7 @@ impl QuicSync {
             tuning: Tuning { lanes: options.lanes, ..Tuning::default() },
         })
         .map_err(|e| TrainError::Other(e.to_string()))?;
-        let table = model.layout.get(&bert::word_embeddings_name(&model.config)).map(|e| EmbeddingTable {
+        let table = model.layout.get(&ringtune_bert::word_embeddings_name(&model.config)).map(|e| EmbeddingTable {
             range: e.range(),
             rows: e.shape[0],
             width: e.shape[1..].iter().product(),
@@ -85,7 +85,7 @@ impl QuicSync {
         let buckets = dense
             .into_iter()
             .flat_map(|part| {
-                plan_buckets(part.len(), FIRST_BUCKET, BUCKET, bert::ALIGN_FLOATS)
+                plan_buckets(part.len(), FIRST_BUCKET, BUCKET, ringtune_bert::ALIGN_FLOATS)
                     .into_iter()
                     .map(move |b| b.start + part.start..b.end + part.start)
             })
@@ -107,11 +107,11 @@ impl QuicSync {
 
 impl GradSync for QuicSync {
     fn rank(&self) -> usize {
-        collective::Transport::rank(&self.ring)
+        ringtune_collective::Transport::rank(&self.ring)
     }
 
     fn world(&self) -> usize {
-        collective::Transport::world(&self.ring)
+        ringtune_collective::Transport::world(&self.ring)
     }
 
     fn average(&mut self, grads: &mut [f32], loss: f32, token_ids: &[i64]) -> Result<Averaged, TrainError> {

@@ -1,10 +1,10 @@
 //! Sessions over the flat buffers: the training step (forward and backward in one run) and
 //! evaluation (forward only, reading the same parameters in place).
 
-use bert::{ModelConfig, ParamLayout};
-use mrpc::Batch;
-use runtime::dropout::SEED_INPUT;
-use runtime::{BoundTensor, FlatBinding, FlatBuffer, Runtime, Session, SessionOptions, TensorView};
+use ringtune_bert::{ModelConfig, ParamLayout};
+use ringtune_mrpc::Batch;
+use ringtune_ops::{Kernels, SEED_INPUT};
+use ringtune_runtime::{BoundTensor, FlatBinding, FlatBuffer, Runtime, Session, SessionOptions, TensorView};
 
 use crate::model::{eval_graph, grad_name, training_graph};
 use crate::TrainError;
@@ -18,6 +18,12 @@ pub struct StepOutput {
     pub logits: Vec<f32>,
 }
 
+/// `options` with the operators of `kernels` registered, their oneDNN products on the
+/// session's threads.
+fn with_ops(options: &SessionOptions, kernels: Kernels) -> Result<SessionOptions, TrainError> {
+    Ok(SessionOptions { custom_ops: ringtune_ops::custom_ops(kernels, options.threads)?, ..options.clone() })
+}
+
 /// The batch tensors the session takes (token types only for families that have them).
 fn batch_feeds<'a>(
     session: &Session,
@@ -26,15 +32,15 @@ fn batch_feeds<'a>(
     labels: &'a [i64; 1],
 ) -> Vec<(&'static str, TensorView<'a>)> {
     let mut feeds = vec![
-        (bert::INPUT_IDS, TensorView::i64(dims, &batch.input_ids)),
-        (bert::ATTENTION_MASK, TensorView::i64(dims, &batch.attention_mask)),
+        (ringtune_bert::INPUT_IDS, TensorView::i64(dims, &batch.input_ids)),
+        (ringtune_bert::ATTENTION_MASK, TensorView::i64(dims, &batch.attention_mask)),
     ];
     let has = |name: &str| session.input_names().iter().any(|i| i == name);
-    if has(bert::TOKEN_TYPE_IDS) {
-        feeds.push((bert::TOKEN_TYPE_IDS, TensorView::i64(dims, &batch.token_type_ids)));
+    if has(ringtune_bert::TOKEN_TYPE_IDS) {
+        feeds.push((ringtune_bert::TOKEN_TYPE_IDS, TensorView::i64(dims, &batch.token_type_ids)));
     }
-    if has(bert::LABELS) {
-        feeds.push((bert::LABELS, TensorView::i64(labels, &batch.labels)));
+    if has(ringtune_bert::LABELS) {
+        feeds.push((ringtune_bert::LABELS, TensorView::i64(labels, &batch.labels)));
     }
     feeds
 }
@@ -58,18 +64,20 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Builds the training graph of `config` and binds `params` (the layout's flat buffer).
+    /// Builds the training graph of `config` for `kernels` and binds `params` (the layout's
+    /// flat buffer); the session registers the operators `kernels` needs.
     pub fn new(
         runtime: &Runtime,
         config: &ModelConfig,
         layout: &ParamLayout,
         params: FlatBuffer,
         dropout: bool,
+        kernels: Kernels,
         options: &SessionOptions,
     ) -> Result<Self, TrainError> {
         layout.check_len(params.len())?;
-        let bytes = training_graph(config, layout, dropout, options.kernels)?;
-        let session = Session::from_bytes(runtime, &bytes, options)?;
+        let bytes = training_graph(config, layout, dropout, kernels)?;
+        let session = Session::from_bytes(runtime, &bytes, &with_ops(options, kernels)?)?;
         let grads = FlatBuffer::zeros(layout.total_len());
         let binding = FlatBinding::new(
             &session,
@@ -77,7 +85,7 @@ impl Engine {
             &bound_tensors(layout, str::to_string),
             grads,
             &bound_tensors(layout, grad_name),
-            &[bert::LOSS, bert::LOGITS],
+            &[ringtune_bert::LOSS, ringtune_bert::LOGITS],
         )?;
         let seeded = session.input_names().iter().any(|i| i == SEED_INPUT);
         Ok(Engine { session, binding, layout: layout.clone(), dropout_seed: [0], seeded })
@@ -142,14 +150,16 @@ pub struct Evaluator {
 }
 
 impl Evaluator {
-    /// Builds the evaluation graph of `config`.
+    /// Builds the evaluation graph of `config` for `kernels` (see [`Engine::new`]).
     pub fn new(
         runtime: &Runtime,
         config: &ModelConfig,
         layout: &ParamLayout,
+        kernels: Kernels,
         options: &SessionOptions,
     ) -> Result<Self, TrainError> {
-        let session = Session::from_bytes(runtime, &eval_graph(config, layout, options.kernels)?, options)?;
+        let session =
+            Session::from_bytes(runtime, &eval_graph(config, layout, kernels)?, &with_ops(options, kernels)?)?;
         let shapes = layout.entries().iter().map(|e| e.dims_i64()).collect();
         Ok(Evaluator { session, layout: layout.clone(), shapes })
     }
@@ -163,7 +173,7 @@ impl Evaluator {
         for (entry, shape) in self.layout.entries().iter().zip(&self.shapes) {
             feeds.push((entry.name.as_str(), TensorView::f32(shape, &params[entry.range()])));
         }
-        let out = self.session.run(&feeds, &[bert::LOGITS])?;
+        let out = self.session.run(&feeds, &[ringtune_bert::LOGITS])?;
         out[0].as_f32().map(<[f32]>::to_vec).ok_or_else(|| TrainError::Other("no logits".into()))
     }
 }

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use runtime::{default_library_path, CpuFeatures, Runtime};
+use ringtune_runtime::{default_library_path, CpuFeatures, Runtime};
 
 /// Everything `ringtune info` prints.
 pub struct Report {
@@ -20,7 +20,12 @@ impl Report {
         let runtime = Runtime::get()
             .map(|rt| (rt.library().display().to_string(), rt.version().to_string(), rt.providers().to_vec()))
             .map_err(|e| e.to_string());
-        let onednn = runtime::kernels::onednn().map(|e| e.library().display().to_string()).map_err(|e| e.to_string());
+        let onednn = ringtune_ops::dnnl::engine(0)
+            .map(|e| {
+                let bf16 = if e.supports(ringtune_ops::Precision::Bf16) { "bf16 and fp32" } else { "fp32 only" };
+                format!("{} ({bf16} products on this CPU)", e.library().display())
+            })
+            .map_err(|e| e.to_string());
         Report { runtime, cpu: CpuFeatures::detect(), onednn }
     }
 
@@ -44,6 +49,7 @@ impl fmt::Display for Report {
             }
             Err(e) => writeln!(f, "ONNX Runtime   {e}")?,
         }
+        writeln!(f, "CPU model      {}", ringtune_runtime::cpu_model())?;
         writeln!(f, "CPU            {}", self.cpu)?;
         let auto = if self.cpu.has_native_bf16() {
             "bf16 (the CPU multiplies bf16 natively)"

@@ -7,7 +7,7 @@
 //! the optimizer (`optim`) or the network (`collective`, `quic`).
 //!
 //! ```
-//! let report = trainer::info::Report::gather_without_runtime();
+//! let report = ringtune_trainer::info::Report::gather_without_runtime();
 //! assert!(report.to_string().contains("AVX-512"));
 //! ```
 
@@ -17,7 +17,6 @@ pub mod distributed;
 pub mod engine;
 mod error;
 pub mod info;
-pub mod lowering;
 pub mod metrics;
 pub mod model;
 mod plot;
@@ -26,5 +25,5 @@ pub mod recipe;
 pub mod replay;
 pub mod train;
 
-pub use config::{kernel_choice, TrainConfig};
+pub use config::TrainConfig;
 pub use error::TrainError;

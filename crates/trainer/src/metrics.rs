@@ -1,13 +1,88 @@
-//! Metrics: accuracy and F1 on a labelled split, and the `metrics.jsonl` file (one JSON object
-//! per logged step and per evaluation, flushed as written so a crash loses nothing).
+//! Metrics: accuracy and F1 on a labelled split, and the `metrics.jsonl` file: one [`Record`]
+//! per line (a logged step or an evaluation), flushed as written so a crash loses nothing, read
+//! back by the plot and the benchmarks through the same type.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::TrainError;
+
+/// One line of `metrics.jsonl`, tagged by its `kind`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Record {
+    /// Averages over the steps since the previous step record.
+    Step(StepRecord),
+    /// An evaluation.
+    Eval(EvalRecord),
+}
+
+/// The training steps of one logging window, averaged.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepRecord {
+    /// The rank that wrote it.
+    pub rank: usize,
+    /// Optimizer steps done.
+    pub step: u64,
+    /// The epoch (from 1).
+    pub epoch: u32,
+    /// Mean training loss (over every node).
+    pub loss: f64,
+    /// Learning rate of the last step.
+    pub lr: f64,
+    /// Global gradient norm before clipping, of the last step.
+    pub grad_norm: f64,
+    /// Training examples per second over the window (all nodes).
+    pub samples_per_s: f64,
+    /// Seconds since the run started.
+    pub elapsed_s: f64,
+    /// Mean seconds per step building the batch.
+    pub data_s: f64,
+    /// Mean seconds per step in the forward and backward run.
+    pub forward_backward_s: f64,
+    /// Mean seconds per step in gradient sync.
+    pub sync_s: f64,
+    /// Megabytes all-reduced per step.
+    pub sync_mb: f64,
+    /// Mean seconds per step in clipping and AdamW.
+    pub optimizer_s: f64,
+}
+
+/// Scores on a split.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvalRecord {
+    /// Optimizer steps done.
+    pub step: u64,
+    /// The epoch just ended (from 1).
+    pub epoch: u32,
+    /// The split (`dev`).
+    pub split: String,
+    /// Mean cross-entropy.
+    pub loss: f64,
+    /// Accuracy.
+    pub accuracy: f64,
+    /// F1 of the positive class.
+    pub f1: f64,
+    /// Seconds since the run started.
+    pub elapsed_s: f64,
+}
+
+/// Every record of a metrics file; a line that is not one is an error naming file and line.
+pub fn read_records(path: &Path) -> Result<Vec<Record>, TrainError> {
+    let text = std::fs::read_to_string(path).map_err(|e| TrainError::Other(format!("{}: {e}", path.display())))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(i, line)| {
+            serde_json::from_str(line).map_err(|e| {
+                TrainError::Other(format!("{} line {}: not a metrics record ({e})", path.display(), i + 1))
+            })
+        })
+        .collect()
+}
 
 /// Classification quality on a labelled split.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -70,7 +145,7 @@ impl MetricsFile {
     }
 
     /// Writes one record and flushes it.
-    pub fn write(&mut self, record: &impl Serialize) -> Result<(), TrainError> {
+    pub fn write(&mut self, record: &Record) -> Result<(), TrainError> {
         let line = serde_json::to_string(record).map_err(|e| TrainError::Other(e.to_string()))?;
         writeln!(self.out, "{line}")
             .and_then(|_| self.out.flush())
@@ -91,5 +166,29 @@ mod tests {
         assert!((s.f1 - 0.5).abs() < 1e-12);
         let uniform = scores(&[0.0, 0.0], 2, &[1]);
         assert!((uniform.loss - 2f64.ln()).abs() < 1e-12);
+    }
+
+    #[test]
+    fn records_round_trip_and_bad_lines_are_named() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("metrics.jsonl");
+        let eval = Record::Eval(EvalRecord {
+            step: 3,
+            epoch: 1,
+            split: "dev".into(),
+            loss: 0.5,
+            accuracy: 0.75,
+            f1: 0.8,
+            elapsed_s: 1.0,
+        });
+        let mut file = MetricsFile::open(&path).expect("open");
+        file.write(&eval).expect("write");
+        drop(file);
+        let text = std::fs::read_to_string(&path).expect("read");
+        assert!(text.starts_with(r#"{"kind":"eval","step":3"#), "{text}");
+        assert_eq!(read_records(&path).expect("records"), vec![eval]);
+        std::fs::write(&path, format!("{text}{{\"kind\":\"step\"\n")).expect("truncated line");
+        let err = read_records(&path).expect_err("bad line").to_string();
+        assert!(err.contains("metrics.jsonl line 2"), "{err}");
     }
 }

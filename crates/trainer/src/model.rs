@@ -3,8 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use bert::{forward_graph, GraphOptions, ModelConfig, ParamLayout, Params};
-use runtime::Kernels;
+use ringtune_bert::{forward_graph, GraphOptions, ModelConfig, ParamLayout, Params};
+use ringtune_ops::Kernels;
 
 use crate::TrainError;
 
@@ -28,7 +28,7 @@ impl ModelDir {
     /// Reads the config of the model in `dir`.
     pub fn open(dir: &Path) -> Result<Self, TrainError> {
         let config = ModelConfig::from_dir(dir)?;
-        let layout = bert::layout(&config);
+        let layout = ringtune_bert::layout(&config);
         Ok(ModelDir { dir: dir.to_path_buf(), config, layout })
     }
 
@@ -50,21 +50,14 @@ pub fn training_graph(
     let options = GraphOptions { params: Params::Inputs, with_loss: true, dropout };
     let mut forward = forward_graph(config, layout, &options)?;
     let loss = forward.loss.clone().ok_or_else(|| TrainError::Other("the forward graph has no loss".into()))?;
-    let grads = autodiff::backward(&mut forward.graph, &loss, &forward.params)?;
+    let sites = ringtune_ops::seed_dropouts(&mut forward.graph)?;
+    let rules = ringtune_ops::gradient_rules();
+    let grads = ringtune_autodiff::backward_with(&mut forward.graph, &loss, &forward.params, &rules)?;
     let names: Vec<String> = layout.entries().iter().map(|e| grad_name(&e.name)).collect();
-    autodiff::name_gradients(&mut forward.graph, &grads, &names)?;
-    let seeded = crate::lowering::seed_dropouts(&mut forward.graph)?;
-    let scatters = crate::lowering::ordered_scatters(&mut forward.graph);
-    tracing::debug!(dropout_sites = seeded, scatters, "dropouts seeded, scatter-adds ordered");
-    lower(&mut forward.graph, kernels);
+    ringtune_autodiff::name_gradients(&mut forward.graph, &grads, &names)?;
+    let lowered = ringtune_ops::lower(&mut forward.graph, kernels)?;
+    tracing::debug!(dropout_sites = sites, ?lowered, %kernels, "training graph lowered");
     Ok(forward.graph.to_bytes()?)
-}
-
-fn lower(graph: &mut onnx_ir::Graph, kernels: Kernels) {
-    if let Kernels::OneDnn(precision) = kernels {
-        let n = crate::lowering::lower_to_onednn(graph, precision);
-        tracing::debug!(products = n, ?precision, "matrix products lowered to oneDNN");
-    }
 }
 
 /// The forward graph without loss (inputs: batch and parameters; output: logits).
@@ -72,6 +65,6 @@ pub fn eval_graph(config: &ModelConfig, layout: &ParamLayout, kernels: Kernels) 
     let options = GraphOptions { params: Params::Inputs, with_loss: false, dropout: false };
     let mut forward = forward_graph(config, layout, &options)?;
     forward.graph.prune();
-    lower(&mut forward.graph, kernels);
+    ringtune_ops::lower(&mut forward.graph, kernels)?;
     Ok(forward.graph.to_bytes()?)
 }

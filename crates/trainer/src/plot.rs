@@ -5,6 +5,7 @@ use std::sync::Once;
 
 use plotters::prelude::*;
 
+use crate::metrics::{EvalRecord, Record};
 use crate::TrainError;
 
 /// Fonts looked for to label the plot; without one the plot is drawn without text.
@@ -37,46 +38,62 @@ fn register_font() -> bool {
 
 static FOUND_FONT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Draws `loss` (step, training loss) and `evals` (step, accuracy, F1) into a PNG.
-pub fn plot(path: &Path, loss: &[(u64, f64)], evals: &[(u64, f64, f64)]) -> Result<(), TrainError> {
+/// Draws the training loss by step and dev accuracy and F1 by step, from `records`, into a PNG.
+pub(crate) fn plot(path: &Path, records: &[Record]) -> Result<(), TrainError> {
+    let loss: Vec<(u64, f64)> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Step(s) => Some((s.step, s.loss)),
+            Record::Eval(_) => None,
+        })
+        .collect();
+    let evals: Vec<&EvalRecord> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Eval(e) => Some(e),
+            Record::Step(_) => None,
+        })
+        .collect();
     let text = register_font();
     let fail = |e: &dyn std::fmt::Display| TrainError::Other(format!("plotting {}: {e}", path.display()));
     let root = BitMapBackend::new(path, (1200, 480)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| fail(&e))?;
     let (left, right) = root.split_horizontally(600);
-    let max_step = loss.iter().map(|p| p.0).chain(evals.iter().map(|e| e.0)).max().unwrap_or(1).max(1);
+    let max_step = loss.iter().map(|p| p.0).chain(evals.iter().map(|e| e.step)).max().unwrap_or(1).max(1);
     let max_loss = loss.iter().map(|p| p.1).fold(0.0f64, f64::max).max(1e-3) * 1.05;
-
-    let mut chart = ChartBuilder::on(&left);
-    chart.margin(15).x_label_area_size(35).y_label_area_size(50);
-    if text {
-        chart.caption("training loss", ("sans-serif", 20));
-    }
-    let mut chart = chart.build_cartesian_2d(0u64..max_step, 0.0..max_loss).map_err(|e| fail(&e))?;
-    let mut mesh = chart.configure_mesh();
-    if text {
-        mesh.x_desc("step");
-    } else {
-        mesh.disable_x_axis().disable_y_axis();
-    }
-    mesh.draw().map_err(|e| fail(&e))?;
+    let mut chart = panel(&left, "training loss", max_step, 0.0..max_loss, text).map_err(|e| fail(&e))?;
     chart.draw_series(LineSeries::new(loss.iter().copied(), &BLUE)).map_err(|e| fail(&e))?;
-
-    let mut chart = ChartBuilder::on(&right);
-    chart.margin(15).x_label_area_size(35).y_label_area_size(50);
-    if text {
-        chart.caption("dev accuracy (blue), F1 (red)", ("sans-serif", 20));
-    }
-    let mut chart = chart.build_cartesian_2d(0u64..max_step, 0.5..1.0).map_err(|e| fail(&e))?;
-    let mut mesh = chart.configure_mesh();
-    if text {
-        mesh.x_desc("step");
-    } else {
-        mesh.disable_x_axis().disable_y_axis();
-    }
-    mesh.draw().map_err(|e| fail(&e))?;
-    chart.draw_series(LineSeries::new(evals.iter().map(|e| (e.0, e.1)), &BLUE).point_size(4)).map_err(|e| fail(&e))?;
-    chart.draw_series(LineSeries::new(evals.iter().map(|e| (e.0, e.2)), &RED).point_size(4)).map_err(|e| fail(&e))?;
+    let mut chart = panel(&right, "dev accuracy (blue), F1 (red)", max_step, 0.5..1.0, text).map_err(|e| fail(&e))?;
+    let accuracy = evals.iter().map(|e| (e.step, e.accuracy));
+    chart.draw_series(LineSeries::new(accuracy, &BLUE).point_size(4)).map_err(|e| fail(&e))?;
+    let f1 = evals.iter().map(|e| (e.step, e.f1));
+    chart.draw_series(LineSeries::new(f1, &RED).point_size(4)).map_err(|e| fail(&e))?;
     root.present().map_err(|e| fail(&e))?;
     Ok(())
+}
+
+type Coords = Cartesian2d<plotters::coord::types::RangedCoordu64, plotters::coord::types::RangedCoordf64>;
+
+/// One panel: steps across, `y` up, captioned and labelled when a font was found.
+fn panel<'a, 'b>(
+    area: &'a DrawingArea<BitMapBackend<'b>, plotters::coord::Shift>,
+    caption: &str,
+    max_step: u64,
+    y: std::ops::Range<f64>,
+    text: bool,
+) -> Result<ChartContext<'a, BitMapBackend<'b>, Coords>, String> {
+    let mut builder = ChartBuilder::on(area);
+    builder.margin(15).x_label_area_size(35).y_label_area_size(50);
+    if text {
+        builder.caption(caption, ("sans-serif", 20));
+    }
+    let mut chart = builder.build_cartesian_2d(0u64..max_step, y).map_err(|e| e.to_string())?;
+    let mut mesh = chart.configure_mesh();
+    if text {
+        mesh.x_desc("step");
+    } else {
+        mesh.disable_x_axis().disable_y_axis();
+    }
+    mesh.draw().map_err(|e| e.to_string())?;
+    Ok(chart)
 }

@@ -3,9 +3,10 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use bert::load_params;
-use mrpc::{load_split, PairTokenizer, ReadOptions};
-use runtime::{FlatBuffer, Runtime, SessionOptions};
+use ringtune_bert::load_params;
+use ringtune_mrpc::{load_split, PairTokenizer, ReadOptions};
+use ringtune_ops::Kernels;
+use ringtune_runtime::{FlatBuffer, Runtime, SessionOptions};
 
 use crate::engine::Evaluator;
 use crate::metrics::{predictions, Scores};
@@ -35,7 +36,7 @@ impl Predictor {
             );
         }
         let tokenizer = PairTokenizer::from_model_dir(dir, max_len)?;
-        let evaluator = Evaluator::new(Runtime::get()?, &model.config, &model.layout, options)?;
+        let evaluator = Evaluator::new(Runtime::get()?, &model.config, &model.layout, Kernels::Mlas, options)?;
         Ok(Predictor { model, params, tokenizer, evaluator })
     }
 
@@ -59,7 +60,7 @@ impl Predictor {
             let index = pair.index.unwrap_or(pair.line - 2);
             let _ = writeln!(text, "{index}\t{label}");
         }
-        bert::write_atomically(out, text.as_bytes())?;
+        ringtune_files::write_atomically(out, text.as_bytes())?;
         Ok(examples.len())
     }
 }

@@ -1,7 +1,7 @@
 //! Hugging Face Trainer's conventions that the trainer follows.
 
-use bert::ParamLayout;
-use optim::Group;
+use ringtune_bert::ParamLayout;
+use ringtune_optim::Group;
 
 /// Whether Hugging Face's Trainer exempts a parameter from weight decay (biases and LayerNorm
 /// weights).

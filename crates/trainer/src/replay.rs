@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use optim::{clip_global_norm, AdamW, AdamWConfig};
+use ringtune_optim::{AdamW, AdamWConfig};
 use serde::Deserialize;
 
 use crate::engine::Engine;
@@ -39,7 +39,7 @@ impl Trace {
 }
 
 /// Runs `trace.steps` steps on `batches` (one per step); returns each step's loss.
-pub fn replay(engine: &mut Engine, batches: &[mrpc::Batch], trace: &Trace) -> Result<Vec<f32>, TrainError> {
+pub fn replay(engine: &mut Engine, batches: &[ringtune_mrpc::Batch], trace: &Trace) -> Result<Vec<f32>, TrainError> {
     if batches.len() < trace.steps {
         return Err(TrainError::Other(format!("{} steps but {} batches", trace.steps, batches.len())));
     }
@@ -50,8 +50,7 @@ pub fn replay(engine: &mut Engine, batches: &[mrpc::Batch], trace: &Trace) -> Re
     for batch in &batches[..trace.steps] {
         losses.push(engine.step(batch)?.loss);
         let (params, grads) = engine.params_and_grads();
-        clip_global_norm(grads, trace.max_grad_norm, 0);
-        adam.step(params, grads, trace.lr as f32);
+        adam.clip_and_step(params, grads, trace.max_grad_norm, trace.lr as f32);
     }
     Ok(losses)
 }

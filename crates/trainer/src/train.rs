@@ -1,19 +1,24 @@
-//! The training loop: data, forward+backward, gradient sync, optimizer; evaluation each
-//! epoch; checkpoints; metrics; the trained model at the end.
+//! A training run as a value with small steps: [`TrainingRun::prepare`] (data, model, sessions,
+//! schedule), [`TrainingRun::resume`] (the newest usable checkpoint), [`TrainingRun::step`]
+//! (data, forward+backward, gradient sync, optimizer, metrics), [`TrainingRun::end_epoch`]
+//! (parameter check, checkpoint, evaluation) and [`TrainingRun::finish`] (the trained model);
+//! [`train`] drives them.
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use bert::{load_params, ModelConfig, ParamLayout};
 use indicatif::{ProgressBar, ProgressStyle};
-use mrpc::{epoch_order, shard, steps_per_epoch, Batch, Example, Padding, PairTokenizer, ReadOptions, ShardMode};
-use optim::{clip_global_norm, AdamW, AdamWConfig, AdamWState, LinearWarmupDecay};
-use runtime::{FlatBuffer, Provider, Runtime, SessionOptions};
+use ringtune_bert::{load_params, ModelConfig, ParamLayout};
+use ringtune_mrpc::{
+    epoch_order, shard, steps_per_epoch, Batch, Example, Padding, PairTokenizer, ReadOptions, ShardMode,
+};
+use ringtune_optim::{AdamW, AdamWConfig, AdamWState, LinearWarmupDecay};
+use ringtune_runtime::{FlatBuffer, Runtime, SessionOptions};
 use serde::Serialize;
 
 use crate::checkpoint::{self, Meta, Progress};
 use crate::engine::{Engine, Evaluator};
-use crate::metrics::{scores, MetricsFile, Scores};
+use crate::metrics::{scores, EvalRecord, MetricsFile, Record, Scores, StepRecord};
 use crate::model::ModelDir;
 use crate::recipe::{param_groups, warmup_steps};
 use crate::{TrainConfig, TrainError};
@@ -56,37 +61,6 @@ pub struct Summary {
     pub output: PathBuf,
 }
 
-#[derive(Serialize)]
-struct StepRecord {
-    kind: &'static str,
-    rank: usize,
-    step: u64,
-    epoch: u32,
-    loss: f64,
-    lr: f64,
-    grad_norm: f64,
-    samples_per_s: f64,
-    elapsed_s: f64,
-    data_s: f64,
-    forward_backward_s: f64,
-    sync_s: f64,
-    /// Megabytes all-reduced per step.
-    sync_mb: f64,
-    optimizer_s: f64,
-}
-
-#[derive(Serialize)]
-struct EvalRecord {
-    kind: &'static str,
-    step: u64,
-    epoch: u32,
-    split: &'static str,
-    loss: f64,
-    accuracy: f64,
-    f1: f64,
-    elapsed_s: f64,
-}
-
 /// Parameter hash for cross-node checks.
 pub fn params_hash(params: &[f32]) -> [u8; 32] {
     use sha2::{Digest, Sha256};
@@ -104,10 +78,6 @@ fn dropout_seed(seed: u64, rank: usize, step: u64) -> u64 {
     seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ ((rank as u64) << 48) ^ step
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 fn resolve(root: &Path, path: &Path) -> PathBuf {
     if path.is_absolute() {
         path.to_path_buf()
@@ -116,8 +86,39 @@ fn resolve(root: &Path, path: &Path) -> PathBuf {
     }
 }
 
-/// Everything loaded before the first step.
-struct Setup {
+/// Trains as `cfg` says; `sync` joins other nodes (rank 0 evaluates and writes the outputs).
+pub fn train(
+    cfg: &TrainConfig,
+    root: &Path,
+    resume: bool,
+    sync: Option<&mut dyn GradSync>,
+) -> Result<Summary, TrainError> {
+    let mut run = TrainingRun::prepare(cfg, root, resume, sync)?;
+    if resume {
+        run.resume()?;
+    }
+    while let Some(epoch) = run.next_epoch() {
+        for (index, rows) in run.epoch_batches(epoch)? {
+            if run.step(epoch, index, &rows)? == Continue::Stop {
+                break;
+            }
+        }
+        run.end_epoch(epoch)?;
+    }
+    run.finish()
+}
+
+/// Whether the epoch goes on after a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Continue {
+    /// Take the next batch.
+    Next,
+    /// The run reached its last step, or `--stop-after`.
+    Stop,
+}
+
+/// The data and model a run reads.
+struct Inputs {
     model: ModelDir,
     config: ModelConfig,
     train: Vec<Example>,
@@ -125,7 +126,296 @@ struct Setup {
     tokenizer_files: Vec<PathBuf>,
 }
 
-fn setup(cfg: &TrainConfig, root: &Path) -> Result<Setup, TrainError> {
+/// Where the run writes and how far it goes.
+struct Plan {
+    output: PathBuf,
+    checkpoints: PathBuf,
+    layout_hash: String,
+    batch_size: usize,
+    batches_per_epoch: u64,
+    total: u64,
+    schedule: LinearWarmupDecay,
+}
+
+/// One run of training, from prepared to finished.
+pub struct TrainingRun<'s> {
+    cfg: TrainConfig,
+    sync: Option<&'s mut dyn GradSync>,
+    rank: usize,
+    world: usize,
+    inputs: Inputs,
+    plan: Plan,
+    engine: Engine,
+    evaluator: Option<Evaluator>,
+    adam: AdamW,
+    progress: Progress,
+    log: RunLog,
+}
+
+/// What the lead writes and shows as the run goes: metrics, the progress bar, the window of
+/// steps since the last metrics line, the last dev scores.
+struct RunLog {
+    metrics: Option<MetricsFile>,
+    bar: ProgressBar,
+    window: Window,
+    last_dev: Option<Scores>,
+    trained_samples: u64,
+    started: Instant,
+    train_started: Instant,
+}
+
+impl<'s> TrainingRun<'s> {
+    /// Reads the data and the model, checks the output folder (a fresh run never overwrites an
+    /// earlier one), builds the sessions and the schedule.
+    pub fn prepare(
+        cfg: &TrainConfig,
+        root: &Path,
+        resume: bool,
+        sync: Option<&'s mut dyn GradSync>,
+    ) -> Result<Self, TrainError> {
+        cfg.validate()?;
+        let started = Instant::now();
+        let (rank, world) = sync.as_ref().map_or((0, 1), |s| (s.rank(), s.world()));
+        let inputs = read_inputs(cfg, root)?;
+        let layout = inputs.model.layout.clone();
+        let plan = plan(cfg, root, &inputs, world)?;
+        if rank == 0 && !resume {
+            refuse_earlier_run(&plan.output, &plan.checkpoints)?;
+        }
+        std::fs::create_dir_all(&plan.checkpoints)
+            .map_err(|e| TrainError::Other(format!("{}: {e}", plan.checkpoints.display())))?;
+        let mut params = FlatBuffer::zeros(layout.total_len());
+        let report = load_params(&inputs.model.weight_files(&[]), &inputs.config, &layout, cfg.seed, &mut params)?;
+        if !report.initialized.is_empty() {
+            tracing::info!("initialised from seed {}: {}", cfg.seed, report.initialized.join(", "));
+        }
+        if !report.ignored.is_empty() {
+            tracing::info!("not used by the model: {}", report.ignored.join(", "));
+        }
+        let adam = AdamW::new(AdamWConfig::default(), &param_groups(&layout, cfg.weight_decay), layout.total_len())
+            .map_err(|e| TrainError::Other(e.to_string()))?
+            .with_threads(cfg.threads);
+        let (engine, evaluator) = sessions(cfg, &inputs, params, rank == 0)?;
+        if rank == 0 {
+            tracing::info!(
+                steps = plan.total,
+                per_epoch = plan.batches_per_epoch,
+                warmup = plan.schedule.warmup,
+                nodes = world,
+                global_batch = plan.batch_size * world,
+                params = layout.num_params(),
+                "training {}",
+                inputs.model.dir.display()
+            );
+        }
+        let log = RunLog::open(rank == 0, &plan, started)?;
+        let progress = Progress { step: 0, epoch: 0, batch_in_epoch: 0 };
+        Ok(TrainingRun { cfg: cfg.clone(), sync, rank, world, inputs, plan, engine, evaluator, adam, progress, log })
+    }
+
+    /// Continues from the newest checkpoint that loads (older ones tried when newer ones are
+    /// refused, every refusal logged): parameters, optimizer state and data position.
+    pub fn resume(&mut self) -> Result<(), TrainError> {
+        let checkpoints = &self.plan.checkpoints;
+        let (found, refused) = checkpoint::latest_valid(checkpoints, &self.plan.layout_hash);
+        for reason in &refused {
+            tracing::warn!("{reason}; trying an older checkpoint");
+        }
+        let (path, ckpt) = found.ok_or_else(|| {
+            let why = if refused.is_empty() { String::new() } else { format!(" ({})", refused.join("; ")) };
+            TrainError::Other(format!("--resume: no usable checkpoint in {}{why}", checkpoints.display()))
+        })?;
+        if ckpt.meta.seed != self.cfg.seed {
+            return Err(TrainError::Other(format!(
+                "--resume: {} was made with seed {}, not {}",
+                path.display(),
+                ckpt.meta.seed,
+                self.cfg.seed
+            )));
+        }
+        self.engine.params_mut().copy_from_slice(&ckpt.params);
+        self.adam
+            .restore(AdamWState { step: ckpt.meta.adam_step, m: ckpt.m, v: ckpt.v })
+            .map_err(|e| TrainError::Other(e.to_string()))?;
+        self.progress = ckpt.meta.progress;
+        self.log.bar.set_position(self.progress.step);
+        tracing::info!(checkpoint = %path.display(), step = self.progress.step, "resumed");
+        Ok(())
+    }
+
+    /// The epoch to run next, or `None` when the run is done.
+    pub fn next_epoch(&self) -> Option<u32> {
+        let p = &self.progress;
+        let done = p.epoch >= self.cfg.epochs
+            || p.step >= self.plan.total
+            || (self.cfg.stop_after > 0 && p.step >= self.cfg.stop_after);
+        (!done).then_some(p.epoch)
+    }
+
+    /// This node's batches of `epoch` still to run, by index in the epoch: its shard of the
+    /// epoch's order, in batches, past those a resumed run already took.
+    pub fn epoch_batches(&self, epoch: u32) -> Result<Vec<(usize, Vec<usize>)>, TrainError> {
+        let order = epoch_order(self.inputs.train.len(), self.cfg.seed, epoch as u64);
+        let mine = shard(&order, self.rank, self.world, ShardMode::Pad)?;
+        let skip = if epoch == self.progress.epoch { self.progress.batch_in_epoch as usize } else { 0 };
+        Ok(mine.chunks(self.plan.batch_size).map(<[usize]>::to_vec).enumerate().skip(skip).collect())
+    }
+
+    /// One optimizer step on the batch of `rows` (batch `index` of `epoch`).
+    pub fn step(&mut self, epoch: u32, index: usize, rows: &[usize]) -> Result<Continue, TrainError> {
+        let _step_span = tracing::debug_span!("step", step = self.progress.step).entered();
+        let t0 = Instant::now();
+        let batch = {
+            let _span = tracing::debug_span!("data").entered();
+            Batch::new(&self.inputs.train, rows, Padding::Dynamic, self.inputs.config.pad_token_id)
+        };
+        let t1 = Instant::now();
+        let out = {
+            let _span = tracing::debug_span!("forward_backward").entered();
+            self.engine.set_dropout_seed(dropout_seed(self.cfg.seed, self.rank, self.progress.step));
+            self.engine.step(&batch)?
+        };
+        let t2 = Instant::now();
+        let (loss, synced_floats) = self.sync_gradients(out.loss, &batch.input_ids)?;
+        let t3 = Instant::now();
+        let lr = self.plan.schedule.lr(self.progress.step);
+        let grad_norm = {
+            let _span = tracing::debug_span!("optimizer").entered();
+            let (params, grads) = self.engine.params_and_grads();
+            self.adam.clip_and_step(params, grads, self.cfg.max_grad_norm, lr as f32)
+        };
+        let t4 = Instant::now();
+        if !loss.is_finite() {
+            return Err(TrainError::Other(format!(
+                "step {}: the loss is {loss}; lower --learning-rate (now {})",
+                self.progress.step, self.cfg.learning_rate
+            )));
+        }
+        self.progress.step += 1;
+        self.progress.batch_in_epoch = index as u64 + 1;
+        let step = self.progress.step;
+        let samples = batch.rows as u64 * self.world as u64;
+        self.log.trained_samples += samples;
+        self.log.window.add(loss as f64, samples, synced_floats, [t1 - t0, t2 - t1, t3 - t2, t4 - t3]);
+        self.log.bar.set_position(step);
+        self.log.bar.set_message(format!("epoch {} loss {loss:.4}", epoch + 1));
+        if step.is_multiple_of(self.cfg.log_every.max(1)) || step == self.plan.total {
+            self.log.write_window(self.rank, step, epoch, lr, grad_norm)?;
+        }
+        if step >= self.plan.total || step == self.cfg.stop_after {
+            return Ok(Continue::Stop);
+        }
+        let checkpoint_now = self.cfg.checkpoint_every > 0 && step.is_multiple_of(self.cfg.checkpoint_every);
+        let check_now = self.cfg.param_check_every > 0 && step.is_multiple_of(self.cfg.param_check_every);
+        if checkpoint_now || check_now {
+            self.check_params()?;
+        }
+        if checkpoint_now && self.rank == 0 {
+            self.save_checkpoint()?;
+        }
+        Ok(Continue::Next)
+    }
+
+    /// Averages the gradients over the nodes (the mean loss too); one node keeps its own.
+    fn sync_gradients(&mut self, loss: f32, token_ids: &[i64]) -> Result<(f32, usize), TrainError> {
+        match self.sync.as_deref_mut() {
+            Some(sync) => {
+                let _span = tracing::debug_span!("all_reduce").entered();
+                let averaged = sync.average(self.engine.grads_mut(), loss, token_ids)?;
+                Ok((averaged.loss, averaged.floats))
+            }
+            None => Ok((loss, 0)),
+        }
+    }
+
+    fn check_params(&mut self) -> Result<(), TrainError> {
+        match self.sync.as_deref_mut() {
+            Some(sync) => sync.check_params(params_hash(self.engine.params())),
+            None => Ok(()),
+        }
+    }
+
+    /// The end of an epoch, or of the run when `--max-steps` stops it inside one: the nodes
+    /// compare parameters; the lead checkpoints and evaluates on dev.
+    pub fn end_epoch(&mut self, epoch: u32) -> Result<(), TrainError> {
+        if self.progress.batch_in_epoch >= self.plan.batches_per_epoch {
+            self.progress.epoch = epoch + 1;
+            self.progress.batch_in_epoch = 0;
+        }
+        self.check_params()?;
+        if self.rank != 0 {
+            return Ok(());
+        }
+        self.save_checkpoint()?;
+        let (Some(dev), Some(evaluator)) = (&self.inputs.dev, self.evaluator.as_mut()) else { return Ok(()) };
+        let c = &self.inputs.config;
+        let scores =
+            evaluate(evaluator, self.engine.params(), dev, self.cfg.eval_batch_size, c.pad_token_id, c.num_labels)?;
+        self.log.bar.suspend(|| {
+            tracing::info!(
+                epoch = epoch + 1,
+                step = self.progress.step,
+                "dev loss {:.4} accuracy {:.4} F1 {:.4}",
+                scores.loss,
+                scores.accuracy,
+                scores.f1
+            )
+        });
+        if let Some(m) = self.log.metrics.as_mut() {
+            m.write(&Record::Eval(EvalRecord {
+                step: self.progress.step,
+                epoch: epoch + 1,
+                split: "dev".into(),
+                loss: scores.loss,
+                accuracy: scores.accuracy,
+                f1: scores.f1,
+                elapsed_s: self.log.started.elapsed().as_secs_f64(),
+            }))?;
+        }
+        self.log.last_dev = Some(scores);
+        Ok(())
+    }
+
+    fn save_checkpoint(&self) -> Result<(), TrainError> {
+        let _span = tracing::debug_span!("checkpoint").entered();
+        let state = self.adam.state();
+        let meta = Meta {
+            progress: self.progress.clone(),
+            seed: self.cfg.seed,
+            layout_hash: self.plan.layout_hash.clone(),
+            total_len: self.engine.params().len(),
+            adam_step: state.step,
+        };
+        let path = self.plan.checkpoints.join(checkpoint::file_name(self.progress.step));
+        checkpoint::save(&path, &meta, self.engine.params(), &state.m, &state.v)?;
+        checkpoint::prune(&self.plan.checkpoints, self.cfg.keep_checkpoints)
+    }
+
+    /// Writes the trained model, the plot and `summary.json` (the lead), and says how the run
+    /// went.
+    pub fn finish(self) -> Result<Summary, TrainError> {
+        self.log.bar.finish_and_clear();
+        let train_s = self.log.train_started.elapsed().as_secs_f64();
+        let output = &self.plan.output;
+        if self.rank == 0 {
+            write_outputs(output, &self.inputs, self.engine.layout(), self.engine.params())?;
+        }
+        let summary = Summary {
+            steps: self.progress.step,
+            train_samples_per_s: self.log.trained_samples as f64 / train_s.max(1e-9),
+            wall_s: self.log.started.elapsed().as_secs_f64(),
+            dev: self.log.last_dev,
+            output: output.clone(),
+        };
+        if self.rank == 0 {
+            let json = serde_json::to_string_pretty(&summary).map_err(|e| TrainError::Other(e.to_string()))?;
+            ringtune_files::write_atomically(&output.join("summary.json"), json.as_bytes())?;
+        }
+        Ok(summary)
+    }
+}
+
+fn read_inputs(cfg: &TrainConfig, root: &Path) -> Result<Inputs, TrainError> {
     let model = ModelDir::open(&resolve(root, &cfg.model))?;
     let mut config = model.config.clone();
     if let Some(p) = cfg.dropout {
@@ -140,12 +430,11 @@ fn setup(cfg: &TrainConfig, root: &Path) -> Result<Setup, TrainError> {
     let tokenizer = PairTokenizer::from_model_dir(&model.dir, cfg.max_len)?;
     let data = match &cfg.data {
         Some(d) => resolve(root, d),
-        None => mrpc::data_dir(root)?.path,
+        None => ringtune_mrpc::data_dir(root)?.path,
     };
-    let name = model.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let cache = root.join(format!(".cache/mrpc/{name}-{}.bin", cfg.max_len));
-    let (mut splits, how, _) = mrpc::prepare(&data, &tokenizer, ReadOptions::default(), Some(&cache))?;
-    if let mrpc::CacheUse::Rebuilt(why) = how {
+    let cache = ringtune_mrpc::cache_file(&model.dir, cfg.max_len);
+    let (mut splits, how, _) = ringtune_mrpc::prepare(&data, &tokenizer, ReadOptions::default(), Some(&cache))?;
+    if let ringtune_mrpc::CacheUse::Rebuilt(why) = how {
         tracing::warn!("{why}: tokenized again");
     }
     let train =
@@ -156,272 +445,95 @@ fn setup(cfg: &TrainConfig, root: &Path) -> Result<Setup, TrainError> {
         .filter(|p| p.exists())
         .collect();
     tracing::info!(data = %data.display(), train = train.len(), dev = splits.get("dev").map_or(0, Vec::len), "data ready");
-    Ok(Setup { model, config, train, dev: splits.remove("dev"), tokenizer_files })
+    Ok(Inputs { model, config, train, dev: splits.remove("dev"), tokenizer_files })
 }
 
-/// Trains as `cfg` says; `sync` joins other nodes (rank 0 evaluates and writes the outputs).
-pub fn train(
-    cfg: &TrainConfig,
-    root: &Path,
-    resume: bool,
-    mut sync: Option<&mut dyn GradSync>,
-) -> Result<Summary, TrainError> {
-    cfg.validate()?;
-    let started = Instant::now();
-    let (rank, world) = sync.as_ref().map_or((0, 1), |s| (s.rank(), s.world()));
-    let lead = rank == 0;
-    let s = setup(cfg, root)?;
-    let layout: ParamLayout = s.model.layout.clone();
+fn plan(cfg: &TrainConfig, root: &Path, inputs: &Inputs, world: usize) -> Result<Plan, TrainError> {
     let output = resolve(root, &cfg.output);
-    let checkpoints = output.join("checkpoints");
-    // Only the lead writes outputs: on a shared file system another rank could otherwise see
-    // the files this very run's lead has just started.
-    if lead && !resume && (!checkpoint::list(&checkpoints).is_empty() || output.join("metrics.jsonl").exists()) {
-        return Err(TrainError::Other(format!(
-            "{} holds an earlier run (checkpoints, metrics.jsonl): continue it with --resume, or give another --output",
-            output.display()
-        )));
-    }
-    std::fs::create_dir_all(&checkpoints).map_err(|e| TrainError::Other(format!("{}: {e}", checkpoints.display())))?;
-    let layout_hash = hex(&layout.hash());
-
-    let mut params = FlatBuffer::zeros(layout.total_len());
-    let report = load_params(&s.model.weight_files(&[]), &s.config, &layout, cfg.seed, &mut params)?;
-    if !report.initialized.is_empty() {
-        tracing::info!("initialised from seed {}: {}", cfg.seed, report.initialized.join(", "));
-    }
-    if !report.ignored.is_empty() {
-        tracing::info!("not used by the model: {}", report.ignored.join(", "));
-    }
-    let mut adam = AdamW::new(AdamWConfig::default(), &param_groups(&layout, cfg.weight_decay), layout.total_len())
-        .map_err(|e| TrainError::Other(e.to_string()))?
-        .with_threads(cfg.threads);
-    let mut progress = Progress { step: 0, epoch: 0, batch_in_epoch: 0 };
-    if resume {
-        let (found, refused) = checkpoint::latest_valid(&checkpoints, &layout_hash);
-        for reason in &refused {
-            tracing::warn!("{reason}; trying an older checkpoint");
-        }
-        let (path, ckpt) = found.ok_or_else(|| {
-            TrainError::Other(format!(
-                "--resume: no usable checkpoint in {}{}",
-                checkpoints.display(),
-                if refused.is_empty() { String::new() } else { format!(" ({})", refused.join("; ")) }
-            ))
-        })?;
-        if ckpt.meta.seed != cfg.seed {
-            return Err(TrainError::Other(format!(
-                "--resume: {} was made with seed {}, not {}",
-                path.display(),
-                ckpt.meta.seed,
-                cfg.seed
-            )));
-        }
-        params.copy_from_slice(&ckpt.params);
-        adam.restore(AdamWState { step: ckpt.meta.adam_step, m: ckpt.m, v: ckpt.v })
-            .map_err(|e| TrainError::Other(e.to_string()))?;
-        progress = ckpt.meta.progress;
-        tracing::info!(checkpoint = %path.display(), step = progress.step, "resumed");
-    }
-
-    let runtime = Runtime::get()?;
-    let provider: Provider = cfg.provider.parse()?;
-    let kernels = cfg.kernel_choice()?;
-    if lead {
-        tracing::info!(kernels = ?kernels, "matrix-product kernels");
-    }
-    // oneDNN's OpenMP threads run the products; ONNX Runtime's own spinning would steal their cores.
-    let spinning = kernels == runtime::Kernels::Mlas;
-    let session = SessionOptions { threads: cfg.threads, provider, kernels, spinning, ..SessionOptions::default() };
-    let mut engine = Engine::new(runtime, &s.config, &layout, params, s.config.has_dropout(), &session)?;
-    let mut evaluator = if lead { Some(Evaluator::new(runtime, &s.config, &layout, &session)?) } else { None };
-
     let batch_size = cfg.node_batch(world)?;
-    let per_epoch = steps_per_epoch(s.train.len(), world, batch_size, ShardMode::Pad) as u64;
-    let mut total = per_epoch * cfg.epochs as u64;
+    let batches_per_epoch = steps_per_epoch(inputs.train.len(), world, batch_size, ShardMode::Pad) as u64;
+    let mut total = batches_per_epoch * cfg.epochs as u64;
     if cfg.max_steps > 0 {
         total = total.min(cfg.max_steps);
     }
     let schedule = LinearWarmupDecay { peak: cfg.learning_rate, warmup: warmup_steps(cfg.warmup_ratio, total), total };
-    if lead {
-        tracing::info!(
-            steps = total,
-            per_epoch,
-            warmup = schedule.warmup,
-            nodes = world,
-            global_batch = batch_size * world,
-            params = layout.num_params(),
-            "training {}",
-            s.model.dir.display()
-        );
-    }
-    let mut metrics = if lead { Some(MetricsFile::open(&output.join("metrics.jsonl"))?) } else { None };
-    let bar = if lead { progress_bar(total, progress.step) } else { ProgressBar::hidden() };
-    let pad_id = s.config.pad_token_id;
-
-    let mut window = Window::default();
-    let mut last_dev = None;
-    let mut trained_samples = 0u64;
-    let train_started = Instant::now();
-    for epoch in progress.epoch..cfg.epochs {
-        if progress.step >= total || (cfg.stop_after > 0 && progress.step >= cfg.stop_after) {
-            break;
-        }
-        let order = epoch_order(s.train.len(), cfg.seed, epoch as u64);
-        let mine = shard(&order, rank, world, ShardMode::Pad)?;
-        let batches = mine.len().div_ceil(batch_size) as u64;
-        let skip = if epoch == progress.epoch { progress.batch_in_epoch as usize } else { 0 };
-        for (index, chunk) in mine.chunks(batch_size).enumerate().skip(skip) {
-            let _step_span = tracing::debug_span!("step", step = progress.step).entered();
-            let t0 = Instant::now();
-            let batch = {
-                let _span = tracing::debug_span!("data").entered();
-                Batch::new(&s.train, chunk, Padding::Dynamic, pad_id)
-            };
-            let t1 = Instant::now();
-            let out = {
-                let _span = tracing::debug_span!("forward_backward").entered();
-                engine.set_dropout_seed(dropout_seed(cfg.seed, rank, progress.step));
-                engine.step(&batch)?
-            };
-            let t2 = Instant::now();
-            let (loss, synced_floats) = match sync.as_deref_mut() {
-                Some(sync) => {
-                    let _span = tracing::debug_span!("all_reduce").entered();
-                    let averaged = sync.average(engine.grads_mut(), out.loss, &batch.input_ids)?;
-                    (averaged.loss, averaged.floats)
-                }
-                None => (out.loss, 0),
-            };
-            let t3 = Instant::now();
-            let lr = schedule.lr(progress.step);
-            let grad_norm = {
-                let _span = tracing::debug_span!("optimizer").entered();
-                let (params, grads) = engine.params_and_grads();
-                let norm = clip_global_norm(grads, cfg.max_grad_norm, cfg.threads);
-                adam.step(params, grads, lr as f32);
-                norm
-            };
-            let t4 = Instant::now();
-            if !loss.is_finite() {
-                return Err(TrainError::Other(format!(
-                    "step {}: the loss is {loss}; lower --learning-rate (now {})",
-                    progress.step, cfg.learning_rate
-                )));
-            }
-            progress.step += 1;
-            progress.batch_in_epoch = index as u64 + 1;
-            let rows = batch.rows as u64 * world as u64;
-            trained_samples += rows;
-            window.add(loss as f64, rows, synced_floats, [t1 - t0, t2 - t1, t3 - t2, t4 - t3]);
-            bar.set_position(progress.step);
-            bar.set_message(format!("epoch {} loss {:.4}", epoch + 1, loss));
-
-            if progress.step.is_multiple_of(cfg.log_every.max(1)) || progress.step == total {
-                if let Some(m) = metrics.as_mut() {
-                    m.write(&window.record(rank, progress.step, epoch, lr, grad_norm, started))?;
-                }
-                window = Window::default();
-            }
-            if progress.step >= total || progress.step == cfg.stop_after {
-                break;
-            }
-            let checkpoint_now = cfg.checkpoint_every > 0 && progress.step.is_multiple_of(cfg.checkpoint_every);
-            let check_now = cfg.param_check_every > 0 && progress.step.is_multiple_of(cfg.param_check_every);
-            if let (Some(sync), true) = (sync.as_deref_mut(), checkpoint_now || check_now) {
-                sync.check_params(params_hash(engine.params()))?;
-            }
-            if checkpoint_now && lead {
-                save_checkpoint(&checkpoints, cfg, &progress, &layout_hash, &engine, &adam)?;
-            }
-        }
-        if progress.batch_in_epoch >= batches {
-            progress.epoch = epoch + 1;
-            progress.batch_in_epoch = 0;
-        }
-        // The end of an epoch, or of the run when --max-steps stops it inside one.
-        if let Some(sync) = sync.as_deref_mut() {
-            sync.check_params(params_hash(engine.params()))?;
-        }
-        if lead {
-            save_checkpoint(&checkpoints, cfg, &progress, &layout_hash, &engine, &adam)?;
-            if let (Some(dev), Some(evaluator)) = (&s.dev, evaluator.as_mut()) {
-                let scores =
-                    evaluate(evaluator, engine.params(), dev, cfg.eval_batch_size, pad_id, s.config.num_labels)?;
-                bar.suspend(|| {
-                    tracing::info!(
-                        epoch = epoch + 1,
-                        step = progress.step,
-                        "dev loss {:.4} accuracy {:.4} F1 {:.4}",
-                        scores.loss,
-                        scores.accuracy,
-                        scores.f1
-                    )
-                });
-                if let Some(m) = metrics.as_mut() {
-                    m.write(&EvalRecord {
-                        kind: "eval",
-                        step: progress.step,
-                        epoch: epoch + 1,
-                        split: "dev",
-                        loss: scores.loss,
-                        accuracy: scores.accuracy,
-                        f1: scores.f1,
-                        elapsed_s: started.elapsed().as_secs_f64(),
-                    })?;
-                }
-                last_dev = Some(scores);
-            }
-        }
-    }
-    bar.finish_and_clear();
-    let train_s = train_started.elapsed().as_secs_f64();
-    if lead {
-        write_outputs(&output, &s, &layout, engine.params())?;
-    }
-    let summary = Summary {
-        steps: progress.step,
-        train_samples_per_s: trained_samples as f64 / train_s.max(1e-9),
-        wall_s: started.elapsed().as_secs_f64(),
-        dev: last_dev,
-        output: output.clone(),
-    };
-    if lead {
-        let json = serde_json::to_string_pretty(&summary).map_err(|e| TrainError::Other(e.to_string()))?;
-        bert::write_atomically(&output.join("summary.json"), json.as_bytes())?;
-    }
-    Ok(summary)
+    Ok(Plan {
+        checkpoints: output.join("checkpoints"),
+        output,
+        layout_hash: ringtune_files::hex(&inputs.model.layout.hash()),
+        batch_size,
+        batches_per_epoch,
+        total,
+        schedule,
+    })
 }
 
-fn progress_bar(total: u64, done: u64) -> ProgressBar {
+/// Only the lead checks: on a shared file system another rank could otherwise see the files
+/// this very run's lead has just started.
+fn refuse_earlier_run(output: &Path, checkpoints: &Path) -> Result<(), TrainError> {
+    if checkpoint::list(checkpoints).is_empty() && !output.join("metrics.jsonl").exists() {
+        return Ok(());
+    }
+    Err(TrainError::Other(format!(
+        "{} holds an earlier run (checkpoints, metrics.jsonl): continue it with --resume, or give another --output",
+        output.display()
+    )))
+}
+
+/// The training session over the parameters, and (on the lead) the evaluation session.
+fn sessions(
+    cfg: &TrainConfig,
+    inputs: &Inputs,
+    params: FlatBuffer,
+    lead: bool,
+) -> Result<(Engine, Option<Evaluator>), TrainError> {
+    let runtime = Runtime::get()?;
+    let kernels = cfg.kernels();
+    if lead {
+        tracing::info!(%kernels, "matrix-product kernels");
+    }
+    // oneDNN's OpenMP threads run the products; ONNX Runtime's own spinning would steal their cores.
+    let spinning = kernels == ringtune_ops::Kernels::Mlas;
+    let session =
+        SessionOptions { threads: cfg.threads, provider: cfg.provider, spinning, ..SessionOptions::default() };
+    let (config, layout) = (&inputs.config, &inputs.model.layout);
+    let engine = Engine::new(runtime, config, layout, params, config.has_dropout(), kernels, &session)?;
+    let evaluator = if lead { Some(Evaluator::new(runtime, config, layout, kernels, &session)?) } else { None };
+    Ok((engine, evaluator))
+}
+
+impl RunLog {
+    fn open(lead: bool, plan: &Plan, started: Instant) -> Result<Self, TrainError> {
+        let metrics = if lead { Some(MetricsFile::open(&plan.output.join("metrics.jsonl"))?) } else { None };
+        let bar = if lead { progress_bar(plan.total) } else { ProgressBar::hidden() };
+        Ok(RunLog {
+            metrics,
+            bar,
+            window: Window::default(),
+            last_dev: None,
+            trained_samples: 0,
+            started,
+            train_started: Instant::now(),
+        })
+    }
+
+    /// Writes the steps since the last metrics line as one, and starts a new window.
+    fn write_window(&mut self, rank: usize, step: u64, epoch: u32, lr: f64, grad_norm: f64) -> Result<(), TrainError> {
+        if let Some(m) = self.metrics.as_mut() {
+            m.write(&Record::Step(self.window.record(rank, step, epoch, lr, grad_norm, self.started)))?;
+        }
+        self.window = Window::default();
+        Ok(())
+    }
+}
+
+fn progress_bar(total: u64) -> ProgressBar {
     let bar = ProgressBar::new(total);
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {per_sec}  ETA {eta}  {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    bar.set_position(done);
     bar
-}
-
-fn save_checkpoint(
-    dir: &Path,
-    cfg: &TrainConfig,
-    progress: &Progress,
-    layout_hash: &str,
-    engine: &Engine,
-    adam: &AdamW,
-) -> Result<(), TrainError> {
-    let _span = tracing::debug_span!("checkpoint").entered();
-    let state = adam.state();
-    let meta = Meta {
-        progress: progress.clone(),
-        seed: cfg.seed,
-        layout_hash: layout_hash.to_string(),
-        total_len: engine.params().len(),
-        adam_step: state.step,
-    };
-    checkpoint::save(&dir.join(checkpoint::file_name(progress.step)), &meta, engine.params(), &state.m, &state.v)?;
-    checkpoint::prune(dir, cfg.keep_checkpoints)
 }
 
 /// Scores of `examples` (in order) under `params`.
@@ -449,7 +561,7 @@ pub fn predict_logits(
     let order: Vec<usize> = (0..examples.len()).collect();
     let mut logits = Vec::new();
     let mut labels = Vec::new();
-    for batch in mrpc::batches(examples, &order, batch_size, Padding::Dynamic, pad_id) {
+    for batch in ringtune_mrpc::batches(examples, &order, batch_size, Padding::Dynamic, pad_id) {
         logits.extend(evaluator.logits(params, &batch)?);
         labels.extend(batch.labels);
     }
@@ -457,44 +569,26 @@ pub fn predict_logits(
 }
 
 /// The trained model as Hugging Face files plus the ONNX inference model and the plot.
-fn write_outputs(output: &Path, s: &Setup, layout: &ParamLayout, params: &[f32]) -> Result<(), TrainError> {
+fn write_outputs(output: &Path, inputs: &Inputs, layout: &ParamLayout, params: &[f32]) -> Result<(), TrainError> {
     let _span = tracing::debug_span!("outputs").entered();
-    bert::save_params(&output.join("model.safetensors"), layout, params)?;
-    let config = serde_json::to_string_pretty(&s.config.to_hf_json()).map_err(|e| TrainError::Other(e.to_string()))?;
-    bert::write_atomically(&output.join("config.json"), config.as_bytes())?;
-    for file in &s.tokenizer_files {
+    ringtune_bert::save_params(&output.join("model.safetensors"), layout, params)?;
+    let config =
+        serde_json::to_string_pretty(&inputs.config.to_hf_json()).map_err(|e| TrainError::Other(e.to_string()))?;
+    ringtune_files::write_atomically(&output.join("config.json"), config.as_bytes())?;
+    for file in &inputs.tokenizer_files {
         if let Some(name) = file.file_name() {
             std::fs::copy(file, output.join(name))
                 .map_err(|e| TrainError::Other(format!("{}: {e}", file.display())))?;
         }
     }
-    let onnx = bert::export_inference(&s.config, layout, params)?;
-    bert::write_atomically(&output.join("model.onnx"), &onnx)?;
-    let (loss, evals) = read_curves(&output.join("metrics.jsonl"));
-    if let Err(e) = crate::plot::plot(&output.join("training.png"), &loss, &evals) {
-        tracing::warn!("{e}");
+    let onnx = ringtune_bert::export_inference(&inputs.config, layout, params)?;
+    ringtune_files::write_atomically(&output.join("model.onnx"), &onnx)?;
+    let plotted = crate::metrics::read_records(&output.join("metrics.jsonl"))
+        .and_then(|records| crate::plot::plot(&output.join("training.png"), &records));
+    if let Err(e) = plotted {
+        tracing::warn!("no training.png: {e}");
     }
     Ok(())
-}
-
-/// Training-loss points (step, loss) and dev points (step, accuracy, F1).
-type Curves = (Vec<(u64, f64)>, Vec<(u64, f64, f64)>);
-
-/// The curves of a metrics file.
-fn read_curves(path: &Path) -> Curves {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let mut loss = Vec::new();
-    let mut evals = Vec::new();
-    for line in text.lines() {
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
-        let step = v["step"].as_u64().unwrap_or(0);
-        match v["kind"].as_str() {
-            Some("step") => loss.push((step, v["loss"].as_f64().unwrap_or(0.0))),
-            Some("eval") => evals.push((step, v["accuracy"].as_f64().unwrap_or(0.0), v["f1"].as_f64().unwrap_or(0.0))),
-            _ => {}
-        }
-    }
-    (loss, evals)
 }
 
 /// Per-interval averages for a metrics line.
@@ -509,9 +603,9 @@ struct Window {
 }
 
 impl Window {
-    fn add(&mut self, loss: f64, samples: u64, synced_floats: usize, phases: [std::time::Duration; 4]) {
+    fn add(&mut self, loss: f64, samples: u64, synced_floats: usize, phases: [Duration; 4]) {
         if self.started.is_none() {
-            self.started = Some(Instant::now() - phases.iter().sum::<std::time::Duration>());
+            self.started = Some(Instant::now() - phases.iter().sum::<Duration>());
         }
         self.loss += loss;
         self.steps += 1;
@@ -526,7 +620,6 @@ impl Window {
         let n = self.steps.max(1) as f64;
         let secs = self.started.map_or(0.0, |t| t.elapsed().as_secs_f64());
         StepRecord {
-            kind: "step",
             rank,
             step,
             epoch: epoch + 1,

@@ -13,7 +13,9 @@ fn bad_training_values_are_refused_by_name() {
         (&["train", "--learning-rate", "-1"][..], "--learning-rate -1"),
         (&["train", "--batch-size", "0"][..], "--batch-size 0"),
         (&["train", "--warmup-ratio", "2"][..], "--warmup-ratio 2"),
-        (&["train", "--provider", "cuda"][..], "unknown execution provider `cuda`"),
+        (&["train", "--provider", "cuda"][..], "invalid value 'cuda' for '--provider"),
+        (&["train", "--kernels", "cublas"][..], "[possible values: mlas, onednn]"),
+        (&["train", "--precision", "fp8"][..], "[possible values: fp32, bf16, auto]"),
         (&["train", "--epochs", "many"][..], "invalid value 'many'"),
         (&["train", "--epoch", "1"][..], "unexpected argument '--epoch'"),
     ] {

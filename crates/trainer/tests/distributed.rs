@@ -10,9 +10,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{config, small_mrpc, tiny_model};
-use quic::Peers;
-use trainer::distributed::{ClusterOptions, QuicSync};
-use trainer::TrainConfig;
+use ringtune_quic::Peers;
+use ringtune_trainer::distributed::{ClusterOptions, QuicSync};
+use ringtune_trainer::TrainConfig;
 
 fn free_ports(n: usize) -> Vec<u16> {
     let sockets: Vec<UdpSocket> = (0..n).map(|_| UdpSocket::bind("127.0.0.1:0").expect("port")).collect();
@@ -20,7 +20,7 @@ fn free_ports(n: usize) -> Vec<u16> {
 }
 
 fn params(output: &Path) -> Vec<f32> {
-    let t = bert::read_tensor_file(&output.join("model.safetensors")).expect("weights");
+    let t = ringtune_bert::read_tensor_file(&output.join("model.safetensors")).expect("weights");
     t.values().flat_map(|v| v.f32s().expect("f32").to_vec()).collect()
 }
 
@@ -41,9 +41,9 @@ fn train_on_nodes(base: &TrainConfig, world: usize, root: &Path, certs: &Path) -
             };
             let root = root.to_path_buf();
             std::thread::spawn(move || {
-                let model = trainer::model::ModelDir::open(&cfg.model).expect("model");
+                let model = ringtune_trainer::model::ModelDir::open(&cfg.model).expect("model");
                 let mut sync = QuicSync::join(&cluster, &model).expect("join");
-                let summary = trainer::train::train(&cfg, &root, false, Some(&mut sync)).expect("train");
+                let summary = ringtune_trainer::train::train(&cfg, &root, false, Some(&mut sync)).expect("train");
                 sync.shutdown();
                 summary.steps
             })
@@ -58,14 +58,14 @@ fn train_on_nodes(base: &TrainConfig, world: usize, root: &Path, certs: &Path) -
 fn two_and_four_nodes_reach_the_single_node_parameters() {
     let dir = tempfile::tempdir().expect("dir");
     let certs = dir.path().join("certs");
-    quic::certs::write(&certs, &quic::certs::generate(4).expect("certs")).expect("write");
+    ringtune_quic::certs::write(&certs, &ringtune_quic::certs::generate(4).expect("certs")).expect("write");
     // 200 examples: divisible by 2 and 4, so no rank sees padding the single node does not.
     let base = TrainConfig { epochs: 1, dropout: Some(0.0), param_check_every: 5, ..config(dir.path(), "runs") };
     let init = params(&base.model);
     for (world, b) in [(2usize, 8usize), (4, 4)] {
         let single =
             TrainConfig { batch_size: world * b, output: base.output.join(format!("single-{world}")), ..base.clone() };
-        trainer::train::train(&single, dir.path(), false, None).expect("single node");
+        ringtune_trainer::train::train(&single, dir.path(), false, None).expect("single node");
         let multi = TrainConfig { batch_size: b, ..base.clone() };
         let out = train_on_nodes(&multi, world, dir.path(), &certs);
         let (a, m) = (params(&single.output), params(&out));
@@ -113,7 +113,7 @@ fn a_killed_node_fails_the_others_by_name_and_resume_finishes_the_run() {
     let dir = tempfile::tempdir().expect("dir");
     let world = 3;
     let certs = dir.path().join("certs");
-    quic::certs::write(&certs, &quic::certs::generate(world).expect("certs")).expect("write");
+    ringtune_quic::certs::write(&certs, &ringtune_quic::certs::generate(world).expect("certs")).expect("write");
     let model = tiny_model(dir.path());
     let data = small_mrpc(dir.path(), 200, 20);
     let output = dir.path().join("run");

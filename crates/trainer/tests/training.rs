@@ -5,13 +5,13 @@
 mod common;
 
 use common::{config, losses};
-use trainer::TrainConfig;
+use ringtune_trainer::TrainConfig;
 
 #[test]
 fn the_loss_falls_and_every_output_is_written() {
     let dir = tempfile::tempdir().expect("dir");
     let cfg = TrainConfig { dropout: Some(0.1), ..config(dir.path(), "run") };
-    let summary = trainer::train::train(&cfg, dir.path(), false, None).expect("train");
+    let summary = ringtune_trainer::train::train(&cfg, dir.path(), false, None).expect("train");
     assert_eq!(summary.steps, 3 * 13);
     let l = losses(&cfg.output);
     let first: f64 = l[..5].iter().sum::<f64>() / 5.0;
@@ -37,7 +37,7 @@ fn the_loss_falls_and_every_output_is_written() {
 fn a_resumed_run_ends_at_the_same_weights_even_past_a_corrupt_checkpoint() {
     let dir = tempfile::tempdir().expect("dir");
     let straight = TrainConfig { dropout: Some(0.1), ..config(dir.path(), "straight") };
-    trainer::train::train(&straight, dir.path(), false, None).expect("straight run");
+    ringtune_trainer::train::train(&straight, dir.path(), false, None).expect("straight run");
 
     // Interrupted at step 20 (checkpoints every 6 steps), then resumed.
     let split = TrainConfig {
@@ -47,17 +47,18 @@ fn a_resumed_run_ends_at_the_same_weights_even_past_a_corrupt_checkpoint() {
         stop_after: 20,
         ..straight.clone()
     };
-    trainer::train::train(&split, dir.path(), false, None).expect("first part");
+    ringtune_trainer::train::train(&split, dir.path(), false, None).expect("first part");
     // Starting afresh over an interrupted run would lose it: refused, with what to do.
-    let err = trainer::train::train(&split, dir.path(), false, None).expect_err("earlier run kept").to_string();
+    let err =
+        ringtune_trainer::train::train(&split, dir.path(), false, None).expect_err("earlier run kept").to_string();
     assert!(err.contains("holds an earlier run") && err.contains("--resume"), "{err}");
-    let checkpoints = trainer::checkpoint::list(&split.output.join("checkpoints"));
+    let checkpoints = ringtune_trainer::checkpoint::list(&split.output.join("checkpoints"));
     let newest = checkpoints.last().expect("a checkpoint");
     // A crash mid-write of the newest checkpoint: it is refused and the one before is used.
     let bytes = std::fs::read(newest).expect("read");
     std::fs::write(newest, &bytes[..bytes.len() / 3]).expect("truncate");
     let rest = TrainConfig { stop_after: 0, ..split.clone() };
-    let summary = trainer::train::train(&rest, dir.path(), true, None).expect("resumed");
+    let summary = ringtune_trainer::train::train(&rest, dir.path(), true, None).expect("resumed");
     assert_eq!(summary.steps, 3 * 13);
     let a = std::fs::read(straight.output.join("model.safetensors")).expect("a");
     let b = std::fs::read(split.output.join("model.safetensors")).expect("b");
@@ -65,6 +66,7 @@ fn a_resumed_run_ends_at_the_same_weights_even_past_a_corrupt_checkpoint() {
 
     // Resuming where nothing usable is left is an error that says so.
     let empty = TrainConfig { output: dir.path().join("empty"), ..straight };
-    let err = trainer::train::train(&empty, dir.path(), true, None).expect_err("nothing to resume").to_string();
+    let err =
+        ringtune_trainer::train::train(&empty, dir.path(), true, None).expect_err("nothing to resume").to_string();
     assert!(err.contains("--resume: no usable checkpoint"), "{err}");
 }

@@ -5,12 +5,13 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use bert::{load_params, read_tensor_file, write_tensor_file, HostTensor};
 use clap::Parser;
-use runtime::{FlatBuffer, Runtime, SessionOptions};
-use trainer::engine::Engine;
-use trainer::model::ModelDir;
-use trainer::replay::{replay, Trace};
+use ringtune_bert::{load_params, read_tensor_file, write_tensor_file, HostTensor};
+use ringtune_ops::Kernels;
+use ringtune_runtime::{FlatBuffer, Runtime, SessionOptions};
+use ringtune_trainer::engine::Engine;
+use ringtune_trainer::model::ModelDir;
+use ringtune_trainer::replay::{replay, Trace};
 
 /// Runs forward (and backward) on one batch and writes the outputs.
 #[derive(Parser)]
@@ -57,13 +58,13 @@ fn main() -> Result<()> {
     }
     let runtime = Runtime::get()?;
     let options = SessionOptions { threads: args.threads, ..SessionOptions::default() };
-    let mut engine = Engine::new(runtime, &config, &model.layout, params, false, &options)?;
+    let mut engine = Engine::new(runtime, &config, &model.layout, params, false, Kernels::Mlas, &options)?;
     if let (Some(batches), Some(optim)) = (&args.replay, &args.optim) {
         let trace = Trace::from_file(optim)?;
         let batches =
             (0..trace.steps).map(|i| read_batch(batches, &format!("step{i}."))).collect::<Result<Vec<_>>>()?;
         let losses = replay(&mut engine, &batches, &trace)?;
-        bert::save_params(&args.out, &model.layout, engine.params())?;
+        ringtune_bert::save_params(&args.out, &model.layout, engine.params())?;
         println!("losses before each step {losses:?} -> {}", args.out.display());
         return Ok(());
     }
@@ -88,7 +89,7 @@ fn main() -> Result<()> {
 }
 
 /// A batch (the fixtures' `batch.safetensors` layout, names after `prefix`) as a padded batch.
-fn read_batch(path: &std::path::Path, prefix: &str) -> Result<mrpc::Batch> {
+fn read_batch(path: &std::path::Path, prefix: &str) -> Result<ringtune_mrpc::Batch> {
     let tensors = read_tensor_file(path)?;
     let get = |name: &str| -> Result<(&[usize], &[i64])> {
         let name = &format!("{prefix}{name}");
@@ -110,7 +111,7 @@ fn read_batch(path: &std::path::Path, prefix: &str) -> Result<mrpc::Batch> {
     if label_shape != [*rows] {
         bail!("{}: labels is {label_shape:?}, expected [{rows}]", path.display());
     }
-    Ok(mrpc::Batch {
+    Ok(ringtune_mrpc::Batch {
         rows: *rows,
         seq: *seq,
         input_ids: ids.to_vec(),

@@ -8,9 +8,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use mrpc::{
-    data_dir, glue_labelled_tsv, glue_split, glue_test_tsv, prepare, read_dev_ids, read_pairs, sha256_hex, CacheUse,
-    PairTokenizer, ReadOptions, SplitStats, PINNED_SHA256,
+use ringtune_mrpc::{
+    cache_file, data_dir, glue_labelled_tsv, glue_split, glue_test_tsv, prepare, read_dev_ids, read_pairs, sha256_hex,
+    CacheUse, PairTokenizer, ReadOptions, SplitStats, PINNED_SHA256,
 };
 
 /// Tokenizes GLUE MRPC (train, dev, test) into a cache that training loads instantly.
@@ -64,9 +64,7 @@ fn main() -> Result<()> {
     };
     let model = if args.model.is_absolute() { args.model.clone() } else { root.join(&args.model) };
     let tokenizer = PairTokenizer::from_model_dir(&model, args.max_len)?;
-    let model_name = model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
-    let cache =
-        args.cache.clone().unwrap_or_else(|| root.join(format!(".cache/mrpc/{model_name}-{}.bin", args.max_len)));
+    let cache = args.cache.clone().unwrap_or_else(|| cache_file(&model, args.max_len));
     let started = Instant::now();
     let options = ReadOptions { skip_bad: args.skip_bad };
     let (splits, how, skipped) = prepare(&data, &tokenizer, options, Some(&cache))?;
@@ -87,7 +85,7 @@ fn main() -> Result<()> {
     }
     if !skipped.is_empty() {
         println!("skipped {} bad row(s):", skipped.len());
-        for row in skipped.iter().take(mrpc::REPORTED_ROWS) {
+        for row in skipped.iter().take(ringtune_mrpc::REPORTED_ROWS) {
             println!("  {row}");
         }
     }
@@ -155,9 +153,9 @@ fn fetch(root: &Path, dest: &Path) -> Result<()> {
     let test = read_pairs(&dest.join("msr_paraphrase_test.txt"), ReadOptions::default())?;
     let ids = read_dev_ids(&dest.join("dev_ids.tsv"))?;
     let (train_pairs, dev_pairs) = glue_split(&train, &ids);
-    std::fs::write(dest.join("train.tsv"), glue_labelled_tsv(&train_pairs))?;
-    std::fs::write(dest.join("dev.tsv"), glue_labelled_tsv(&dev_pairs))?;
-    std::fs::write(dest.join("test.tsv"), glue_test_tsv(&test.pairs))?;
+    ringtune_files::write_atomically(&dest.join("train.tsv"), glue_labelled_tsv(&train_pairs).as_bytes())?;
+    ringtune_files::write_atomically(&dest.join("dev.tsv"), glue_labelled_tsv(&dev_pairs).as_bytes())?;
+    ringtune_files::write_atomically(&dest.join("test.tsv"), glue_test_tsv(&test.pairs).as_bytes())?;
     verify(dest)?;
     println!("MRPC downloaded and built in {}, checksums match", dest.display());
     Ok(())

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use collective::all_reduce_mean;
-use quic::certs::{generate, write, NodeIdentity};
-use quic::{Peers, QuicRing, RingOptions, Tuning};
+use ringtune_collective::all_reduce_mean;
+use ringtune_quic::certs::{generate, write, NodeIdentity};
+use ringtune_quic::{Peers, QuicRing, RingOptions, Tuning};
 use serde::{Deserialize, Serialize};
 
 #[derive(Parser, Clone)]

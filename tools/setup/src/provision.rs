@@ -123,25 +123,10 @@ fn open_zip(path: &Path) -> Result<zip::ZipArchive<File>, ProvisionError> {
         .map_err(|e| ProvisionError::BadArchive { archive: path.to_path_buf(), reason: e.to_string() })
 }
 
-/// Writes `target` through a temporary sibling, fsyncs it and renames it into place, so that
-/// `target` is either absent, its old self, or complete. The temporary is removed on failure.
+/// [`ringtune_files::write_atomically_with`], its failure reported as a provisioning error.
 fn write_atomically<T>(target: &Path, write: impl FnOnce(&mut File) -> io::Result<T>) -> Result<T, ProvisionError> {
-    let parent = target.parent().unwrap_or(Path::new("."));
-    create_dir(parent)?;
-    let name = target.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
-    let temp = parent.join(format!(".{name}.partial-{}", std::process::id()));
-    let io_err = |what: &str, source| ProvisionError::Io { what: format!("{what} {}", temp.display()), source };
-    let result = (|| {
-        let mut file = File::create(&temp).map_err(|e| io_err("creating", e))?;
-        let value = write(&mut file).map_err(|e| io_err("writing", e))?;
-        file.sync_all().map_err(|e| io_err("syncing", e))?;
-        std::fs::rename(&temp, target).map_err(|e| io_err("renaming", e))?;
-        Ok(value)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&temp);
-    }
-    result
+    ringtune_files::write_atomically_with(target, write)
+        .map_err(|e| ProvisionError::Io { what: format!("writing {}", e.path.display()), source: e.source })
 }
 
 /// Copies `from` into `to` and returns the hex sha256 of what passed.
@@ -156,7 +141,7 @@ fn copy_hashing(from: &mut impl Read, to: &mut impl Write) -> io::Result<String>
         hasher.update(&buf[..n]);
         to.write_all(&buf[..n])?;
     }
-    Ok(hex(&hasher.finalize()))
+    Ok(ringtune_files::hex(&hasher.finalize()))
 }
 
 /// The lower-case hex sha256 of a file.
@@ -165,10 +150,6 @@ pub fn sha256_file(path: &Path) -> Result<String, ProvisionError> {
         .map_err(|source| ProvisionError::Io { what: format!("opening {}", path.display()), source })?;
     copy_hashing(&mut file, &mut io::sink())
         .map_err(|source| ProvisionError::Io { what: format!("reading {}", path.display()), source })
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn create_dir(dir: &Path) -> Result<(), ProvisionError> {
@@ -233,7 +214,7 @@ mod tests {
     }
 
     fn sha(bytes: &[u8]) -> String {
-        hex(&Sha256::digest(bytes))
+        ringtune_files::hex(&Sha256::digest(bytes))
     }
 
     fn wheel(file: &str, bytes: &[u8], part: Option<&str>) -> Wheel {

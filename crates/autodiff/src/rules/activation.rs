@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use onnx_ir::Value;
+use ringtune_onnx_ir::Value;
 
 use super::{Rule, RuleCtx};
 use crate::AutodiffError;

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use onnx_ir::{DType, Value};
+use ringtune_onnx_ir::Value;
 
 use super::{Rule, RuleCtx};
 use crate::broadcast::reduce_to;
@@ -155,27 +155,11 @@ fn cast(ctx: &mut RuleCtx<'_>) -> Result<Vec<Option<Value>>, AutodiffError> {
 fn dropout(ctx: &mut RuleCtx<'_>) -> Result<Vec<Option<Value>>, AutodiffError> {
     ctx.only_first_output()?;
     let dy = ctx.dy(0)?;
-    let training = match ctx.node.input(2) {
-        None => false,
-        Some(name) => ctx
-            .graph
-            .constant_value(name)
-            .filter(|t| t.dtype == DType::Bool)
-            .map(|t| t.data.first() == Some(&1))
-            .ok_or_else(|| ctx.unsupported("training_mode must be a constant"))?,
-    };
-    if !training {
+    let mode = ctx.graph.dropout_mode(ctx.node).map_err(|reason| ctx.unsupported(&reason))?;
+    if !mode.training {
         return Ok(vec![Some(dy), None, None]);
     }
-    let ratio = match ctx.node.input(1) {
-        None => 0.5,
-        Some(name) => ctx
-            .graph
-            .constant_value(name)
-            .and_then(|t| t.as_f64s())
-            .and_then(|v| v.first().copied())
-            .ok_or_else(|| ctx.unsupported("the ratio must be a constant"))?,
-    };
+    let ratio = mode.ratio;
     let mask = match ctx.node.outputs.get(1).filter(|m| !m.is_empty()) {
         Some(m) => Value::named(m.as_str()),
         None => return Err(ctx.unsupported("the forward node must output its mask")),

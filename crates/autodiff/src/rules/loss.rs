@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use onnx_ir::{DType, Tensor, Value};
+use ringtune_onnx_ir::{DType, Tensor, Value};
 
 use super::{Rule, RuleCtx};
 use crate::AutodiffError;

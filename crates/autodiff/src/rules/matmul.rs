@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use onnx_ir::{Graph, Value};
+use ringtune_onnx_ir::{Graph, Value};
 
 use super::{Rule, RuleCtx};
 use crate::broadcast::reduce_to;
@@ -78,7 +78,7 @@ fn matmul(ctx: &mut RuleCtx<'_>) -> Result<Vec<Option<Value>>, AutodiffError> {
 }
 
 fn ctx_unknown(v: &Value) -> AutodiffError {
-    AutodiffError::Graph(onnx_ir::IrError::Invalid(format!("`{}` needs fixed dimensions", v.name())))
+    AutodiffError::Graph(ringtune_onnx_ir::IrError::Invalid(format!("`{}` needs fixed dimensions", v.name())))
 }
 
 /// `Y = alpha * op(A) @ op(B) + beta * C`.

@@ -10,21 +10,34 @@ mod shape;
 use std::collections::HashMap;
 use std::sync::LazyLock;
 
-use onnx_ir::{Graph, Node, Shape, Value};
+use ringtune_onnx_ir::{op_key, Graph, Node, Shape, Value};
 
 use crate::AutodiffError;
 
 /// What a rule sees: the graph (to add backward nodes to), the forward node, the gradient of
 /// each of its outputs, and which inputs need a gradient.
-pub(crate) struct RuleCtx<'a> {
-    pub graph: &'a mut Graph,
-    pub node: &'a Node,
-    pub output_grads: Vec<Option<Value>>,
-    pub needs: Vec<bool>,
+pub struct RuleCtx<'a> {
+    pub(crate) graph: &'a mut Graph,
+    pub(crate) node: &'a Node,
+    pub(crate) output_grads: Vec<Option<Value>>,
+    pub(crate) needs: Vec<bool>,
 }
 
-/// A rule returns one optional gradient per node input.
-pub(crate) type Rule = fn(&mut RuleCtx<'_>) -> Result<Vec<Option<Value>>, AutodiffError>;
+/// A gradient rule: one optional gradient per input of the forward node.
+pub type GradRule = fn(&mut RuleCtx<'_>) -> Result<Vec<Option<Value>>, AutodiffError>;
+type Rule = GradRule;
+
+/// The gradient rule of an operator outside ONNX's standard set, handed to
+/// [`crate::backward_with`].
+#[derive(Debug, Clone, Copy)]
+pub struct CustomRule {
+    /// The operator's domain.
+    pub domain: &'static str,
+    /// The operator's type.
+    pub op_type: &'static str,
+    /// Its rule.
+    pub rule: GradRule,
+}
 
 static RULES: LazyLock<HashMap<&'static str, Rule>> = LazyLock::new(|| {
     let mut rules: HashMap<&'static str, Rule> = HashMap::new();
@@ -37,36 +50,43 @@ static RULES: LazyLock<HashMap<&'static str, Rule>> = LazyLock::new(|| {
     rules
 });
 
-fn key(domain: &str, op_type: &str) -> String {
-    if domain.is_empty() {
-        op_type.to_string()
-    } else {
-        format!("{domain}.{op_type}")
-    }
+/// The rule of an operator: a standard one, else one of `custom`.
+pub(crate) fn rule_for(domain: &str, op_type: &str, custom: &[CustomRule]) -> Option<Rule> {
+    let key = op_key(domain, op_type);
+    RULES
+        .get(key.as_str())
+        .copied()
+        .or_else(|| custom.iter().find(|c| op_key(c.domain, c.op_type) == key).map(|c| c.rule))
 }
 
-pub(crate) fn rule_for(domain: &str, op_type: &str) -> Option<Rule> {
-    RULES.get(key(domain, op_type).as_str()).copied()
-}
-
-/// Whether an operator has a gradient rule.
+/// Whether a standard operator has a gradient rule.
 pub fn has_rule(domain: &str, op_type: &str) -> bool {
-    rule_for(domain, op_type).is_some()
+    rule_for(domain, op_type, &[]).is_some()
 }
 
 impl RuleCtx<'_> {
+    /// The graph, to add the backward nodes to.
+    pub fn graph(&mut self) -> &mut Graph {
+        self.graph
+    }
+
+    /// The forward node.
+    pub fn node(&self) -> &Node {
+        self.node
+    }
+
     /// Forward input `i`.
-    fn input(&self, i: usize) -> Value {
+    pub fn input(&self, i: usize) -> Value {
         Value::named(self.node.inputs[i].as_str())
     }
 
     /// Forward output `i`.
-    fn output(&self, i: usize) -> Value {
+    pub fn output(&self, i: usize) -> Value {
         Value::named(self.node.outputs[i].as_str())
     }
 
     /// The gradient of output `i`; required.
-    fn dy(&self, i: usize) -> Result<Value, AutodiffError> {
+    pub fn dy(&self, i: usize) -> Result<Value, AutodiffError> {
         self.output_grads
             .get(i)
             .cloned()
@@ -75,14 +95,15 @@ impl RuleCtx<'_> {
     }
 
     /// Refuses gradients flowing into outputs other than the first (statistics, masks).
-    fn only_first_output(&self) -> Result<(), AutodiffError> {
+    pub fn only_first_output(&self) -> Result<(), AutodiffError> {
         match self.output_grads.iter().skip(1).position(Option::is_some) {
             Some(i) => Err(self.unsupported(&format!("gradients through output {} are not supported", i + 1))),
             None => Ok(()),
         }
     }
 
-    fn need(&self, i: usize) -> bool {
+    /// Whether input `i` needs a gradient.
+    pub fn need(&self, i: usize) -> bool {
         self.needs.get(i).copied().unwrap_or(false)
     }
 
@@ -90,7 +111,8 @@ impl RuleCtx<'_> {
         Ok(self.graph.shape(v)?.clone())
     }
 
-    fn unsupported(&self, reason: &str) -> AutodiffError {
+    /// An error naming this node and why its rule cannot handle it.
+    pub fn unsupported(&self, reason: &str) -> AutodiffError {
         AutodiffError::Unsupported {
             node: self.node.name.clone(),
             op: self.node.op_type.clone(),

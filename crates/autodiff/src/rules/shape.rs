@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use onnx_ir::{Dim, NodeSpec, Tensor, Value};
+use ringtune_onnx_ir::{Dim, NodeSpec, Tensor, Value};
 
 use super::{Rule, RuleCtx};
 use crate::broadcast::reduce_to;

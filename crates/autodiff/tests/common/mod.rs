@@ -7,14 +7,14 @@
 
 #![allow(dead_code)]
 
-use onnx_ir::{shape, DType, Graph, IrError, Tensor, Value};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use runtime::{OwnedTensor, Runtime, Session, SessionOptions, TensorView};
+use ringtune_onnx_ir::{shape, DType, Graph, IrError, Tensor, Value};
+use ringtune_runtime::{OwnedTensor, Runtime, Session, SessionOptions, TensorView};
 
 /// An input of the op under test.
 #[derive(Clone)]
-pub struct Input {
+pub(crate) struct Input {
     pub name: &'static str,
     pub shape: Vec<i64>,
     pub data: Data,
@@ -23,13 +23,13 @@ pub struct Input {
 }
 
 #[derive(Clone)]
-pub enum Data {
+pub(crate) enum Data {
     Float(Vec<f64>),
     Int(Vec<i64>),
 }
 
 /// A float input with values uniform in `[lo, hi)`, from `seed`.
-pub fn float(name: &'static str, shape: &[i64], lo: f64, hi: f64, seed: u64) -> Input {
+pub(crate) fn float(name: &'static str, shape: &[i64], lo: f64, hi: f64, seed: u64) -> Input {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let n = shape.iter().product::<i64>() as usize;
     Input {
@@ -41,17 +41,17 @@ pub fn float(name: &'static str, shape: &[i64], lo: f64, hi: f64, seed: u64) -> 
 }
 
 /// An integer input (indices, labels): never differentiated.
-pub fn int(name: &'static str, shape: &[i64], values: Vec<i64>) -> Input {
+pub(crate) fn int(name: &'static str, shape: &[i64], values: Vec<i64>) -> Input {
     Input { name, shape: shape.to_vec(), data: Data::Int(values), grad: false }
 }
 
 /// A float input that is not differentiated.
-pub fn fixed(input: Input) -> Input {
+pub(crate) fn fixed(input: Input) -> Input {
     Input { grad: false, ..input }
 }
 
 /// Checks `build` in `dtype` (`F64` where ONNX Runtime has double kernels, else `F32`).
-pub fn check(dtype: DType, inputs: &[Input], build: impl Fn(&mut Graph, &[Value]) -> Result<Value, IrError>) {
+pub(crate) fn check(dtype: DType, inputs: &[Input], build: impl Fn(&mut Graph, &[Value]) -> Result<Value, IrError>) {
     let differentiable: Vec<usize> = (0..inputs.len()).filter(|&i| inputs[i].grad).collect();
     assert!(!differentiable.is_empty(), "nothing to check");
     let mut subsets = vec![differentiable.clone()];
@@ -91,9 +91,9 @@ fn check_subset(
     let loss = if axes.is_empty() { weighted } else { g.reduce_sum(&weighted, &axes, false).expect("sum") };
     let loss = g.output_as(&loss, "loss").expect("loss");
     let targets: Vec<Value> = wrt.iter().map(|&i| values[i].clone()).collect();
-    let grads = autodiff::backward(&mut g, &loss, &targets).expect("backward");
+    let grads = ringtune_autodiff::backward(&mut g, &loss, &targets).expect("backward");
     let names: Vec<String> = wrt.iter().map(|&i| format!("{}_grad", inputs[i].name)).collect();
-    autodiff::name_gradients(&mut g, &grads, &names).expect("names");
+    ringtune_autodiff::name_gradients(&mut g, &grads, &names).expect("names");
 
     let rt = Runtime::get().expect("ONNX Runtime (run `just setup`)");
     let bytes = g.to_bytes().unwrap_or_else(|e| panic!("{e}\n{g}"));
@@ -141,7 +141,13 @@ fn tensor(dtype: DType, dims: &[i64], values: &[f64]) -> Tensor {
 }
 
 /// Runs the session on the inputs (as `dtype`) and fetches `outputs`.
-pub fn run(session: &mut Session, dtype: DType, inputs: &[Input], data: &[Data], outputs: &[&str]) -> Vec<OwnedTensor> {
+pub(crate) fn run(
+    session: &mut Session,
+    dtype: DType,
+    inputs: &[Input],
+    data: &[Data],
+    outputs: &[&str],
+) -> Vec<OwnedTensor> {
     let narrowed: Vec<Vec<f32>> = data
         .iter()
         .map(|d| match d {

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use super::{Ctx, Inferred, Rule};
+use super::{InferCtx, Inferred, Rule};
 use crate::{Attribute, DType, Dim, Graph, IrError, NodeSpec, Shape, Value, ValueType};
 
 const UNARY: &[&str] =
@@ -26,11 +26,11 @@ pub(super) fn register(rules: &mut HashMap<&'static str, Rule>) {
     rules.insert("Cast", cast);
 }
 
-fn unary(ctx: &Ctx<'_>) -> Result<Inferred, String> {
+fn unary(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
     Ok(Inferred::one(ctx.ty(0)?.clone()))
 }
 
-fn broadcast_inputs(ctx: &Ctx<'_>, inputs: &[usize]) -> Result<Option<Shape>, String> {
+fn broadcast_inputs(ctx: &InferCtx<'_>, inputs: &[usize]) -> Result<Option<Shape>, String> {
     let mut out: Option<Shape> = Some(Vec::new());
     for &i in inputs {
         out = match (out, ctx.shape(i)?) {
@@ -41,7 +41,7 @@ fn broadcast_inputs(ctx: &Ctx<'_>, inputs: &[usize]) -> Result<Option<Shape>, St
     Ok(out)
 }
 
-fn binary(ctx: &Ctx<'_>) -> Result<Inferred, String> {
+fn binary(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
     let (a, b) = (ctx.dtype(0)?, ctx.dtype(1)?);
     if a != b && ctx.node.op_type != "Pow" {
         return Err(format!("element types differ: {a} and {b}"));
@@ -49,7 +49,7 @@ fn binary(ctx: &Ctx<'_>) -> Result<Inferred, String> {
     Ok(Inferred::one(ValueType { dtype: a, shape: broadcast_inputs(ctx, &[0, 1])? }))
 }
 
-fn sum_rule(ctx: &Ctx<'_>) -> Result<Inferred, String> {
+fn sum_rule(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
     let n = ctx.node.inputs.len();
     let dtype = ctx.dtype(0)?;
     for i in 1..n {
@@ -60,18 +60,18 @@ fn sum_rule(ctx: &Ctx<'_>) -> Result<Inferred, String> {
     Ok(Inferred::one(ValueType { dtype, shape: broadcast_inputs(ctx, &(0..n).collect::<Vec<_>>())? }))
 }
 
-fn compare(ctx: &Ctx<'_>) -> Result<Inferred, String> {
+fn compare(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
     Ok(Inferred::one(ValueType { dtype: DType::Bool, shape: broadcast_inputs(ctx, &[0, 1])? }))
 }
 
-fn where_rule(ctx: &Ctx<'_>) -> Result<Inferred, String> {
+fn where_rule(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
     if ctx.dtype(0)? != DType::Bool {
         return Err("the condition must be bool".into());
     }
     Ok(Inferred::one(ValueType { dtype: ctx.dtype(1)?, shape: broadcast_inputs(ctx, &[0, 1, 2])? }))
 }
 
-fn cast(ctx: &Ctx<'_>) -> Result<Inferred, String> {
+fn cast(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
     let to = match ctx.attr("to") {
         Some(Attribute::Int(code)) => DType::from_onnx(*code).ok_or_else(|| format!("unsupported `to` {code}"))?,
         _ => return Err("Cast needs an integer `to`".into()),

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use super::{norm_axis, Ctx, Inferred, Rule};
+use super::{norm_axis, InferCtx, Inferred, Rule};
 use crate::{Attribute, Dim, Graph, IrError, NodeSpec, Value, ValueType};
 
 pub(super) fn register(rules: &mut HashMap<&'static str, Rule>) {
@@ -12,7 +12,7 @@ pub(super) fn register(rules: &mut HashMap<&'static str, Rule>) {
     rules.insert("OneHot", one_hot);
 }
 
-fn gather(ctx: &Ctx<'_>) -> Result<Inferred, String> {
+fn gather(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
     let dtype = ctx.dtype(0)?;
     if ctx.dtype(1)?.is_float() {
         return Err("indices must be integers".into());
@@ -33,14 +33,14 @@ fn gather(ctx: &Ctx<'_>) -> Result<Inferred, String> {
     Ok(inferred)
 }
 
-fn scatter(ctx: &Ctx<'_>) -> Result<Inferred, String> {
+fn scatter(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
     if ctx.dtype(2)? != ctx.dtype(0)? {
         return Err("updates and data differ in element type".into());
     }
     Ok(Inferred::one(ctx.ty(0)?.clone()))
 }
 
-fn one_hot(ctx: &Ctx<'_>) -> Result<Inferred, String> {
+fn one_hot(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
     let dtype = ctx.dtype(2)?;
     let depth = ctx.sym(1)?.and_then(|v| v.first().cloned()).unwrap_or(Dim::Unknown);
     let shape = ctx.shape(0)?.map(|indices| {

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use super::{Ctx, Inferred, Rule};
+use super::{InferCtx, Inferred, Rule};
 use crate::{Attribute, DType, Graph, IrError, NodeSpec, Tensor, Value, ValueType};
 
 pub(super) fn register(rules: &mut HashMap<&'static str, Rule>) {
@@ -10,13 +10,13 @@ pub(super) fn register(rules: &mut HashMap<&'static str, Rule>) {
     rules.insert("SoftmaxCrossEntropyLoss", softmax_cross_entropy);
 }
 
-fn dropout(ctx: &Ctx<'_>) -> Result<Inferred, String> {
+fn dropout(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
     let x = ctx.ty(0)?.clone();
     let mask = ValueType { dtype: DType::Bool, shape: x.shape.clone() };
     Ok(Inferred::types(vec![x, mask]))
 }
 
-fn softmax_cross_entropy(ctx: &Ctx<'_>) -> Result<Inferred, String> {
+fn softmax_cross_entropy(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
     let scores = ctx.ty(0)?.clone();
     if ctx.dtype(1)? != DType::I64 && ctx.dtype(1)? != DType::I32 {
         return Err("labels must be integers".into());
@@ -39,7 +39,38 @@ pub struct DropoutOutputs {
     pub mask: Value,
 }
 
+/// What a `Dropout` node does, read from its constant inputs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DropoutMode {
+    /// The probability of dropping an element (ONNX's default 0.5 when the input is absent).
+    pub ratio: f64,
+    /// Whether it drops at all (`training_mode`, false when absent).
+    pub training: bool,
+}
+
 impl Graph {
+    /// The ratio and mode of the `Dropout` node `node`, or why they are not known before
+    /// running (an input that is not a constant).
+    pub fn dropout_mode(&self, node: &crate::Node) -> Result<DropoutMode, String> {
+        let training = match node.input(2) {
+            None => false,
+            Some(name) => self
+                .constant_value(name)
+                .filter(|t| t.dtype == DType::Bool)
+                .map(|t| t.data.first() == Some(&1))
+                .ok_or("training_mode must be a constant")?,
+        };
+        let ratio = match node.input(1) {
+            None => 0.5,
+            Some(name) => self
+                .constant_value(name)
+                .and_then(|t| t.as_f64s())
+                .and_then(|v| v.first().copied())
+                .ok_or("the ratio must be a constant")?,
+        };
+        Ok(DropoutMode { ratio, training })
+    }
+
     /// `Dropout(x, ratio, training_mode = true)`, with its mask.
     pub fn dropout(&mut self, x: &Value, ratio: f32) -> Result<DropoutOutputs, IrError> {
         let dtype = self.dtype(x)?;

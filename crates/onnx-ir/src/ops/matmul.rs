@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use super::{elementwise::broadcast_shapes, Ctx, Inferred, Rule};
+use super::{elementwise::broadcast_shapes, InferCtx, Inferred, Rule};
 use crate::{Attribute, Dim, Graph, IrError, NodeSpec, Shape, Value, ValueType};
 
 pub(super) fn register(rules: &mut HashMap<&'static str, Rule>) {
@@ -12,15 +12,15 @@ pub(super) fn register(rules: &mut HashMap<&'static str, Rule>) {
     rules.insert("com.microsoft.FusedMatMul", fused_matmul);
 }
 
-fn matmul(ctx: &Ctx<'_>) -> Result<Inferred, String> {
+fn matmul(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
     batched(ctx, false, false)
 }
 
-fn fused_matmul(ctx: &Ctx<'_>) -> Result<Inferred, String> {
+fn fused_matmul(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
     batched(ctx, ctx.int("transA", 0) != 0, ctx.int("transB", 0) != 0)
 }
 
-fn batched(ctx: &Ctx<'_>, trans_a: bool, trans_b: bool) -> Result<Inferred, String> {
+fn batched(ctx: &InferCtx<'_>, trans_a: bool, trans_b: bool) -> Result<Inferred, String> {
     let dtype = ctx.dtype(0)?;
     if ctx.dtype(1)? != dtype {
         return Err(format!("element types differ: {dtype} and {}", ctx.dtype(1)?));
@@ -33,7 +33,7 @@ fn batched(ctx: &Ctx<'_>, trans_a: bool, trans_b: bool) -> Result<Inferred, Stri
 
 /// The result shape of a batched matrix product, numpy rules, with optional transposes of the
 /// last two axes.
-pub(crate) fn matmul_shape(a: &Shape, b: &Shape, trans_a: bool, trans_b: bool) -> Result<Shape, String> {
+pub fn matmul_shape(a: &Shape, b: &Shape, trans_a: bool, trans_b: bool) -> Result<Shape, String> {
     if a.is_empty() || b.is_empty() {
         return Err("MatMul inputs must have rank 1 or more".into());
     }
@@ -74,7 +74,7 @@ fn check_inner(k_a: &Dim, k_b: &Dim) -> Result<(), String> {
     }
 }
 
-fn gemm(ctx: &Ctx<'_>) -> Result<Inferred, String> {
+fn gemm(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
     let dtype = ctx.dtype(0)?;
     let (a, b) = (ctx.ranked(0)?, ctx.ranked(1)?);
     if a.len() != 2 || b.len() != 2 {

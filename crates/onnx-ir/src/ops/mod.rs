@@ -13,7 +13,8 @@ use std::collections::HashMap;
 use std::sync::LazyLock;
 
 pub use elementwise::broadcast_shapes;
-pub use loss::DropoutOutputs;
+pub use loss::{DropoutMode, DropoutOutputs};
+pub use matmul::matmul_shape;
 pub use norm::LayerNormOutputs;
 
 use crate::{Attribute, DType, Dim, Graph, Node, Shape, Tensor, ValueType};
@@ -37,7 +38,7 @@ impl Inferred {
     }
 }
 
-type Rule = fn(&Ctx<'_>) -> Result<Inferred, String>;
+type Rule = fn(&InferCtx<'_>) -> Result<Inferred, String>;
 
 /// Op type (with domain for non-standard ones) to inference rule.
 static RULES: LazyLock<HashMap<&'static str, Rule>> = LazyLock::new(|| {
@@ -52,12 +53,14 @@ static RULES: LazyLock<HashMap<&'static str, Rule>> = LazyLock::new(|| {
     rules
 });
 
-/// Whether the builder knows `op_type` (in `domain`).
+/// Whether the builder knows `op_type` (in `domain`) without a custom rule.
 pub fn is_known(domain: &str, op_type: &str) -> bool {
-    RULES.contains_key(rule_key(domain, op_type).as_str())
+    RULES.contains_key(op_key(domain, op_type).as_str())
 }
 
-fn rule_key(domain: &str, op_type: &str) -> String {
+/// The registry key of an operator: its type for the standard domain (`""` or `ai.onnx`),
+/// `domain.type` for any other. Every registry of operators (shapes, gradients) uses it.
+pub fn op_key(domain: &str, op_type: &str) -> String {
     if domain.is_empty() || domain == "ai.onnx" {
         op_type.to_string()
     } else {
@@ -65,25 +68,40 @@ fn rule_key(domain: &str, op_type: &str) -> String {
     }
 }
 
+/// The shape and type rule of an operator outside the standard set: one [`ValueType`] per
+/// output, or why the node is wrong. Registered on a graph with [`Graph::register_op`].
+pub type ShapeRule = fn(&InferCtx<'_>) -> Result<Vec<ValueType>, String>;
+
 pub(crate) fn infer(graph: &Graph, node: &Node) -> Result<Inferred, String> {
-    let rule = RULES
-        .get(rule_key(&node.domain, &node.op_type).as_str())
-        .ok_or_else(|| format!("no shape inference for operator {}", rule_key(&node.domain, &node.op_type)))?;
-    rule(&Ctx { graph, node })
+    let key = op_key(&node.domain, &node.op_type);
+    let ctx = InferCtx { graph, node };
+    if let Some(rule) = RULES.get(key.as_str()) {
+        return rule(&ctx);
+    }
+    match graph.custom_rule(&key) {
+        Some(rule) => rule(&ctx).map(Inferred::types),
+        None => Err(format!("no shape inference for operator {key}")),
+    }
 }
 
 /// What an inference rule sees: the graph so far and the node.
-pub(crate) struct Ctx<'a> {
+pub struct InferCtx<'a> {
     graph: &'a Graph,
     node: &'a Node,
 }
 
-impl Ctx<'_> {
+impl InferCtx<'_> {
+    /// The node whose outputs are inferred.
+    pub fn node(&self) -> &Node {
+        self.node
+    }
+
     fn input_name(&self, i: usize) -> Result<&str, String> {
         self.node.input(i).ok_or_else(|| format!("input {i} is required"))
     }
 
-    fn has_input(&self, i: usize) -> bool {
+    /// Whether optional input `i` is given.
+    pub fn has_input(&self, i: usize) -> bool {
         self.node.input(i).is_some()
     }
 
@@ -92,16 +110,18 @@ impl Ctx<'_> {
         self.graph.type_of(name).map_err(|e| e.to_string())
     }
 
-    fn dtype(&self, i: usize) -> Result<DType, String> {
+    /// The element type of input `i`.
+    pub fn dtype(&self, i: usize) -> Result<DType, String> {
         Ok(self.ty(i)?.dtype)
     }
 
     /// The shape of input `i`, or `None` when its rank is unknown.
-    fn shape(&self, i: usize) -> Result<Option<&Shape>, String> {
+    pub fn shape(&self, i: usize) -> Result<Option<&Shape>, String> {
         Ok(self.ty(i)?.shape.as_ref())
     }
 
-    fn ranked(&self, i: usize) -> Result<&Shape, String> {
+    /// The shape of input `i`, which must have a known rank.
+    pub fn ranked(&self, i: usize) -> Result<&Shape, String> {
         self.shape(i)?.ok_or_else(|| format!("input {i} ({}) needs a known rank", self.node.inputs[i]))
     }
 
@@ -115,7 +135,8 @@ impl Ctx<'_> {
         Ok(self.graph.constant_value(self.input_name(i)?).and_then(Tensor::as_i64s))
     }
 
-    fn int(&self, name: &str, default: i64) -> i64 {
+    /// Integer attribute `name`, or `default`.
+    pub fn int(&self, name: &str, default: i64) -> i64 {
         self.node.int(name).unwrap_or(default)
     }
 

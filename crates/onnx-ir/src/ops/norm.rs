@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use super::{norm_axis, Ctx, Inferred, Rule};
+use super::{norm_axis, InferCtx, Inferred, Rule};
 use crate::{Attribute, Dim, Graph, IrError, NodeSpec, Value, ValueType};
 
 pub(super) fn register(rules: &mut HashMap<&'static str, Rule>) {
@@ -12,7 +12,7 @@ pub(super) fn register(rules: &mut HashMap<&'static str, Rule>) {
     rules.insert("LogSoftmax", softmax);
 }
 
-fn layer_norm(ctx: &Ctx<'_>) -> Result<Inferred, String> {
+fn layer_norm(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
     let x = ctx.ty(0)?.clone();
     let input = ctx.ranked(0)?;
     let axis = norm_axis(ctx.int("axis", -1), input.len())?;
@@ -23,7 +23,7 @@ fn layer_norm(ctx: &Ctx<'_>) -> Result<Inferred, String> {
     Ok(Inferred::types(vec![x, stat_type.clone(), stat_type]))
 }
 
-fn softmax(ctx: &Ctx<'_>) -> Result<Inferred, String> {
+fn softmax(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
     if let Some(s) = ctx.shape(0)? {
         norm_axis(ctx.int("axis", -1), s.len())?;
     }

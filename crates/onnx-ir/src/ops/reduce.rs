@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use super::{norm_axis, Ctx, Inferred, Rule};
+use super::{norm_axis, InferCtx, Inferred, Rule};
 use crate::{Attribute, Dim, Graph, IrError, Value, ValueType};
 
 pub(super) fn register(rules: &mut HashMap<&'static str, Rule>) {
@@ -13,7 +13,7 @@ pub(super) fn register(rules: &mut HashMap<&'static str, Rule>) {
     rules.insert("CumSum", cumsum);
 }
 
-fn cumsum(ctx: &Ctx<'_>) -> Result<Inferred, String> {
+fn cumsum(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
     if let Some(s) = ctx.shape(0)? {
         let axis = ctx.const_ints(1)?.and_then(|a| a.first().copied()).ok_or("CumSum needs a constant axis")?;
         norm_axis(axis, s.len())?;
@@ -21,7 +21,7 @@ fn cumsum(ctx: &Ctx<'_>) -> Result<Inferred, String> {
     Ok(Inferred::one(ctx.ty(0)?.clone()))
 }
 
-fn reduce(ctx: &Ctx<'_>) -> Result<Inferred, String> {
+fn reduce(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
     let dtype = ctx.dtype(0)?;
     let Some(input) = ctx.shape(0)? else {
         return Ok(Inferred::one(ValueType::unranked(dtype)));

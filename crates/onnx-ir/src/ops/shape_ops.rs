@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use super::{elementwise::broadcast_shapes, norm_axis, Ctx, Inferred, Rule};
+use super::{elementwise::broadcast_shapes, norm_axis, InferCtx, Inferred, Rule};
 use crate::{Attribute, DType, Dim, Graph, IrError, NodeSpec, Shape, Tensor, Value, ValueType};
 
 pub(super) fn register(rules: &mut HashMap<&'static str, Rule>) {
@@ -23,14 +23,14 @@ pub(super) fn register(rules: &mut HashMap<&'static str, Rule>) {
 }
 
 /// The length of a 1-D integer input, when known.
-fn vector_len(ctx: &Ctx<'_>, i: usize) -> Result<Option<usize>, String> {
+fn vector_len(ctx: &InferCtx<'_>, i: usize) -> Result<Option<usize>, String> {
     Ok(match ctx.shape(i)? {
         Some(s) if s.len() == 1 => s[0].known().map(|n| n as usize),
         _ => None,
     })
 }
 
-fn reshape(ctx: &Ctx<'_>) -> Result<Inferred, String> {
+fn reshape(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
     let dtype = ctx.dtype(0)?;
     let Some(target) = ctx.sym(1)? else {
         let shape = vector_len(ctx, 1)?.map(|n| vec![Dim::Unknown; n]);
@@ -108,7 +108,7 @@ fn check_same_size(input: &Shape, out: &Shape) -> Result<(), String> {
     }
 }
 
-fn transpose(ctx: &Ctx<'_>) -> Result<Inferred, String> {
+fn transpose(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
     let dtype = ctx.dtype(0)?;
     let Some(input) = ctx.shape(0)? else {
         return Ok(Inferred::one(ValueType::unranked(dtype)));
@@ -130,7 +130,7 @@ fn transpose(ctx: &Ctx<'_>) -> Result<Inferred, String> {
     Ok(Inferred::one(ValueType::new(dtype, out)))
 }
 
-fn unsqueeze(ctx: &Ctx<'_>) -> Result<Inferred, String> {
+fn unsqueeze(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
     let dtype = ctx.dtype(0)?;
     let axes = ctx.const_ints(1)?.ok_or("Unsqueeze needs constant axes")?;
     let Some(input) = ctx.shape(0)? else {
@@ -149,7 +149,7 @@ fn unsqueeze(ctx: &Ctx<'_>) -> Result<Inferred, String> {
     Ok(inferred)
 }
 
-fn squeeze(ctx: &Ctx<'_>) -> Result<Inferred, String> {
+fn squeeze(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
     let dtype = ctx.dtype(0)?;
     let input = ctx.ranked(0)?;
     let axes: Vec<usize> = if ctx.has_input(1) {
@@ -169,7 +169,7 @@ fn squeeze(ctx: &Ctx<'_>) -> Result<Inferred, String> {
     Ok(inferred)
 }
 
-fn shape_of(ctx: &Ctx<'_>) -> Result<Inferred, String> {
+fn shape_of(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
     let Some(input) = ctx.shape(0)? else {
         return Ok(Inferred::one(ValueType::new(DType::I64, vec![Dim::Unknown])));
     };
@@ -181,7 +181,7 @@ fn shape_of(ctx: &Ctx<'_>) -> Result<Inferred, String> {
     Ok(Inferred { types: vec![ValueType::new(DType::I64, vec![Dim::Known(dims.len() as i64)])], sym_value: Some(dims) })
 }
 
-fn concat(ctx: &Ctx<'_>) -> Result<Inferred, String> {
+fn concat(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
     let dtype = ctx.dtype(0)?;
     let n = ctx.node.inputs.len();
     let shapes: Option<Vec<&Shape>> =
@@ -209,7 +209,7 @@ fn concat(ctx: &Ctx<'_>) -> Result<Inferred, String> {
     Ok(inferred)
 }
 
-fn expand(ctx: &Ctx<'_>) -> Result<Inferred, String> {
+fn expand(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
     let dtype = ctx.dtype(0)?;
     let shape = match (ctx.shape(0)?, ctx.sym(1)?) {
         (Some(input), Some(target)) => Some(broadcast_shapes(input, &target)?),
@@ -219,7 +219,7 @@ fn expand(ctx: &Ctx<'_>) -> Result<Inferred, String> {
     Ok(Inferred::one(ValueType { dtype, shape }))
 }
 
-fn constant_of_shape(ctx: &Ctx<'_>) -> Result<Inferred, String> {
+fn constant_of_shape(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
     let dtype = match ctx.attr("value") {
         Some(Attribute::Tensor(t)) => t.dtype,
         _ => DType::F32,
@@ -231,7 +231,7 @@ fn constant_of_shape(ctx: &Ctx<'_>) -> Result<Inferred, String> {
     Ok(Inferred::one(ValueType { dtype, shape }))
 }
 
-fn constant(ctx: &Ctx<'_>) -> Result<Inferred, String> {
+fn constant(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
     match ctx.attr("value") {
         Some(Attribute::Tensor(t)) => {
             Ok(Inferred::one(ValueType::new(t.dtype, t.dims.iter().map(|&d| Dim::Known(d)).collect())))
@@ -240,7 +240,7 @@ fn constant(ctx: &Ctx<'_>) -> Result<Inferred, String> {
     }
 }
 
-fn range(ctx: &Ctx<'_>) -> Result<Inferred, String> {
+fn range(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
     let dtype = ctx.dtype(0)?;
     let scalar = |i: usize| -> Result<Option<Dim>, String> { Ok(ctx.sym(i)?.and_then(|v| v.first().cloned())) };
     let len = match (scalar(0)?, scalar(1)?, scalar(2)?) {
@@ -253,7 +253,7 @@ fn range(ctx: &Ctx<'_>) -> Result<Inferred, String> {
     Ok(Inferred::one(ValueType::new(dtype, vec![len])))
 }
 
-fn pad(ctx: &Ctx<'_>) -> Result<Inferred, String> {
+fn pad(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
     let dtype = ctx.dtype(0)?;
     let input = ctx.ranked(0)?;
     let rank = input.len();
@@ -282,7 +282,7 @@ fn pad(ctx: &Ctx<'_>) -> Result<Inferred, String> {
     Ok(Inferred::one(ValueType::new(dtype, out)))
 }
 
-fn slice(ctx: &Ctx<'_>) -> Result<Inferred, String> {
+fn slice(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
     let dtype = ctx.dtype(0)?;
     let input = ctx.ranked(0)?;
     let rank = input.len();

@@ -5,14 +5,15 @@
 
 use std::path::{Path, PathBuf};
 
-use trainer::TrainConfig;
+use ringtune_trainer::metrics::{read_records, Record};
+use ringtune_trainer::TrainConfig;
 
-pub fn root() -> PathBuf {
+pub(crate) fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 /// A tiny BERT with MiniLM's vocabulary and tokenizer, seeded weights, in `dir`.
-pub fn tiny_model(dir: &Path) -> PathBuf {
+pub(crate) fn tiny_model(dir: &Path) -> PathBuf {
     let model = dir.join("tiny-model");
     std::fs::create_dir_all(&model).expect("dir");
     let minilm = root().join("models/all-MiniLM-L6-v2");
@@ -21,18 +22,18 @@ pub fn tiny_model(dir: &Path) -> PathBuf {
         "num_attention_heads": 4, "intermediate_size": 64, "max_position_embeddings": 512, "hidden_act": "gelu",
         "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}"#;
     std::fs::write(model.join("config.json"), config).expect("config");
-    let c = bert::ModelConfig::from_dir(&model).expect("parse");
-    let layout = bert::layout(&c);
+    let c = ringtune_bert::ModelConfig::from_dir(&model).expect("parse");
+    let layout = ringtune_bert::layout(&c);
     let mut params = vec![0.0; layout.total_len()];
-    bert::init_all(&c, &layout, 3, &mut params);
-    bert::save_params(&model.join("model.safetensors"), &layout, &params).expect("weights");
+    ringtune_bert::init_all(&c, &layout, 3, &mut params);
+    ringtune_bert::save_params(&model.join("model.safetensors"), &layout, &params).expect("weights");
     std::fs::copy(minilm.join("tokenizer.json"), model.join("tokenizer.json")).expect("tokenizer");
     model
 }
 
 /// The first `train` and `dev` rows of the real MRPC files, as a data folder.
-pub fn small_mrpc(dir: &Path, train: usize, dev: usize) -> PathBuf {
-    let source = mrpc::data_dir(&root()).unwrap_or_else(|e| panic!("{e}")).path;
+pub(crate) fn small_mrpc(dir: &Path, train: usize, dev: usize) -> PathBuf {
+    let source = ringtune_mrpc::data_dir(&root()).unwrap_or_else(|e| panic!("{e}")).path;
     let data = dir.join("mrpc");
     std::fs::create_dir_all(&data).expect("dir");
     for (file, rows) in [("train.tsv", train), ("dev.tsv", dev)] {
@@ -43,7 +44,7 @@ pub fn small_mrpc(dir: &Path, train: usize, dev: usize) -> PathBuf {
     data
 }
 
-pub fn config(dir: &Path, output: &str) -> TrainConfig {
+pub(crate) fn config(dir: &Path, output: &str) -> TrainConfig {
     TrainConfig {
         model: tiny_model(dir),
         data: Some(small_mrpc(dir, 200, 40)),
@@ -56,17 +57,18 @@ pub fn config(dir: &Path, output: &str) -> TrainConfig {
         threads: 1,
         log_every: 1,
         // fp32 MLAS: these tests compare runs to float tolerance, which bf16 products are not.
-        kernels: "mlas".into(),
+        kernels: ringtune_ops::KernelChoice::Mlas,
         ..TrainConfig::default()
     }
 }
 
-pub fn losses(output: &Path) -> Vec<f64> {
-    std::fs::read_to_string(output.join("metrics.jsonl"))
-        .expect("metrics")
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["kind"] == "step")
-        .map(|v| v["loss"].as_f64().expect("loss"))
+pub(crate) fn losses(output: &Path) -> Vec<f64> {
+    let records = read_records(&output.join("metrics.jsonl")).expect("metrics");
+    records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Step(s) => Some(s.loss),
+            Record::Eval(_) => None,
+        })
         .collect()
 }

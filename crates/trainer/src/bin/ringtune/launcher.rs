@@ -1,35 +1,38 @@
 //! Rank, world and coordinator from the environment of the launchers clusters run:
 //! torchrun-style variables, Slurm, Open MPI and PMI (MPICH, Intel MPI).
 
-use crate::QuicError;
+use anyhow::{bail, Result};
 
 /// The default coordinator port (torchrun's).
-pub const DEFAULT_PORT: u16 = 29500;
+pub(crate) const DEFAULT_PORT: u16 = 29500;
 
 /// Where this process stands in a job.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Launch {
+pub(crate) struct Launch {
     /// This process's rank.
-    pub rank: usize,
+    pub(crate) rank: usize,
     /// Processes in the job.
-    pub world: usize,
+    pub(crate) world: usize,
     /// `host:port` of the coordinator (rank 0), when the environment tells it.
-    pub coordinator: Option<String>,
+    pub(crate) coordinator: Option<String>,
     /// Which launcher's variables were read.
-    pub launcher: &'static str,
+    pub(crate) launcher: &'static str,
 }
 
-fn number(var: &dyn Fn(&str) -> Option<String>, name: &str) -> Result<Option<usize>, QuicError> {
+fn number(var: &dyn Fn(&str) -> Option<String>, name: &str) -> Result<Option<usize>> {
     match var(name).filter(|v| !v.trim().is_empty()) {
         None => Ok(None),
-        Some(v) => v.trim().parse().map(Some).map_err(|_| QuicError::Launch(format!("{name}={v} is not a number"))),
+        Some(v) => match v.trim().parse() {
+            Ok(n) => Ok(Some(n)),
+            Err(_) => bail!("launcher environment: {name}={v} is not a number"),
+        },
     }
 }
 
 /// Reads the launch from environment variables (`var` looks one up), in the order torchrun,
 /// Slurm, Open MPI, PMI; `None` when none is set. The coordinator is `MASTER_ADDR:MASTER_PORT`,
 /// under Slurm by default the first host of the node list.
-pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Result<Option<Launch>, QuicError> {
+pub(crate) fn from_env(var: impl Fn(&str) -> Option<String>) -> Result<Option<Launch>> {
     let var: &dyn Fn(&str) -> Option<String> = &var;
     let launchers: [(&str, &str, &'static str); 4] = [
         ("RANK", "WORLD_SIZE", "torchrun"),
@@ -40,10 +43,13 @@ pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Result<Option<Launch>, 
     for (rank_var, world_var, launcher) in launchers {
         let (Some(rank), Some(world)) = (number(var, rank_var)?, number(var, world_var)?) else { continue };
         if world == 0 || rank >= world {
-            return Err(QuicError::Launch(format!("{rank_var}={rank} is not within {world_var}={world}")));
+            bail!("launcher environment: {rank_var}={rank} is not within {world_var}={world}");
         }
         let port = match number(var, "MASTER_PORT")? {
-            Some(p) => u16::try_from(p).map_err(|_| QuicError::Launch(format!("MASTER_PORT={p} is not a port")))?,
+            Some(p) => match u16::try_from(p) {
+                Ok(port) => port,
+                Err(_) => bail!("launcher environment: MASTER_PORT={p} is not a port"),
+            },
             None => DEFAULT_PORT,
         };
         let host = var("MASTER_ADDR").filter(|h| !h.is_empty()).or_else(|| {
@@ -58,7 +64,7 @@ pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Result<Option<Launch>, 
 }
 
 /// The first host of a Slurm node list (`node[01-04,07],gpu5` gives `node01`).
-pub fn first_host(list: &str) -> Option<String> {
+pub(crate) fn first_host(list: &str) -> Option<String> {
     let list = list.trim();
     let first_end = {
         let mut depth = 0;

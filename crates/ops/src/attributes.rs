@@ -1,0 +1,26 @@
+//! Where typed attributes are read from: a graph node (when rewriting) or the node a kernel is
+//! made for (at run time). Each operator's attribute struct reads both through this trait and
+//! writes node attributes in one place, so the encoding exists once.
+
+use ringtune_onnx_ir::Node;
+
+/// Integer attributes by name.
+pub(crate) trait AttributeSource {
+    fn int(&self, name: &str) -> Option<i64>;
+
+    fn flag(&self, name: &str) -> bool {
+        self.int(name).unwrap_or(0) != 0
+    }
+}
+
+impl AttributeSource for Node {
+    fn int(&self, name: &str) -> Option<i64> {
+        Node::int(self, name)
+    }
+}
+
+impl AttributeSource for dyn ringtune_runtime::Attributes + '_ {
+    fn int(&self, name: &str) -> Option<i64> {
+        ringtune_runtime::Attributes::int(self, name)
+    }
+}

@@ -1,0 +1,108 @@
+//! ringtune's own ONNX operators, in the `ai.ringtune` domain: the matrix products on oneDNN
+//! (`DnnlMatMul`, `DnnlGemm`), seeded dropout (`SeededDropout`) and in-order scatter-add
+//! (`ScatterNdAdd`).
+//!
+//! Owns: one module per operator, each holding its name, typed attributes, shape rule (taught
+//! to `ringtune-onnx-ir` graphs), gradient rule where the operator exists before
+//! differentiation (handed to `ringtune-autodiff`), the graph rewrite that puts it in place,
+//! and its kernel (plugged into `ringtune-runtime`'s [`Kernel`](ringtune_runtime::Kernel)
+//! trait); the kernel settings (`mlas` or `onednn`, `fp32`, `bf16` or `auto`).
+//!
+//! Does not own: which graphs exist (`ringtune-bert`), differentiation itself
+//! (`ringtune-autodiff`), sessions (`ringtune-runtime`) or oneDNN's C API (`ringtune-onednn`).
+//!
+//! A training graph goes: forward graph, [`seed_dropouts`], differentiation with
+//! [`gradient_rules`], [`lower`]; its session registers [`custom_ops`].
+//!
+//! ```
+//! use ringtune_onnx_ir::{shape, DType, Graph};
+//! let mut g = Graph::new("demo");
+//! let x = g.input("x", DType::F32, shape(&[4, 8])).unwrap();
+//! let w = g.input("w", DType::F32, shape(&[8, 3])).unwrap();
+//! let dropped = g.dropout(&x, 0.1).unwrap();
+//! let y = g.matmul(&dropped.y, &w).unwrap();
+//! let loss = g.reduce_sum(&y, &[0, 1], false).unwrap();
+//! g.output(&loss).unwrap();
+//! assert_eq!(ringtune_ops::seed_dropouts(&mut g).unwrap(), 1);
+//! let grads = ringtune_autodiff::backward_with(&mut g, &loss, &[w], &ringtune_ops::gradient_rules()).unwrap();
+//! g.output(&grads[0]).unwrap();
+//! let kernels = ringtune_ops::Kernels::OneDnn(ringtune_ops::Precision::F32);
+//! assert_eq!(ringtune_ops::lower(&mut g, kernels).unwrap().products, 2);
+//! ```
+
+mod attributes;
+pub mod dnnl;
+pub mod scatter_nd_add;
+pub mod seeded_dropout;
+mod settings;
+
+use std::sync::Arc;
+
+use ringtune_autodiff::CustomRule;
+pub use ringtune_onednn::Precision;
+use ringtune_onnx_ir::{Graph, IrError};
+use ringtune_runtime::{CustomOp, CustomOps, DOMAIN};
+
+pub use seeded_dropout::{seed_dropouts, SEED_INPUT};
+pub use settings::{KernelChoice, Kernels, PrecisionChoice};
+
+/// What can go wrong preparing our operators.
+#[derive(Debug, thiserror::Error)]
+pub enum OpsError {
+    /// A rewrite made an invalid graph.
+    #[error(transparent)]
+    Graph(#[from] IrError),
+    /// oneDNN could not be loaded or cannot run the products asked for.
+    #[error(transparent)]
+    OneDnn(#[from] ringtune_onednn::DnnlError),
+}
+
+/// Teaches `graph` the shape rule of every operator of ours.
+pub(crate) fn register_shapes(graph: &mut Graph) {
+    graph.register_op(DOMAIN, seeded_dropout::NAME, seeded_dropout::shape_rule);
+    graph.register_op(DOMAIN, scatter_nd_add::NAME, scatter_nd_add::shape_rule);
+    graph.register_op(DOMAIN, dnnl::matmul::NAME, dnnl::matmul::shape_rule);
+    graph.register_op(DOMAIN, dnnl::gemm::NAME, dnnl::gemm::shape_rule);
+}
+
+/// The gradient rules of the operators that exist before differentiation.
+pub fn gradient_rules() -> Vec<CustomRule> {
+    vec![CustomRule { domain: DOMAIN, op_type: seeded_dropout::NAME, rule: seeded_dropout::gradient_rule }]
+}
+
+/// What [`lower`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lowered {
+    /// `ScatterND` additions made ordered.
+    pub scatters: usize,
+    /// Products moved onto oneDNN.
+    pub products: usize,
+}
+
+/// The passes over a finished graph (forward and backward): ordered scatter-adds, and the
+/// products on oneDNN when `kernels` says so.
+pub fn lower(graph: &mut Graph, kernels: Kernels) -> Result<Lowered, IrError> {
+    let scatters = scatter_nd_add::ordered_scatters(graph)?;
+    let products = match kernels {
+        Kernels::OneDnn(precision) => dnnl::lower_products(graph, precision)?,
+        Kernels::Mlas => 0,
+    };
+    Ok(Lowered { scatters, products })
+}
+
+/// The operators a session running graphs lowered for `kernels` registers; the oneDNN
+/// products run on `threads` threads (0: one per core). Asking for bf16 on a CPU that has no
+/// bf16 products is an error that says so.
+pub fn custom_ops(kernels: Kernels, threads: usize) -> Result<CustomOps, OpsError> {
+    let mut ops: Vec<Arc<dyn CustomOp>> =
+        vec![Arc::new(seeded_dropout::SeededDropout), Arc::new(scatter_nd_add::ScatterNdAdd)];
+    if let Kernels::OneDnn(precision) = kernels {
+        let engine = dnnl::engine(threads)?;
+        if !engine.supports(precision) {
+            return Err(ringtune_onednn::DnnlError::NoBf16 { call: "dnnl_matmul_primitive_desc_create" }.into());
+        }
+        ops.push(Arc::new(dnnl::matmul::DnnlMatMul(engine.clone())));
+        ops.push(Arc::new(dnnl::gemm::DnnlGemm(engine)));
+    }
+    Ok(CustomOps(ops))
+}

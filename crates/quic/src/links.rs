@@ -1,0 +1,200 @@
+//! Links: the connections to the ring neighbours (one per lane each way), each opened with a
+//! handshake of rank, world and layout hash, and the endpoint's accept loop that routes
+//! incoming connections by protocol and certificate.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
+use ringtune_collective::{Header, Hello, Kind};
+use tokio::sync::mpsc;
+
+use crate::certs::node_name;
+use crate::tls::{alpn, client_crypto, peer_is, server_crypto, ALPN_RENDEZVOUS, ALPN_RING};
+use crate::tuning::{bind_udp, endpoint, transport_config};
+use crate::wire::{describe_connection, read_frame, write_frame, FramePool};
+use crate::{QuicError, RingOptions};
+
+/// Everything a ring node holds once linked.
+pub(crate) struct Links {
+    pub(crate) endpoint: Endpoint,
+    pub(crate) prev_addr: Option<SocketAddr>,
+    pub(crate) outgoing: Vec<SendStream>,
+    pub(crate) incoming: Vec<RecvStream>,
+    pub(crate) conns: Vec<Connection>,
+}
+
+pub(crate) fn prev_of(rank: usize, world: usize) -> usize {
+    (rank + world - 1) % world
+}
+
+/// Binds the endpoint, finds the peers, and opens every lane in both directions.
+pub(crate) async fn connect(o: &RingOptions) -> Result<Links, QuicError> {
+    let mut server = quinn::ServerConfig::with_crypto(Arc::new(server_crypto(&o.identity)?));
+    let transport = Arc::new(transport_config(&o.tuning, o.deadline)?);
+    server.transport_config(transport.clone());
+    let endpoint = endpoint(bind_udp(o.listen, o.tuning.socket_buffer)?, server, &o.tuning)?;
+    let (ring_rx, rdv_rx) = accept_loop(&endpoint, node_name(prev_of(o.rank, o.world)));
+    let addrs = crate::rendezvous::addresses(o, &endpoint, &transport, rdv_rx).await?;
+    let next = (o.rank + 1) % o.world;
+    let mut client = quinn::ClientConfig::new(Arc::new(client_crypto(&o.identity, ALPN_RING)?));
+    client.transport_config(transport.clone());
+    let ((outgoing, mut conns), (incoming, accepted, prev_addr)) =
+        tokio::try_join!(dial_next(o, &endpoint, &client, addrs[next]), accept_prev(o, ring_rx))?;
+    conns.extend(accepted);
+    let local = endpoint.local_addr().map_err(|e| QuicError::Io(e.to_string()))?;
+    tracing::info!(rank = o.rank, world = o.world, %local, lanes = o.tuning.lanes.max(1), "joined the ring");
+    Ok(Links { endpoint, prev_addr, outgoing, incoming, conns })
+}
+
+/// Accepts every incoming connection and routes it: ring links from the previous rank (by
+/// certificate) to the first channel, registrations to the second; anything else is closed
+/// with the reason.
+fn accept_loop(
+    endpoint: &Endpoint,
+    expected_prev: String,
+) -> (mpsc::UnboundedReceiver<Connection>, mpsc::UnboundedReceiver<Connection>) {
+    let (ring_tx, ring_rx) = mpsc::unbounded_channel::<Connection>();
+    let (rdv_tx, rdv_rx) = mpsc::unbounded_channel::<Connection>();
+    let accepting = endpoint.clone();
+    tokio::spawn(async move {
+        while let Some(incoming) = accepting.accept().await {
+            let (ring_tx, rdv_tx, expected_prev) = (ring_tx.clone(), rdv_tx.clone(), expected_prev.clone());
+            tokio::spawn(async move {
+                let remote = incoming.remote_address();
+                let conn = match incoming.await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::warn!(peer = %remote, "refused a connection: {e}");
+                        return;
+                    }
+                };
+                match alpn(&conn).as_deref() {
+                    Some(ALPN_RING) if peer_is(&conn, &expected_prev) => {
+                        let _ = ring_tx.send(conn);
+                    }
+                    Some(ALPN_RING) => {
+                        tracing::warn!(peer = %remote, "refused a ring link: its certificate is not for {expected_prev}");
+                        conn.close(VarInt::from_u32(2), format!("this link takes {expected_prev} only").as_bytes());
+                    }
+                    Some(ALPN_RENDEZVOUS) => {
+                        let _ = rdv_tx.send(conn);
+                    }
+                    _ => conn.close(VarInt::from_u32(2), b"unknown protocol"),
+                }
+            });
+        }
+    });
+    (ring_rx, rdv_rx)
+}
+
+/// Opens every lane to the next rank, each starting with this node's handshake.
+async fn dial_next(
+    o: &RingOptions,
+    endpoint: &Endpoint,
+    client: &quinn::ClientConfig,
+    addr: SocketAddr,
+) -> Result<(Vec<SendStream>, Vec<Connection>), QuicError> {
+    let next = (o.rank + 1) % o.world;
+    let hello = Hello { rank: o.rank as u32, world: o.world as u32, layout: o.layout };
+    let mut out = Vec::new();
+    let mut conns = Vec::new();
+    for lane in 0..o.tuning.lanes.max(1) {
+        let conn = dial_until_up(endpoint, client, addr, &node_name(next)).await?;
+        let mut stream = conn.open_uni().await.map_err(|e| QuicError::peer(next, addr, describe_connection(&e)))?;
+        let mut header = Header::control(Kind::Hello, 0, Hello::LEN as u32);
+        header.chunk = lane as u32;
+        write_frame(&mut stream, header, Bytes::copy_from_slice(&hello.encode()))
+            .await
+            .map_err(|e| QuicError::peer(next, addr, e.to_string()))?;
+        out.push(stream);
+        conns.push(conn);
+    }
+    Ok((out, conns))
+}
+
+/// Accepts every lane from the previous rank, each checked by its handshake, in lane order.
+async fn accept_prev(
+    o: &RingOptions,
+    mut ring_rx: mpsc::UnboundedReceiver<Connection>,
+) -> Result<(Vec<RecvStream>, Vec<Connection>, Option<SocketAddr>), QuicError> {
+    let lanes = o.tuning.lanes.max(1);
+    let prev = prev_of(o.rank, o.world);
+    let mut incoming: Vec<Option<RecvStream>> = (0..lanes).map(|_| None).collect();
+    let mut conns = Vec::new();
+    let mut prev_addr = None;
+    for _ in 0..lanes {
+        let conn = ring_rx.recv().await.ok_or_else(|| QuicError::Setup("the endpoint stopped accepting".into()))?;
+        let addr = conn.remote_address();
+        prev_addr = Some(addr);
+        let mut stream = conn.accept_uni().await.map_err(|e| QuicError::peer(prev, addr, describe_connection(&e)))?;
+        let (header, payload) = read_frame(&mut stream, &FramePool::default())
+            .await
+            .map_err(|e| QuicError::peer(prev, addr, format!("{e:?}")))?;
+        let theirs = Hello::decode(&payload).map_err(|e| QuicError::peer(prev, addr, e.to_string()))?;
+        check_hello(o, prev, addr, header, &theirs)?;
+        let lane = header.chunk as usize;
+        let slot =
+            incoming.get_mut(lane).ok_or_else(|| QuicError::peer(prev, addr, format!("opened lane {lane} of {lanes}")))?;
+        *slot = Some(stream);
+        conns.push(conn);
+    }
+    let streams = incoming
+        .into_iter()
+        .map(|s| s.ok_or_else(|| QuicError::Rendezvous("a lane is missing".into())))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((streams, conns, prev_addr))
+}
+
+fn check_hello(o: &RingOptions, prev: usize, addr: SocketAddr, header: Header, theirs: &Hello) -> Result<(), QuicError> {
+    if header.kind != Kind::Hello {
+        return Err(QuicError::peer(prev, addr, format!("began with a {:?} frame instead of a handshake", header.kind)));
+    }
+    if theirs.world as usize != o.world || theirs.rank as usize != prev {
+        return Err(QuicError::peer(
+            prev,
+            addr,
+            format!(
+                "says it is rank {} of {}, but this link expects rank {prev} of {}",
+                theirs.rank, theirs.world, o.world
+            ),
+        ));
+    }
+    if theirs.layout != o.layout {
+        return Err(QuicError::peer(
+            prev,
+            addr,
+            "runs a model with another parameter layout; every node must train the same model".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Dials until the peer answers (it may still be starting); the caller bounds the wait.
+pub(crate) async fn dial_until_up(
+    endpoint: &Endpoint,
+    client: &quinn::ClientConfig,
+    addr: SocketAddr,
+    name: &str,
+) -> Result<Connection, QuicError> {
+    let mut wait = Duration::from_millis(50);
+    loop {
+        let attempt =
+            endpoint.connect_with(client.clone(), addr, name).map_err(|e| QuicError::Setup(format!("{addr}: {e}")))?;
+        match attempt.await {
+            Ok(conn) => return Ok(conn),
+            Err(quinn::ConnectionError::TimedOut) | Err(quinn::ConnectionError::ConnectionClosed(_)) => {}
+            Err(e @ (quinn::ConnectionError::TransportError(_) | quinn::ConnectionError::ApplicationClosed(_))) => {
+                return Err(QuicError::Rendezvous(format!(
+                    "{name} at {addr} refused this node: {}",
+                    describe_connection(&e)
+                )));
+            }
+            Err(e) => tracing::debug!(%addr, "dial failed: {e}"),
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_secs(1));
+    }
+}

@@ -1,0 +1,365 @@
+//! Rendezvous: how every node learns every rank's address. With a peer list each node
+//! resolves the list; with a coordinator, rank 0 waits for every other rank to register
+//! (rank, world, layout hash and listening port, over a mutually authenticated connection)
+//! and answers each with the table of addresses, or with the reason it refuses the job.
+//!
+//! The messages are rendezvous frames of their own ([`Message`]), not ring frames: a
+//! registration the coordinator cannot read is answered with the reason and logged, never left
+//! to time out.
+
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+
+use quinn::{Connection, Endpoint, VarInt};
+use tokio::sync::mpsc;
+
+use crate::certs::node_name;
+use crate::links::dial_until_up;
+use crate::tls::{client_crypto, peer_is, ALPN_RENDEZVOUS};
+use crate::wire::describe_connection;
+use crate::{QuicError, RingOptions};
+
+/// How a node finds the others.
+#[derive(Debug, Clone)]
+pub enum Peers {
+    /// Every rank's `host:port`, in rank order.
+    List(Vec<String>),
+    /// Rank 0 coordinates at this `host:port` (`MASTER_ADDR:MASTER_PORT`); the others register
+    /// there and learn every address.
+    Coordinator(String),
+}
+
+const MAGIC: [u8; 2] = *b"RV";
+const VERSION: u8 = 1;
+/// The longest rendezvous message read (a table of 4096 ranks, or a long reason).
+pub(crate) const MAX_MESSAGE: usize = 1 << 17;
+
+/// A rendezvous frame: `"RV"`, version, kind, then the body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    /// A rank asks to join: who it is, what it trains, where it listens.
+    Register {
+        /// Its rank.
+        rank: u32,
+        /// The world it expects.
+        world: u32,
+        /// Its parameter layout's hash.
+        layout: [u8; 32],
+        /// The UDP port its ring endpoint listens on.
+        port: u16,
+    },
+    /// Every rank's address, in rank order.
+    Table(Vec<SocketAddr>),
+    /// The coordinator refuses the job (or this registration), and why.
+    Refused(String),
+}
+
+impl Message {
+    /// The frame's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = MAGIC.to_vec();
+        out.push(VERSION);
+        match self {
+            Message::Register { rank, world, layout, port } => {
+                out.push(1);
+                out.extend_from_slice(&rank.to_le_bytes());
+                out.extend_from_slice(&world.to_le_bytes());
+                out.extend_from_slice(layout);
+                out.extend_from_slice(&port.to_le_bytes());
+            }
+            Message::Table(table) => {
+                out.push(2);
+                for a in table {
+                    let ip = match a.ip() {
+                        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+                        IpAddr::V6(v6) => v6,
+                    };
+                    out.extend_from_slice(&ip.octets());
+                    out.extend_from_slice(&a.port().to_le_bytes());
+                }
+            }
+            Message::Refused(reason) => {
+                out.push(3);
+                out.extend_from_slice(reason.as_bytes());
+            }
+        }
+        out
+    }
+
+    /// Reads a frame, every field checked; the error says what is wrong.
+    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
+        let (head, body) = bytes.split_at_checked(4).ok_or("shorter than a rendezvous header")?;
+        if head[..2] != MAGIC {
+            return Err("not a rendezvous message".into());
+        }
+        if head[2] != VERSION {
+            return Err(format!("rendezvous version {} (this node speaks {VERSION})", head[2]));
+        }
+        match head[3] {
+            1 => {
+                let body: &[u8; 42] = body.try_into().map_err(|_| format!("a registration of {} bytes", body.len()))?;
+                let word = |at: usize| u32::from_le_bytes([body[at], body[at + 1], body[at + 2], body[at + 3]]);
+                let mut layout = [0u8; 32];
+                layout.copy_from_slice(&body[8..40]);
+                Ok(Message::Register { rank: word(0), world: word(4), layout, port: u16::from_le_bytes([body[40], body[41]]) })
+            }
+            2 if body.len().is_multiple_of(18) => Ok(Message::Table(body.chunks_exact(18).map(decode_address).collect())),
+            2 => Err(format!("an address table of {} bytes", body.len())),
+            3 => Ok(Message::Refused(String::from_utf8_lossy(body).into_owned())),
+            kind => Err(format!("unknown rendezvous kind {kind}")),
+        }
+    }
+}
+
+fn decode_address(c: &[u8]) -> SocketAddr {
+    let mut ip = [0u8; 16];
+    ip.copy_from_slice(&c[..16]);
+    let v6 = Ipv6Addr::from(ip);
+    let ip = v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4);
+    SocketAddr::new(ip, u16::from_le_bytes([c[16], c[17]]))
+}
+
+/// Every rank's address, by the means `o.peers` names.
+pub(crate) async fn addresses(
+    o: &RingOptions,
+    endpoint: &Endpoint,
+    transport: &Arc<quinn::TransportConfig>,
+    registrations: mpsc::UnboundedReceiver<Connection>,
+) -> Result<Vec<SocketAddr>, QuicError> {
+    let local = endpoint.local_addr().map_err(|e| QuicError::Io(e.to_string()))?;
+    let addrs = match &o.peers {
+        Peers::List(list) => resolve_all(list).await?,
+        Peers::Coordinator(coordinator) if o.rank == 0 => coordinate(o, local, registrations, coordinator).await?,
+        Peers::Coordinator(coordinator) => register(o, endpoint, transport, local, coordinator).await?,
+    };
+    if addrs.len() != o.world {
+        return Err(QuicError::Rendezvous(format!("{} addresses for a world of {}", addrs.len(), o.world)));
+    }
+    Ok(addrs)
+}
+
+async fn resolve(host_port: &str) -> Result<SocketAddr, QuicError> {
+    tokio::net::lookup_host(host_port)
+        .await
+        .map_err(|e| QuicError::Rendezvous(format!("cannot resolve {host_port}: {e}")))?
+        .next()
+        .ok_or_else(|| QuicError::Rendezvous(format!("{host_port} has no address")))
+}
+
+async fn resolve_all(list: &[String]) -> Result<Vec<SocketAddr>, QuicError> {
+    let mut out = Vec::with_capacity(list.len());
+    for entry in list {
+        out.push(resolve(entry).await?);
+    }
+    Ok(out)
+}
+
+/// Sends `message` on a new stream of `conn` and reads the one answer.
+async fn exchange(conn: &Connection, message: &Message) -> Result<Message, String> {
+    let (mut send, mut recv) = conn.open_bi().await.map_err(|e| describe_connection(&e))?;
+    send.write_all(&message.encode()).await.map_err(|e| e.to_string())?;
+    send.finish().map_err(|e| e.to_string())?;
+    let answer = recv.read_to_end(MAX_MESSAGE).await.map_err(|e| e.to_string())?;
+    Message::decode(&answer)
+}
+
+/// A rank other than 0: registers with the coordinator and receives the table.
+async fn register(
+    o: &RingOptions,
+    endpoint: &Endpoint,
+    transport: &Arc<quinn::TransportConfig>,
+    local: SocketAddr,
+    coordinator: &str,
+) -> Result<Vec<SocketAddr>, QuicError> {
+    let addr = resolve(coordinator).await?;
+    let mut client = quinn::ClientConfig::new(Arc::new(client_crypto(&o.identity, ALPN_RENDEZVOUS)?));
+    client.transport_config(transport.clone());
+    let conn = dial_until_up(endpoint, &client, addr, &node_name(0)).await?;
+    let me = Message::Register { rank: o.rank as u32, world: o.world as u32, layout: o.layout, port: local.port() };
+    let answer = exchange(&conn, &me).await.map_err(|e| QuicError::peer(0, addr, format!("answered badly: {e}")))?;
+    conn.close(VarInt::from_u32(0), b"registered");
+    match answer {
+        Message::Table(mut table) if table.len() == o.world => {
+            table[0] = addr;
+            Ok(table)
+        }
+        Message::Table(table) => {
+            Err(QuicError::peer(0, addr, format!("sent {} addresses for a world of {}", table.len(), o.world)))
+        }
+        Message::Refused(reason) => Err(QuicError::Rendezvous(format!("the coordinator refused this node: {reason}"))),
+        Message::Register { .. } => Err(QuicError::peer(0, addr, "answered with a registration".into())),
+    }
+}
+
+async fn answer(mut send: quinn::SendStream, message: &Message) {
+    let _ = send.write_all(&message.encode()).await;
+    let _ = send.finish();
+    let _ = send.stopped().await;
+}
+
+/// Rank 0: waits for every other rank to register, checks they agree, answers the table (or
+/// the first problem, to every rank). A registration it cannot read is answered with the
+/// reason and logged, and the wait goes on.
+async fn coordinate(
+    o: &RingOptions,
+    local: SocketAddr,
+    mut registrations: mpsc::UnboundedReceiver<Connection>,
+    coordinator: &str,
+) -> Result<Vec<SocketAddr>, QuicError> {
+    let mut table: Vec<Option<SocketAddr>> = vec![None; o.world];
+    table[0] = Some(SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), local.port()));
+    let mut waiting = Vec::new();
+    let mut problem = None;
+    while table.iter().any(Option::is_none) {
+        let conn = registrations.recv().await.ok_or_else(|| QuicError::Setup("the endpoint stopped accepting".into()))?;
+        let remote = conn.remote_address();
+        let (send, mut recv) = match conn.accept_bi().await {
+            Ok(streams) => streams,
+            Err(e) => {
+                tracing::warn!(peer = %remote, "a registration that never came: {}", describe_connection(&e));
+                continue;
+            }
+        };
+        let read = recv.read_to_end(MAX_MESSAGE).await.map_err(|e| e.to_string());
+        let registration = match read.and_then(|bytes| Message::decode(&bytes)) {
+            Ok(m) => m,
+            Err(reason) => {
+                tracing::warn!(peer = %remote, "refused an unreadable registration: {reason}");
+                answer(send, &Message::Refused(format!("unreadable registration: {reason}"))).await;
+                continue;
+            }
+        };
+        match check_registration(o, &conn, &table, &registration) {
+            Ok((rank, port)) => table[rank] = Some(SocketAddr::new(remote.ip(), port)),
+            Err((complaint, rank)) => {
+                tracing::warn!(peer = %remote, "{complaint}");
+                problem.get_or_insert(complaint);
+                if let Some(rank) = rank {
+                    table[rank] = Some(remote);
+                }
+            }
+        }
+        waiting.push((conn, send));
+    }
+    let table: Vec<SocketAddr> = table.into_iter().flatten().collect();
+    let reply = match &problem {
+        Some(p) => Message::Refused(p.clone()),
+        None => Message::Table(table.clone()),
+    };
+    for (conn, send) in waiting {
+        answer(send, &reply).await;
+        drop(conn);
+    }
+    match problem {
+        Some(p) => Err(QuicError::Rendezvous(format!("{p} (coordinator {coordinator})"))),
+        None => Ok(table),
+    }
+}
+
+/// The rank and port of a registration that fits the job, or the complaint (with the rank
+/// it fills, so the wait can end and every node hear the complaint).
+fn check_registration(
+    o: &RingOptions,
+    conn: &Connection,
+    table: &[Option<SocketAddr>],
+    registration: &Message,
+) -> Result<(usize, u16), (String, Option<usize>)> {
+    let remote = conn.remote_address();
+    let Message::Register { rank, world, layout, port } = registration else {
+        return Err((format!("{remote} sent a {registration:?} instead of a registration"), None));
+    };
+    let rank = *rank as usize;
+    let open = (1..o.world).contains(&rank) && table[rank].is_none();
+    let fills = open.then_some(rank);
+    if *world as usize != o.world {
+        return Err((format!("rank {rank} at {remote} thinks the world has {world} nodes, the coordinator {}", o.world), fills));
+    }
+    if *layout != o.layout {
+        return Err((format!("rank {rank} at {remote} runs a model with another parameter layout"), fills));
+    }
+    if !open {
+        return Err((format!("{remote} registered as rank {rank}, which is taken or out of range"), None));
+    }
+    if !peer_is(conn, &node_name(rank)) {
+        return Err((format!("{remote} registered as rank {rank} with a certificate for another node"), fills));
+    }
+    Ok((rank, *port))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::certs::NodeIdentity;
+    use crate::{QuicRing, Tuning};
+
+    /// A node with a valid certificate sends the coordinator bytes that are not a
+    /// registration: it is answered with the reason, and the job still forms when the real
+    /// rank 1 registers.
+    #[test]
+    fn an_unreadable_registration_is_answered_and_the_wait_goes_on() {
+        let certs = crate::certs::generate(2).expect("certs");
+        let identity = |rank: usize| {
+            let (cert, key) = &certs.nodes[rank];
+            NodeIdentity::from_pem(rank, &certs.ca_pem, cert, key).expect("identity")
+        };
+        let port = std::net::UdpSocket::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
+        let coordinator = format!("127.0.0.1:{port}");
+        let options = |rank: usize, listen: u16| RingOptions {
+            rank,
+            world: 2,
+            layout: [5; 32],
+            identity: identity(rank),
+            listen: SocketAddr::from(([127, 0, 0, 1], listen)),
+            peers: Peers::Coordinator(coordinator.clone()),
+            deadline: Duration::from_secs(10),
+            rendezvous_deadline: Duration::from_secs(20),
+            tuning: Tuning::default(),
+        };
+        let rank0 = options(0, port);
+        let lead = std::thread::spawn(move || QuicRing::join(rank0).map(QuicRing::shutdown).map_err(|e| e.to_string()));
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let answer = rt.block_on(async {
+            let endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().expect("any")).expect("endpoint");
+            let client = quinn::ClientConfig::new(Arc::new(client_crypto(&identity(1), ALPN_RENDEZVOUS).expect("tls")));
+            let addr: SocketAddr = coordinator.parse().expect("addr");
+            let conn = dial_until_up(&endpoint, &client, addr, &node_name(0)).await.expect("coordinator up");
+            let (mut send, mut recv) = conn.open_bi().await.expect("stream");
+            send.write_all(b"hello, coordinator").await.expect("garbage");
+            send.finish().expect("finish");
+            recv.read_to_end(MAX_MESSAGE).await.expect("an answer")
+        });
+        match Message::decode(&answer) {
+            Ok(Message::Refused(reason)) => assert!(reason.contains("unreadable registration"), "{reason}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        let honest = options(1, 0);
+        let rank1 = std::thread::spawn(move || QuicRing::join(honest).map(QuicRing::shutdown).map_err(|e| e.to_string()));
+        rank1.join().expect("rank 1 does not panic").expect("rank 1 joins");
+        lead.join().expect("rank 0 does not panic").expect("rank 0 coordinates");
+    }
+
+    #[test]
+    fn messages_round_trip() {
+        let messages = [
+            Message::Register { rank: 3, world: 4, layout: [9; 32], port: 29500 },
+            Message::Table(vec!["127.0.0.1:5".parse().expect("v4"), "[::1]:7".parse().expect("v6")]),
+            Message::Refused("rank 2 runs another model".into()),
+            Message::Table(vec![]),
+        ];
+        for m in messages {
+            assert_eq!(Message::decode(&m.encode()), Ok(m));
+        }
+    }
+
+    #[test]
+    fn malformed_messages_say_what_is_wrong() {
+        assert!(Message::decode(b"RV").expect_err("short").contains("shorter"));
+        assert!(Message::decode(b"XX\x01\x01").expect_err("magic").contains("not a rendezvous"));
+        assert!(Message::decode(b"RV\x09\x01").expect_err("version").contains("version 9"));
+        assert!(Message::decode(b"RV\x01\x07").expect_err("kind").contains("kind 7"));
+        assert!(Message::decode(b"RV\x01\x01abc").expect_err("short registration").contains("3 bytes"));
+        assert!(Message::decode(&[b'R', b'V', 1, 2, 0, 0, 0]).expect_err("table").contains("3 bytes"));
+    }
+}

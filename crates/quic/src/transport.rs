@@ -1,0 +1,321 @@
+//! The ring's transport: this node's links to its two neighbours as the collective's
+//! [`Transport`], sends queued to one task per lane, every receive under a deadline, and a
+//! leaving node telling its neighbours at once.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use quinn::{Connection, Endpoint, RecvStream, VarInt};
+use ringtune_collective::{CollectiveError, Header, Kind, Transport};
+use tokio::sync::mpsc;
+
+use crate::certs::NodeIdentity;
+use crate::links::{connect, prev_of};
+use crate::tuning::Tuning;
+use crate::wire::{describe_connection, read_frame, write_frame, FramePool, ReadFrameError};
+use crate::{Peers, QuicError};
+
+/// Everything needed to join a ring.
+pub struct RingOptions {
+    /// This node's rank.
+    pub rank: usize,
+    /// Nodes in the ring.
+    pub world: usize,
+    /// Hash of the parameter layout: nodes that disagree fail before the first step.
+    pub layout: [u8; 32],
+    /// This node's certificate and the cluster CA.
+    pub identity: NodeIdentity,
+    /// Where to listen (rank 0 with a coordinator: the coordinator's port).
+    pub listen: SocketAddr,
+    /// How to find the others.
+    pub peers: Peers,
+    /// Longest wait for any frame; a silent or dead peer fails every rank within it.
+    pub deadline: Duration,
+    /// Longest wait for all nodes to show up.
+    pub rendezvous_deadline: Duration,
+    /// Link settings.
+    pub tuning: Tuning,
+}
+
+/// This node's place in a QUIC ring. It implements the collective's [`Transport`]; use it
+/// from a thread that is not inside a tokio runtime (it runs its own).
+pub struct QuicRing {
+    rt: tokio::runtime::Runtime,
+    endpoint: Option<Endpoint>,
+    rank: usize,
+    world: usize,
+    prev_addr: Option<SocketAddr>,
+    lanes_out: Vec<mpsc::UnboundedSender<(Header, Bytes)>>,
+    senders: Vec<tokio::task::JoinHandle<()>>,
+    lanes_in: Vec<RecvStream>,
+    pool: FramePool,
+    conns: Vec<Connection>,
+    send_failure: Arc<Mutex<Option<String>>>,
+    sent: usize,
+    received: usize,
+    deadline: Duration,
+    segment: usize,
+    next_op: u64,
+}
+
+impl QuicRing {
+    /// Joins the ring: finds the peers, links to the next rank and accepts the previous one
+    /// (each link checked by certificate name and by a handshake of rank, world and layout).
+    pub fn join(options: RingOptions) -> Result<Self, QuicError> {
+        if options.world == 0 || options.rank >= options.world {
+            return Err(QuicError::Setup(format!("rank {} of world {}", options.rank, options.world)));
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("ringtune-quic")
+            .enable_all()
+            .build()
+            .map_err(|e| QuicError::Io(format!("tokio runtime: {e}")))?;
+        let mut ring = QuicRing {
+            rt,
+            endpoint: None,
+            rank: options.rank,
+            world: options.world,
+            prev_addr: None,
+            lanes_out: Vec::new(),
+            senders: Vec::new(),
+            lanes_in: Vec::new(),
+            pool: FramePool::default(),
+            conns: Vec::new(),
+            send_failure: Arc::new(Mutex::new(None)),
+            sent: 0,
+            received: 0,
+            deadline: options.deadline,
+            segment: options.tuning.segment.max(1),
+            next_op: 1,
+        };
+        if options.world == 1 {
+            return Ok(ring);
+        }
+        let links = ring.rt.block_on(async {
+            tokio::time::timeout(options.rendezvous_deadline, connect(&options)).await.map_err(|_| {
+                QuicError::Rendezvous(format!("not every node joined within {:?}", options.rendezvous_deadline))
+            })?
+        })?;
+        ring.endpoint = Some(links.endpoint);
+        ring.prev_addr = links.prev_addr;
+        ring.lanes_in = links.incoming;
+        ring.conns = links.conns;
+        for (lane, mut stream) in links.outgoing.into_iter().enumerate() {
+            let (tx, mut rx) = mpsc::unbounded_channel::<(Header, Bytes)>();
+            let failure = ring.send_failure.clone();
+            let next = (options.rank + 1) % options.world;
+            let sender = ring.rt.spawn(async move {
+                while let Some((header, payload)) = rx.recv().await {
+                    if let Err(e) = write_frame(&mut stream, header, payload).await {
+                        let reason = match e {
+                            quinn::WriteError::ConnectionLost(c) => describe_connection(&c),
+                            other => other.to_string(),
+                        };
+                        *failure.lock().unwrap_or_else(|p| p.into_inner()) =
+                            Some(format!("rank {next} (lane {lane}) {reason}"));
+                        return;
+                    }
+                }
+                let _ = stream.finish();
+                let _ = stream.stopped().await;
+            });
+            ring.senders.push(sender);
+            ring.lanes_out.push(tx);
+        }
+        Ok(ring)
+    }
+
+    /// A fresh operation id (every rank calls collectives in the same order).
+    pub fn next_op(&mut self) -> u64 {
+        self.next_op += 1;
+        self.next_op
+    }
+
+    /// Elements per pipeline segment.
+    pub fn segment(&self) -> usize {
+        self.segment
+    }
+
+    /// Closes every link with `reason`, so that the neighbours fail at once instead of at
+    /// their deadline.
+    pub fn abort(&mut self, reason: &str) {
+        let text = format!("rank {}: {reason}", self.rank);
+        for conn in &self.conns {
+            conn.close(VarInt::from_u32(1), text.as_bytes());
+        }
+    }
+
+    /// Leaves the ring after the last operation: every queued frame sent and read by the
+    /// next rank, then the links closed.
+    pub fn shutdown(mut self) {
+        self.lanes_out.clear();
+        let senders = std::mem::take(&mut self.senders);
+        let conns = std::mem::take(&mut self.conns);
+        let endpoint = self.endpoint.take();
+        let deadline = self.deadline;
+        self.rt.block_on(async move {
+            let flushed = async {
+                for sender in senders {
+                    let _ = sender.await;
+                }
+            };
+            let _ = tokio::time::timeout(deadline, flushed).await;
+            for conn in &conns {
+                conn.close(VarInt::from_u32(0), b"done");
+            }
+            if let Some(e) = endpoint {
+                let _ = tokio::time::timeout(deadline.min(Duration::from_secs(2)), e.wait_idle()).await;
+            }
+        });
+    }
+
+    fn prev(&self) -> String {
+        let prev = prev_of(self.rank, self.world);
+        match self.prev_addr {
+            Some(a) => format!("rank {prev} ({a})"),
+            None => format!("rank {prev}"),
+        }
+    }
+}
+
+impl Drop for QuicRing {
+    /// Leaving without [`QuicRing::shutdown`] (an error, a panic): the neighbours are told at once
+    /// rather than at their deadline.
+    fn drop(&mut self) {
+        if self.conns.is_empty() {
+            return;
+        }
+        let reason = format!("rank {} left the ring", self.rank);
+        for conn in &self.conns {
+            conn.close(VarInt::from_u32(1), reason.as_bytes());
+        }
+        if let Some(endpoint) = self.endpoint.take() {
+            self.rt.block_on(async move {
+                let _ = tokio::time::timeout(Duration::from_millis(200), endpoint.wait_idle()).await;
+            });
+        }
+    }
+}
+
+impl Transport for QuicRing {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world(&self) -> usize {
+        self.world
+    }
+
+    fn send(&mut self, header: Header, payload: Bytes) -> Result<(), CollectiveError> {
+        if let Some(reason) = self.send_failure.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            return Err(CollectiveError::Transport(reason));
+        }
+        let lane = self.sent % self.lanes_out.len().max(1);
+        self.sent += 1;
+        let next = (self.rank + 1) % self.world;
+        self.lanes_out
+            .get(lane)
+            .ok_or_else(|| CollectiveError::Transport("no link to the next rank".into()))?
+            .send((header, payload))
+            .map_err(|_| CollectiveError::Transport(format!("the link to rank {next} is closed")))
+    }
+
+    fn recv(&mut self) -> Result<(Header, Bytes), CollectiveError> {
+        let lanes = self.lanes_in.len().max(1);
+        let lane = self.received % lanes;
+        self.received += 1;
+        let prev = self.prev();
+        let peer = prev_of(self.rank, self.world);
+        let deadline = self.deadline;
+        let stream = self
+            .lanes_in
+            .get_mut(lane)
+            .ok_or_else(|| CollectiveError::Transport("no link from the previous rank".into()))?;
+        let pool = &self.pool;
+        let result = self.rt.block_on(async { tokio::time::timeout(deadline, read_frame(stream, pool)).await });
+        let (header, payload) = match result {
+            Err(_) => return Err(CollectiveError::Transport(format!("{prev} sent nothing for {deadline:?}"))),
+            Ok(Err(ReadFrameError::Stream(reason))) => {
+                return Err(CollectiveError::Transport(format!("{prev} {reason}")))
+            }
+            Ok(Err(ReadFrameError::Frame(error))) => return Err(CollectiveError::Frame { peer, error }),
+            Ok(Ok(frame)) => frame,
+        };
+        if header.kind == Kind::Bye {
+            return Err(CollectiveError::Transport(format!("{prev} left: {}", String::from_utf8_lossy(&payload))));
+        }
+        Ok((header, payload))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ringtune_collective::Hello;
+
+    use super::*;
+    use crate::certs::node_name;
+    use crate::tls::{client_crypto, server_crypto, ALPN_RING};
+
+    /// Rank 1 is played by hand: a correct certificate and handshake, then bytes that are not
+    /// a frame. Rank 0's all-reduce must fail with an error naming rank 1, not hang or panic.
+    #[test]
+    fn a_malformed_frame_is_an_error_naming_the_sender() {
+        let certs = crate::certs::generate(2).expect("certs");
+        let identity = |rank: usize| {
+            let (cert, key) = &certs.nodes[rank];
+            NodeIdentity::from_pem(rank, &certs.ca_pem, cert, key).expect("identity")
+        };
+        let ports: Vec<u16> = {
+            let sockets: Vec<std::net::UdpSocket> =
+                (0..2).map(|_| std::net::UdpSocket::bind("127.0.0.1:0").expect("port")).collect();
+            sockets.iter().map(|s| s.local_addr().expect("addr").port()).collect()
+        };
+        let addr = |rank: usize| SocketAddr::from(([127, 0, 0, 1], ports[rank]));
+        let layout = [3u8; 32];
+        let honest = RingOptions {
+            rank: 0,
+            world: 2,
+            layout,
+            identity: identity(0),
+            listen: addr(0),
+            peers: Peers::List(ports.iter().map(|p| format!("127.0.0.1:{p}")).collect()),
+            deadline: Duration::from_secs(10),
+            rendezvous_deadline: Duration::from_secs(10),
+            tuning: Tuning::default(),
+        };
+        let rank0 = std::thread::spawn(move || {
+            let mut ring = QuicRing::join(honest).map_err(|e| e.to_string())?;
+            let mut grads = vec![1.0f32; 1000];
+            let op = ring.next_op();
+            ringtune_collective::all_reduce_mean(&mut ring, op, &mut grads, 100).map_err(|e| e.to_string())
+        });
+
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let rogue = identity(1);
+        let _keep_alive = rt.block_on(async {
+            let server = quinn::ServerConfig::with_crypto(Arc::new(server_crypto(&rogue).expect("server tls")));
+            let endpoint = Endpoint::server(server, addr(1)).expect("endpoint");
+            let from0 = endpoint.accept().await.expect("rank 0 dials").await.expect("handshake");
+            let mut hello_in = from0.accept_uni().await.expect("rank 0's stream");
+            read_frame(&mut hello_in, &FramePool::default()).await.expect("rank 0's hello");
+            let client = quinn::ClientConfig::new(Arc::new(client_crypto(&rogue, ALPN_RING).expect("client tls")));
+            let to0 = endpoint.connect_with(client, addr(0), &node_name(0)).expect("dial").await.expect("link");
+            let mut out = to0.open_uni().await.expect("stream");
+            let hello = Hello { rank: 1, world: 2, layout };
+            write_frame(
+                &mut out,
+                Header::control(Kind::Hello, 0, Hello::LEN as u32),
+                Bytes::copy_from_slice(&hello.encode()),
+            )
+            .await
+            .expect("hello");
+            out.write_all(&[0xAB; 64]).await.expect("garbage");
+            (endpoint, from0, to0, hello_in, out)
+        });
+        let error = rank0.join().expect("rank 0 does not panic").expect_err("garbage is refused");
+        assert!(error.starts_with("rank 1 sent an invalid frame"), "{error}");
+    }
+}

@@ -1,0 +1,283 @@
+//! The command line: subcommands and their settings, and the training config they make.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand};
+use ringtune_ops::{KernelChoice, PrecisionChoice};
+use ringtune_runtime::Provider;
+use ringtune_trainer::TrainConfig;
+
+/// Fine-tunes BERT on MRPC across CPU nodes with a custom ONNX trainer.
+#[derive(Parser)]
+#[command(version, about, args_override_self = true)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum Command {
+    /// Fine-tunes a model on MRPC.
+    Train(Box<TrainArgs>),
+    /// Scores a model on a labelled split (loss, accuracy, F1).
+    Eval(UseArgs),
+    /// Writes GLUE-format predictions (index, prediction) for test.tsv.
+    Predict(PredictArgs),
+    /// Makes a cluster CA and one certificate per node (`ca.pem`, `node-<rank>.pem`, `.key`).
+    Certs {
+        /// Nodes in the cluster.
+        #[arg(long)]
+        nodes: usize,
+        /// Output folder.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Starts N local nodes on loopback (throwaway certificates) running `ringtune train`
+    /// with the arguments after `--`, and waits for them.
+    Launch {
+        /// Nodes to start.
+        #[arg(long)]
+        nodes: usize,
+        /// Coordinator port on 127.0.0.1.
+        #[arg(long, default_value_t = 29500)]
+        port: u16,
+        /// Arguments for `ringtune train`.
+        #[arg(last = true)]
+        train: Vec<String>,
+    },
+    /// Shows the ONNX Runtime version, library path, execution providers and CPU features.
+    Info,
+}
+
+/// Training settings; each overrides the same key of `--config`.
+#[derive(Args)]
+pub(crate) struct TrainArgs {
+    /// TOML file with any of the settings below (snake_case keys).
+    #[arg(long)]
+    pub(crate) config: Option<PathBuf>,
+    /// Continue from the newest usable checkpoint in the output folder.
+    #[arg(long)]
+    pub(crate) resume: bool,
+    /// Model folder (config.json, model.safetensors, tokenizer).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// MRPC folder (default: MRPC_DIR, data/mrpc, ../shared/data/mrpc).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Output folder.
+    #[arg(long)]
+    output: Option<PathBuf>,
+    /// Epochs.
+    #[arg(long)]
+    epochs: Option<u32>,
+    /// Examples per step per node.
+    #[arg(long)]
+    batch_size: Option<usize>,
+    /// Examples per step over all nodes (each node takes its share; overrides --batch-size).
+    #[arg(long)]
+    global_batch_size: Option<usize>,
+    /// Peak learning rate.
+    #[arg(long, allow_negative_numbers = true)]
+    learning_rate: Option<f64>,
+    /// Share of steps for linear warmup.
+    #[arg(long, allow_negative_numbers = true)]
+    warmup_ratio: Option<f64>,
+    /// Weight decay (not on biases and LayerNorm weights).
+    #[arg(long, allow_negative_numbers = true)]
+    weight_decay: Option<f64>,
+    /// Maximum tokens per pair.
+    #[arg(long)]
+    max_len: Option<usize>,
+    /// Seed.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Dropout for every site (default: the model's).
+    #[arg(long, allow_negative_numbers = true)]
+    dropout: Option<f64>,
+    /// Intra-op threads (0: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Execution provider.
+    #[arg(long, value_enum)]
+    provider: Option<Provider>,
+    /// Matrix-product kernels.
+    #[arg(long, value_enum)]
+    kernels: Option<KernelChoice>,
+    /// oneDNN precision.
+    #[arg(long, value_enum)]
+    precision: Option<PrecisionChoice>,
+    /// Gradient-norm clip.
+    #[arg(long, allow_negative_numbers = true)]
+    max_grad_norm: Option<f64>,
+    /// Steps between metric lines.
+    #[arg(long)]
+    log_every: Option<u64>,
+    /// Steps between checkpoints (0: epoch ends only).
+    #[arg(long)]
+    checkpoint_every: Option<u64>,
+    /// Checkpoints kept.
+    #[arg(long)]
+    keep_checkpoints: Option<usize>,
+    /// Train at most this many steps (the schedule shrinks to fit).
+    #[arg(long)]
+    max_steps: Option<u64>,
+    /// Stop at this step with a checkpoint, schedule unchanged; continue with --resume.
+    #[arg(long)]
+    stop_after: Option<u64>,
+    /// Steps between cross-node parameter checks.
+    #[arg(long)]
+    param_check_every: Option<u64>,
+    #[command(flatten)]
+    pub(crate) cluster: ClusterArgs,
+}
+
+/// Where this node stands in a multi-node run; without these, the launcher's environment
+/// (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, Slurm, Open MPI, PMI) is read, else one node.
+#[derive(Args)]
+pub(crate) struct ClusterArgs {
+    /// Nodes in the run.
+    #[arg(long)]
+    pub(crate) world: Option<usize>,
+    /// This node's rank.
+    #[arg(long)]
+    pub(crate) rank: Option<usize>,
+    /// Every rank's host:port, comma separated, in rank order.
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) peers: Vec<String>,
+    /// Rank 0's host:port, where the others register (instead of --peers).
+    #[arg(long)]
+    pub(crate) coordinator: Option<String>,
+    /// Folder with ca.pem and this node's node-<rank>.pem and .key (`ringtune certs`).
+    #[arg(long, env = "RINGTUNE_CERTS")]
+    pub(crate) certs: Option<PathBuf>,
+    /// Address to listen on (default: this rank's port from --peers or the coordinator's; else any).
+    #[arg(long)]
+    pub(crate) listen: Option<std::net::SocketAddr>,
+    /// Seconds to wait for a neighbour before failing.
+    #[arg(long, default_value_t = 60)]
+    pub(crate) deadline: u64,
+    /// QUIC connections per neighbour.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) lanes: usize,
+}
+
+#[derive(Args)]
+pub(crate) struct UseArgs {
+    /// A trained model folder (a run's output).
+    #[arg(long)]
+    pub(crate) model: PathBuf,
+    /// The TSV file (default: dev.tsv of the MRPC folder).
+    #[arg(long)]
+    pub(crate) file: Option<PathBuf>,
+    /// Maximum tokens per pair.
+    #[arg(long, default_value_t = 128)]
+    pub(crate) max_len: usize,
+    /// Rows per batch.
+    #[arg(long, default_value_t = 64)]
+    pub(crate) batch_size: usize,
+    /// Intra-op threads (0: one per core).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) threads: usize,
+}
+
+#[derive(Args)]
+pub(crate) struct PredictArgs {
+    #[command(flatten)]
+    pub(crate) common: UseArgs,
+    /// Where to write the predictions.
+    #[arg(long, default_value = "predictions.tsv")]
+    pub(crate) out: PathBuf,
+}
+
+/// The run's settings: `--config`'s file (or the defaults), each flag given overriding it.
+pub(crate) fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
+    // Each setting is named once. The macro destructures `TrainArgs` with every field and no
+    // `..`, so a flag added there and not listed here does not compile. A flag given overrides
+    // the file; settings that are optional in the config stay optional.
+    macro_rules! settings {
+        (set: [$($set:ident),*], optional: [$($optional:ident),*]) => {{
+            let TrainArgs { config, resume: _, cluster: _, $($set,)* $($optional,)* } = args;
+            let mut c = match config {
+                Some(path) => TrainConfig::from_toml_file(path)?,
+                None => TrainConfig::default(),
+            };
+            $( if let Some(v) = $set { c.$set = v.clone(); } )*
+            $( if $optional.is_some() { c.$optional = $optional.clone(); } )*
+            c
+        }};
+    }
+    let c = settings!(
+        set: [
+            model,
+            output,
+            epochs,
+            batch_size,
+            learning_rate,
+            warmup_ratio,
+            weight_decay,
+            max_len,
+            seed,
+            threads,
+            provider,
+            kernels,
+            precision,
+            max_grad_norm,
+            log_every,
+            checkpoint_every,
+            keep_checkpoints,
+            max_steps,
+            stop_after,
+            param_check_every
+        ],
+        optional: [data, dropout, global_batch_size]
+    );
+    c.validate()?;
+    Ok(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every `train` flag must reach the config (a flag parsed and then dropped is silently
+    /// ignored, which is worse than refused).
+    #[test]
+    fn every_train_flag_reaches_the_config() {
+        let line = "ringtune train --model m --data d --output o --epochs 5 --batch-size 7 --global-batch-size 14 --learning-rate 0.5 \
+            --warmup-ratio 0.25 --weight-decay 0.125 --max-len 64 --seed 9 --dropout 0.2 --threads 1 \
+            --provider auto --kernels mlas --precision bf16 --max-grad-norm 2 --log-every 3 \
+            --checkpoint-every 11 --keep-checkpoints 4 --max-steps 13 --stop-after 12 --param-check-every 17";
+        let Command::Train(args) = Cli::parse_from(line.split_whitespace()).command else {
+            panic!("not a train command");
+        };
+        let c = train_config(&args).expect("valid settings");
+        let expected = TrainConfig {
+            model: "m".into(),
+            data: Some("d".into()),
+            output: "o".into(),
+            epochs: 5,
+            batch_size: 7,
+            global_batch_size: Some(14),
+            learning_rate: 0.5,
+            warmup_ratio: 0.25,
+            weight_decay: 0.125,
+            max_len: 64,
+            seed: 9,
+            dropout: Some(0.2),
+            threads: 1,
+            provider: Provider::Auto,
+            kernels: KernelChoice::Mlas,
+            precision: PrecisionChoice::Bf16,
+            max_grad_norm: 2.0,
+            log_every: 3,
+            checkpoint_every: 11,
+            keep_checkpoints: 4,
+            max_steps: 13,
+            stop_after: 12,
+            param_check_every: 17,
+            ..TrainConfig::default()
+        };
+        assert_eq!(c, expected);
+    }
+}

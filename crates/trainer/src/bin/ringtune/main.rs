@@ -1,0 +1,104 @@
+//! `ringtune`: fine-tune BERT on CPU servers.
+
+mod args;
+mod cluster;
+mod launcher;
+mod local;
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use ringtune_runtime::SessionOptions;
+use ringtune_trainer::distributed::QuicSync;
+use ringtune_trainer::predict::Predictor;
+
+use crate::args::{Cli, Command, TrainArgs, UseArgs};
+
+fn root() -> PathBuf {
+    std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."))
+}
+
+fn default_file(name: &str) -> Result<PathBuf> {
+    Ok(ringtune_mrpc::data_dir(&root())?.path.join(name))
+}
+
+fn main() -> Result<()> {
+    use std::io::IsTerminal;
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    match Cli::parse().command {
+        Command::Train(args) => train(&args)?,
+        Command::Certs { nodes, out } => {
+            if nodes == 0 {
+                bail!("--nodes must be at least 1");
+            }
+            ringtune_quic::certs::write(&out, &ringtune_quic::certs::generate(nodes)?)?;
+            println!("CA and {nodes} node certificates in {}: give node <rank> ca.pem, node-<rank>.pem and node-<rank>.key; keep ca.key elsewhere", out.display());
+        }
+        Command::Launch { nodes, port, train } => local::launch(nodes, port, &train)?,
+        Command::Eval(args) => {
+            let file = match &args.file {
+                Some(f) => f.clone(),
+                None => default_file("dev.tsv")?,
+            };
+            let s = predictor(&args)?.evaluate(&file, args.batch_size)?;
+            println!("{}: loss {:.4} accuracy {:.4} F1 {:.4}", file.display(), s.loss, s.accuracy, s.f1);
+        }
+        Command::Predict(args) => {
+            let file = match &args.common.file {
+                Some(f) => f.clone(),
+                None => default_file("test.tsv")?,
+            };
+            let n = predictor(&args.common)?.predict(&file, args.common.batch_size, &args.out)?;
+            println!("{n} predictions for {} -> {}", file.display(), args.out.display());
+        }
+        Command::Info => {
+            let report = ringtune_trainer::info::Report::gather();
+            print!("{report}");
+            if let Err(e) = &report.runtime {
+                bail!("{e}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `ringtune train`: one node, or this node's part of a cluster.
+fn train(args: &TrainArgs) -> Result<()> {
+    let config = args::train_config(args)?;
+    let Some(cluster) = cluster::cluster_options(&args.cluster)? else {
+        print_summary(&ringtune_trainer::train::train(&config, &root(), args.resume, None)?);
+        return Ok(());
+    };
+    let _rank = tracing::info_span!("rank", rank = cluster.rank).entered();
+    let model = ringtune_trainer::model::ModelDir::open(&root().join(&config.model))?;
+    let mut sync = QuicSync::join(&cluster, &model)?;
+    let summary = ringtune_trainer::train::train(&config, &root(), args.resume, Some(&mut sync))?;
+    sync.shutdown();
+    if cluster.rank == 0 {
+        print_summary(&summary);
+    }
+    Ok(())
+}
+
+fn predictor(args: &UseArgs) -> Result<Predictor> {
+    let options = SessionOptions { threads: args.threads, ..SessionOptions::default() };
+    Predictor::open(&args.model, args.max_len, &options).with_context(|| format!("loading {}", args.model.display()))
+}
+
+fn print_summary(s: &ringtune_trainer::train::Summary) {
+    println!("steps        {}", s.steps);
+    if let Some(dev) = &s.dev {
+        println!("dev accuracy {:.4}\ndev F1       {:.4}\ndev loss     {:.4}", dev.accuracy, dev.f1, dev.loss);
+    }
+    println!(
+        "train        {:.2} samples/s\nwall         {:.1} s\noutput       {}",
+        s.train_samples_per_s,
+        s.wall_s,
+        s.output.display()
+    );
+}

@@ -1,0 +1,188 @@
+//! `ringtune-bench one`: one configuration (model, task, kernels) timed in this process.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::{Parser, ValueEnum};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use ringtune_bert::ModelConfig;
+use ringtune_mrpc::Batch;
+use ringtune_ops::{KernelChoice, Kernels, PrecisionChoice};
+use ringtune_optim::{AdamW, AdamWConfig};
+use ringtune_runtime::{FlatBuffer, Runtime, SessionOptions};
+use ringtune_trainer::engine::{Engine, Evaluator};
+use ringtune_trainer::recipe::param_groups;
+use serde::{Deserialize, Serialize};
+
+/// What `one` measures.
+#[derive(Parser, Clone, Serialize, Deserialize)]
+pub(crate) struct One {
+    /// bert-base, minilm, bert-mini, or a folder with config.json.
+    #[arg(long)]
+    pub(crate) model: String,
+    /// What to time.
+    #[arg(long, value_enum)]
+    pub(crate) task: Task,
+    /// Rows per batch (default 32 for train, 64 for eval).
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Tokens per row (fixed padding).
+    #[arg(long, default_value_t = 128)]
+    seq: usize,
+    /// Intra-op threads.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Untimed steps first.
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Timed steps per repeat.
+    #[arg(long, default_value_t = 3)]
+    steps: usize,
+    /// Repeats.
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// Write ONNX Runtime's profile with this prefix.
+    #[arg(long)]
+    profile: Option<PathBuf>,
+    /// Matrix-product kernels.
+    #[arg(long, value_enum, default_value = "mlas")]
+    kernels: KernelChoice,
+    /// oneDNN precision.
+    #[arg(long, value_enum, default_value = "fp32")]
+    precision: PrecisionChoice,
+}
+
+/// What to time.
+#[derive(Debug, Clone, Copy, ValueEnum, Serialize, Deserialize, PartialEq, Eq)]
+pub(crate) enum Task {
+    /// Forward only (logits).
+    Eval,
+    /// Forward and backward in one run, dropout on, then clipping and the AdamW step.
+    Train,
+}
+
+/// One configuration's throughput and memory.
+#[derive(Serialize, Deserialize)]
+pub(crate) struct Measurement {
+    pub(crate) model: String,
+    pub(crate) task: String,
+    pub(crate) kernels: String,
+    pub(crate) batch: usize,
+    pub(crate) seq: usize,
+    pub(crate) params: usize,
+    pub(crate) median_samples_per_s: f64,
+    pub(crate) repeats: Vec<f64>,
+    pub(crate) peak_rss_mib: f64,
+}
+
+fn config_of(model: &str) -> Result<ModelConfig> {
+    let path = match model {
+        "bert-base" => crate::root().join("models/bert-base.json"),
+        "bert-mini" => crate::root().join("models/bert-mini.json"),
+        "minilm" => crate::root().join("models/all-MiniLM-L6-v2/config.json"),
+        dir => Path::new(dir).join("config.json"),
+    };
+    ModelConfig::from_file(&path).with_context(|| "run `just setup` for MiniLM's config")
+}
+
+/// A batch like the reference's: random ids, lengths 40..=seq padded to seq, two segments.
+fn synthetic_batch(rows: usize, seq: usize, vocab: usize, seed: u64) -> Batch {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut b = Batch {
+        rows,
+        seq,
+        input_ids: vec![0; rows * seq],
+        token_type_ids: vec![0; rows * seq],
+        attention_mask: vec![0; rows * seq],
+        labels: (0..rows).map(|_| rng.random_range(0..2)).collect(),
+        indices: (0..rows).collect(),
+    };
+    for r in 0..rows {
+        let len = rng.random_range(40.min(seq)..=seq);
+        for k in 0..len {
+            b.input_ids[r * seq + k] = rng.random_range(1000.min(vocab as i64 - 1)..vocab as i64);
+            b.attention_mask[r * seq + k] = 1;
+            b.token_type_ids[r * seq + k] = (k >= len / 2) as i64;
+        }
+    }
+    b
+}
+
+/// The step `one` times: a training step (forward, backward, clipping, AdamW) or a forward.
+fn step_fn(one: &One, config: &ModelConfig, kernels: Kernels, batch: Batch) -> Result<Box<dyn FnMut() -> Result<()>>> {
+    let layout = ringtune_bert::layout(config);
+    let mut params = FlatBuffer::zeros(layout.total_len());
+    ringtune_bert::init_all(config, &layout, 0, &mut params);
+    let runtime = Runtime::get()?;
+    let options = SessionOptions {
+        threads: one.threads,
+        profile: one.profile.clone(),
+        spinning: kernels == Kernels::Mlas,
+        ..SessionOptions::default()
+    };
+    Ok(match one.task {
+        Task::Train => {
+            let mut adam = AdamW::new(AdamWConfig::default(), &param_groups(&layout, 0.01), layout.total_len())?
+                .with_threads(one.threads);
+            let mut engine = Engine::new(runtime, config, &layout, params, true, kernels, &options)?;
+            Box::new(move || {
+                engine.step(&batch)?;
+                let (params, grads) = engine.params_and_grads();
+                adam.clip_and_step(params, grads, 1.0, 2e-5);
+                Ok(())
+            })
+        }
+        Task::Eval => {
+            let mut evaluator = Evaluator::new(runtime, config, &layout, kernels, &options)?;
+            Box::new(move || {
+                evaluator.logits(&params, &batch)?;
+                Ok(())
+            })
+        }
+    })
+}
+
+/// Times `one`: warm-up steps, then the median samples/s over the repeats.
+pub(crate) fn measure(one: &One) -> Result<Measurement> {
+    let config = config_of(&one.model)?;
+    let rows = one.batch.unwrap_or(if one.task == Task::Train { 32 } else { 64 });
+    let batch = synthetic_batch(rows, one.seq, config.vocab_size, 0);
+    let kernels = Kernels::resolve(one.kernels, one.precision);
+    let mut step = step_fn(one, &config, kernels, batch)?;
+    for _ in 0..one.warmup {
+        step()?;
+    }
+    let mut repeats = Vec::new();
+    for _ in 0..one.repeats {
+        let t = Instant::now();
+        for _ in 0..one.steps {
+            step()?;
+        }
+        repeats.push((one.steps * rows) as f64 / t.elapsed().as_secs_f64());
+    }
+    let mut sorted = repeats.clone();
+    sorted.sort_by(f64::total_cmp);
+    Ok(Measurement {
+        model: one.model.clone(),
+        task: format!("{:?}", one.task).to_lowercase(),
+        kernels: kernels.to_string(),
+        batch: rows,
+        seq: one.seq,
+        params: ringtune_bert::layout(&config).num_params(),
+        median_samples_per_s: sorted[sorted.len() / 2],
+        repeats,
+        peak_rss_mib: peak_rss_mib(),
+    })
+}
+
+/// Peak resident memory of this process (`VmHWM`).
+fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}

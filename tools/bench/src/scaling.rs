@@ -1,0 +1,156 @@
+//! `ringtune-bench scaling`: 1 node x 1 thread against 2 nodes x 1 thread on the same global
+//! batch (real MRPC steps through `ringtune train`), and a projection to a real cluster.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use ringtune_trainer::metrics::{read_records, Record, StepRecord};
+
+/// The comparison's settings.
+#[derive(Args)]
+pub(crate) struct ScalingArgs {
+    /// The `ringtune` binary.
+    #[arg(long, default_value = "target/release/ringtune")]
+    ringtune: PathBuf,
+    /// Steps per run (the first log window is warm-up and not counted).
+    #[arg(long, default_value_t = 40)]
+    steps: u64,
+    /// Global batch.
+    #[arg(long, default_value_t = 32)]
+    batch: usize,
+    /// Settings passed on to every `ringtune train` (e.g. `--kernels mlas`).
+    #[arg(last = true)]
+    train_args: Vec<String>,
+}
+
+/// Mean seconds per step of each phase over the step records after the first.
+#[derive(Debug, Default, Clone, Copy)]
+struct Phases {
+    forward_backward: f64,
+    sync: f64,
+    /// Megabytes all-reduced per step.
+    sync_mb: f64,
+    optimizer: f64,
+    step: f64,
+}
+
+fn phases(metrics: &Path) -> Result<Phases> {
+    let records = read_records(metrics)?;
+    let steps: Vec<&StepRecord> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Step(s) => Some(s),
+            Record::Eval(_) => None,
+        })
+        .skip(1)
+        .collect();
+    if steps.is_empty() {
+        bail!("{} has no step records after the first", metrics.display());
+    }
+    let n = steps.len() as f64;
+    let mean = |field: fn(&StepRecord) -> f64| steps.iter().map(|s| field(s)).sum::<f64>() / n;
+    let (fb, sync, opt) = (mean(|s| s.forward_backward_s), mean(|s| s.sync_s), mean(|s| s.optimizer_s));
+    Ok(Phases {
+        forward_backward: fb,
+        sync,
+        sync_mb: mean(|s| s.sync_mb),
+        optimizer: opt,
+        step: fb + sync + opt + mean(|s| s.data_s),
+    })
+}
+
+fn run_ringtune(ringtune: &Path, args: &[String]) -> Result<()> {
+    let out = Command::new(ringtune).args(args).output().with_context(|| format!("running {}", ringtune.display()))?;
+    if !out.status.success() {
+        bail!("{} {}: {}", ringtune.display(), args.join(" "), String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
+/// Runs both configurations and prints the measured table and the projection.
+pub(crate) fn scaling(args: &ScalingArgs) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let common = |out: &Path| -> Vec<String> {
+        let log_every = (args.steps / 4).max(1).to_string();
+        ["--max-steps", &args.steps.to_string(), "--log-every", &log_every, "--threads", "1", "--output"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain([out.display().to_string(), "--global-batch-size".into(), args.batch.to_string()])
+            .chain(args.train_args.iter().cloned())
+            .collect()
+    };
+    let one = dir.path().join("one");
+    run_ringtune(&args.ringtune, &[vec!["train".to_string()], common(&one)].concat())?;
+    let two = dir.path().join("two");
+    let launch = ["launch", "--nodes", "2", "--port", "29731", "--"].map(String::from).to_vec();
+    run_ringtune(&args.ringtune, &[launch, common(&two)].concat())?;
+    let p1 = phases(&one.join("metrics.jsonl"))?;
+    let p2 = phases(&two.join("metrics.jsonl"))?;
+    let speedup = p1.step / p2.step;
+    let settings = if args.train_args.is_empty() { "default settings".to_string() } else { args.train_args.join(" ") };
+    println!("CPU: {}", ringtune_runtime::cpu_model());
+    println!(
+        "Measured here (MiniLM on MRPC, dynamic padding, global batch {}, 1 thread per node, {} steps, {settings}):",
+        args.batch, args.steps
+    );
+    println!("| nodes x threads | step s | forward+backward s | all-reduce s | MB all-reduced | optimizer s | share in sync | speedup | efficiency |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (label, p, s, nodes) in [("1 x 1", p1, 1.0, 1.0), ("2 x 1", p2, speedup, 2.0)] {
+        println!(
+            "| {label} | {:.3} | {:.3} | {:.3} | {:.1} | {:.3} | {:.1}% | {s:.2}x | {:.0}% |",
+            p.step,
+            p.forward_backward,
+            p.sync,
+            p.sync_mb,
+            p.optimizer,
+            100.0 * p.sync / p.step,
+            100.0 * s / nodes
+        );
+    }
+    project(p1, p2, args.batch);
+    Ok(())
+}
+
+/// The projection to 64-vCPU nodes on 25 Gbit/s, from the measured phases: once with the
+/// global batch fixed (the recipe's), once with the per-node batch fixed (the batch grows with
+/// the nodes, as in the seed's published runs).
+fn project(p1: Phases, p2: Phases, batch: usize) {
+    const CORES: f64 = 32.0; // 64 vCPUs = 32 physical cores
+    const CORE_EFFICIENCY: f64 = 0.7; // compute over 32 cores, relative to 32 x one core
+    const LINK: f64 = 25e9 / 8.0 * 0.9; // bytes/s, 90% of 25 Gbit/s
+    const LATENCY: f64 = 50e-6; // per ring step
+                                // The bytes a step all-reduces: the dense parameters plus the embedding rows the batch
+                                // used, as the 2-node run measured them.
+    let grad_bytes = p2.sync_mb * 1e6;
+    let compute_1core = p1.forward_backward; // one core, a batch of `batch`
+    let optimizer = p1.optimizer / CORES;
+    println!(
+        "\nProjection for 64-vCPU nodes (32 cores) on 25 Gbit/s. Model: forward+backward = measured 1-core time \
+         per {batch} samples / (32 cores x {CORE_EFFICIENCY} efficiency); optimizer = measured 1-core time / 32 (every \
+         node steps all parameters); all-reduce = 2(N-1)/N x {:.1} MB (measured per step at global batch {batch}; larger batches touch more embedding rows) / (90% of 3.125 GB/s) + \
+         2(N-1) x 50 us; no overlap of all-reduce and compute (one ONNX Runtime run makes every gradient at its end).",
+        grad_bytes / 1e6
+    );
+    println!("| nodes | batch per node | step s | samples/s | speedup | efficiency |");
+    println!("|---|---|---|---|---|---|");
+    for per_node_fixed in [false, true] {
+        let mut base = 0.0;
+        for n in [1.0f64, 2.0, 4.0] {
+            let per_node = if per_node_fixed { batch as f64 } else { batch as f64 / n };
+            let compute = compute_1core * per_node / batch as f64 / (CORES * CORE_EFFICIENCY);
+            let sync = if n > 1.0 { 2.0 * (n - 1.0) / n * grad_bytes / LINK + 2.0 * (n - 1.0) * LATENCY } else { 0.0 };
+            let samples_per_s = per_node * n / (compute + optimizer + sync);
+            if n == 1.0 {
+                base = samples_per_s;
+            }
+            println!(
+                "| {n} | {per_node} | {:.3} | {samples_per_s:.1} | {:.2}x | {:.0}% |",
+                compute + optimizer + sync,
+                samples_per_s / base,
+                100.0 * samples_per_s / base / n
+            );
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! `ringtune-bench table`: every configuration in its own process, beside PyTorch's numbers,
+//! measured in the same run when a PyTorch is given, else quoted from the reference data file.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde::Deserialize;
+
+use crate::one::Measurement;
+
+/// The table's settings.
+#[derive(Args)]
+pub(crate) struct TableArgs {
+    /// Timed steps per repeat.
+    #[arg(long, default_value_t = 3)]
+    steps: usize,
+    /// Repeats (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// Only these models (bert-base, minilm, bert-mini).
+    #[arg(long)]
+    only: Vec<String>,
+    /// A Python with torch and transformers: PyTorch is then measured in this run, with the
+    /// reference's own script, instead of quoted from the reference data file.
+    #[arg(long, env = "RINGTUNE_PYTORCH")]
+    pytorch: Option<PathBuf>,
+    /// The reference benchmark script.
+    #[arg(long, default_value = "../shared/reference/bench_bert.py")]
+    pytorch_script: PathBuf,
+    /// PyTorch's figures quoted when it is not measured (relative to the workspace).
+    #[arg(long, default_value = "tools/bench/pytorch-reference.toml")]
+    reference: PathBuf,
+}
+
+/// PyTorch's quoted figures.
+#[derive(Deserialize)]
+struct Reference {
+    source: String,
+    rows: Vec<ReferenceRow>,
+}
+
+#[derive(Deserialize)]
+struct ReferenceRow {
+    model: String,
+    task: String,
+    fp32: f64,
+    bf16: f64,
+}
+
+impl Reference {
+    fn read(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("{} is not a reference file", path.display()))
+    }
+
+    /// (fp32, bf16) samples/s of `model` at `task`.
+    fn get(&self, model: &str, task: &str) -> (f64, f64) {
+        self.rows.iter().find(|r| r.model == model && r.task == task).map_or((f64::NAN, f64::NAN), |r| (r.fp32, r.bf16))
+    }
+}
+
+/// PyTorch measured in this run by the reference's script.
+struct PyTorch {
+    python: PathBuf,
+    script: PathBuf,
+}
+
+impl PyTorch {
+    /// Median samples/s of one configuration (the script's `RESULT` line).
+    fn measure(&self, model: &str, task: &str, precision: &str, steps: usize, repeats: usize) -> Result<f64> {
+        let size = match model {
+            "bert-base" => "base",
+            "bert-mini" => "mini",
+            other => other,
+        };
+        let out = Command::new(&self.python)
+            .arg(&self.script)
+            .args(["--size", size, "--task", task, "--prec", precision, "--max-wait", "30"])
+            .args(["--steps", &steps.to_string(), "--repeats", &repeats.to_string()])
+            .output()
+            .with_context(|| format!("running {} {}", self.python.display(), self.script.display()))?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let Some(result) = stdout.lines().find_map(|l| l.strip_prefix("RESULT ")) else {
+            bail!(
+                "PyTorch {model} {task} {precision} printed no RESULT line: {}",
+                String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("")
+            );
+        };
+        let value: serde_json::Value = serde_json::from_str(result)?;
+        value["median_sps"].as_f64().context("RESULT without median_sps")
+    }
+}
+
+/// Runs `ringtune-bench one` in a child process.
+fn measure_child(model: &str, task: &str, kernels: &str, precision: &str, args: &TableArgs) -> Result<Measurement> {
+    let out = Command::new(std::env::current_exe()?)
+        .args(["one", "--model", model, "--task", task, "--steps", &args.steps.to_string()])
+        .args(["--repeats", &args.repeats.to_string(), "--kernels", kernels, "--precision", precision])
+        .output()?;
+    if !out.status.success() {
+        bail!("{model} {task} {kernels} {precision}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+/// Prints the table.
+pub(crate) fn table(args: &TableArgs) -> Result<()> {
+    let pytorch = args
+        .pytorch
+        .as_ref()
+        .map(|python| PyTorch { python: python.clone(), script: crate::root().join(&args.pytorch_script) });
+    let reference = Reference::read(&crate::root().join(&args.reference))?;
+    let bf16 = ringtune_ops::custom_ops(ringtune_ops::Kernels::OneDnn(ringtune_ops::Precision::Bf16), 1);
+    let mut variants = vec![("mlas", "fp32"), ("onednn", "fp32")];
+    match &bf16 {
+        Ok(_) => variants.push(("onednn", "bf16")),
+        Err(e) => println!("oneDNN bf16 rows left out: {e}\n"),
+    }
+    let source = if pytorch.is_some() { "this run".to_string() } else { format!("quoted from {}", reference.source) };
+    println!("CPU: {}\nPyTorch: {source}\n", ringtune_runtime::cpu_model());
+    println!(
+        "| model | task | batch x seq | kernels | ringtune samples/s | PyTorch fp32 | PyTorch bf16 | vs fp32 | vs bf16 | peak RSS MiB |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for model in ["minilm", "bert-base", "bert-mini"]
+        .iter()
+        .filter(|m| args.only.is_empty() || args.only.iter().any(|o| o == *m))
+    {
+        for task in ["eval", "train"] {
+            let (fp32, bf16) = match &pytorch {
+                Some(p) => (
+                    p.measure(model, task, "fp32", args.steps, args.repeats)?,
+                    p.measure(model, task, "bf16", args.steps, args.repeats)?,
+                ),
+                None => reference.get(model, task),
+            };
+            for (kernels, precision) in &variants {
+                let m = measure_child(model, task, kernels, precision, args)?;
+                println!(
+                    "| {model} | {task} | {} x {} | {} | {:.2} | {fp32:.2} | {bf16:.2} | {:.2}x | {:.2}x | {:.0} |",
+                    m.batch,
+                    m.seq,
+                    m.kernels,
+                    m.median_samples_per_s,
+                    m.median_samples_per_s / fp32,
+                    m.median_samples_per_s / bf16,
+                    m.peak_rss_mib
+                );
+            }
+        }
+    }
+    println!(
+        "\ntrain = forward + backward (dropout on) + optimizer step on both sides: ringtune runs forward and backward \
+         as one ONNX Runtime run, then global-norm clipping and AdamW on the flat buffers; PyTorch runs forward, \
+         backward, AdamW and zero_grad. Batches: random ids, lengths 40..128 padded to 128, as the reference's."
+    );
+    Ok(())
+}
