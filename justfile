@@ -20,26 +20,64 @@ lint:
     cargo fmt --all -- --check
     cargo clippy -q --workspace --all-targets -- -D warnings
 
-# The whole test suite (after setup, MPNet included, and lints).
+# The whole test suite (after setup, MPNet included, and lints), every crate's example, and a crate embedding ringtune-mrpc alone.
 test: setup-mpnet lint
     cargo test -q --workspace
+    just examples
+    just embed-check
+    just publish-check
+
+# Packages every library crate as crates.io would take it, and builds the packages (nothing is uploaded).
+publish-check:
+    cargo publish -q --workspace --dry-run --allow-dirty
+
+# Runs every library crate's example (each shows the crate used on its own).
+examples: data
+    cargo run -q -p ringtune-files --example atomic_write
+    cargo run -q -p ringtune-mrpc --example tokenize_pairs
+    cargo run -q -p ringtune-onnx-ir --example build_graph
+    cargo run -q -p ringtune-autodiff --example differentiate
+    cargo run -q -p ringtune-bert --example forward_graph
+    cargo run -q -p ringtune-optim --example adamw
+    cargo run -q -p ringtune-collective --example memory_ring
+    cargo run -q -p ringtune-quic --example two_nodes
+    cargo run -q -p ringtune-onednn --example matmul
+    cargo run -q -p ringtune-runtime --example run_from_bytes
+    cargo run -q -p ringtune-ops --example seeded_dropout
+    cargo run -q -p ringtune-trainer --example train_a_few_steps
+
+# A crate outside the workspace that depends on ringtune-mrpc alone, by path: it must not pull in ONNX Runtime or quinn, and runs the crate's example.
+embed-check:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    dir="{{root}}/target/embed-check"
+    mkdir -p "$dir/src"
+    printf '%s\n' '[package]' 'name = "embeds-mrpc"' 'version = "0.0.0"' 'edition = "2021"' 'publish = false' \
+        '[dependencies]' 'ringtune-mrpc = { path = "{{root}}/crates/mrpc" }' '[workspace]' > "$dir/Cargo.toml"
+    cp "{{root}}/crates/mrpc/examples/tokenize_pairs.rs" "$dir/src/main.rs"
+    cp "{{root}}/Cargo.lock" "$dir/Cargo.lock"
+    cd "$dir"
+    if cargo tree -q --offline -e normal --prefix none | grep -E '^(ort|ort-sys|quinn|quinn-proto|tokio) '; then
+        echo "ringtune-mrpc pulls in ONNX Runtime or the QUIC stack (above)"; exit 1
+    fi
+    cargo run -q --offline
 
 # Shows the ONNX Runtime version, providers and CPU features.
 info: setup
-    cargo run -q --release -p trainer --bin ringtune -- info
+    cargo run -q --release -p ringtune-trainer --bin ringtune -- info
 
 # Finds MRPC (MRPC_DIR, data/mrpc, ../shared/data/mrpc) or downloads it, checks it, and tokenizes it into the cache.
 data: setup
-    cargo run -q --release -p mrpc-prep -- fetch
-    cargo run -q --release -p mrpc-prep
+    cargo run -q --release -p ringtune-mrpc-prep -- fetch
+    cargo run -q --release -p ringtune-mrpc-prep
 
 # Fine-tunes all-MiniLM-L6-v2 on MRPC with the standard recipe (runs/minilm-mrpc); prints dev accuracy and F1.
 train *ARGS: data
-    cargo run -q --release -p trainer --bin ringtune -- train {{ARGS}}
+    cargo run -q --release -p ringtune-trainer --bin ringtune -- train {{ARGS}}
 
 # Fine-tunes on N local nodes over loopback QUIC (throwaway certificates), the global batch of 32 split between them.
 train-dist N="2" *ARGS: data
-    cargo run -q --release -p trainer --bin ringtune -- launch --nodes {{N}} -- --output runs/minilm-mrpc-{{N}}-nodes --global-batch-size 32 {{ARGS}}
+    cargo run -q --release -p ringtune-trainer --bin ringtune -- launch --nodes {{N}} -- --output runs/minilm-mrpc-{{N}}-nodes --global-batch-size 32 {{ARGS}}
 
 # Inference and training-step throughput beside PyTorch's on this machine.
 bench: setup
@@ -47,11 +85,11 @@ bench: setup
 
 # All-reduce bandwidth of the QUIC ring (4 ranks as processes) beside gloo's and one raw TCP stream.
 ring-bench *ARGS:
-    cargo run -q --release -p ring-bench -- --verify --tcp {{ARGS}}
+    cargo run -q --release -p ringtune-ring-bench -- --verify --tcp {{ARGS}}
 
 # 1 node x 1 thread against 2 nodes x 1 thread on one global batch, and a 1/2/4-node projection; ARGS go to `ringtune train` (e.g. --kernels mlas).
 bench-scaling *ARGS: data
-    cargo build -q --release -p trainer --bin ringtune
+    cargo build -q --release -p ringtune-trainer --bin ringtune
     cargo run -q --release -p ringtune-bench -- scaling -- {{ARGS}}
 
 # Fuzzes the frame and row-list decoders for SECS seconds (needs `cargo install cargo-fuzz`).

@@ -100,7 +100,12 @@ impl ModelConfig {
         };
         let num_labels = hf.num_labels.or(hf.id2label.as_ref().map(|m| m.len())).unwrap_or(2);
         if num_labels < 2 {
-            return Err(unsupported(path, "num_labels", &num_labels.to_string(), "classification with 2 or more labels"));
+            return Err(unsupported(
+                path,
+                "num_labels",
+                &num_labels.to_string(),
+                "classification with 2 or more labels",
+            ));
         }
         let hidden_dropout = hf.hidden_dropout_prob.unwrap_or(0.1);
         let config = ModelConfig {
@@ -322,7 +327,8 @@ mod tests {
         assert!(err.contains("vocab_size"), "{err}");
         let err = parse(&MINI.replace("\"vocab_size\": 100", "\"vocab_size\": 0")).expect_err("zero").to_string();
         assert!(err.contains("`vocab_size` must be a positive integer"), "{err}");
-        let err = parse(&MINI.replace("\"hidden_size\": 32", "\"hidden_size\": \"wide\"")).expect_err("type").to_string();
+        let err =
+            parse(&MINI.replace("\"hidden_size\": 32", "\"hidden_size\": \"wide\"")).expect_err("type").to_string();
         assert!(err.contains("config.json") && err.contains("line 1"), "{err}");
         let null_dropout = MINI.replace("}", r#", "classifier_dropout": null, "hidden_dropout_prob": 0.2}"#);
         assert_eq!(parse(&null_dropout).expect("null means absent").classifier_dropout, 0.2);

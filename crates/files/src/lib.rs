@@ -73,10 +73,11 @@ pub fn cache_dir() -> CacheDir {
 fn cache_dir_from(variable: Option<std::ffi::OsString>) -> CacheDir {
     match variable.filter(|v| !v.is_empty()) {
         Some(dir) => CacheDir { path: PathBuf::from(dir), origin: "RINGTUNE_CACHE" },
-        None => CacheDir {
-            path: Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.cache"),
-            origin: "the workspace cache folder",
-        },
+        None => {
+            let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+            let workspace = workspace.canonicalize().unwrap_or(workspace);
+            CacheDir { path: workspace.join(".cache"), origin: "the workspace cache folder" }
+        }
     }
 }
 
@@ -133,7 +134,11 @@ mod tests {
         let set = cache_dir_from(Some("/srv/cache".into()));
         assert_eq!((set.path, set.origin), (PathBuf::from("/srv/cache"), "RINGTUNE_CACHE"));
         let unset = cache_dir_from(Some("".into()));
-        assert!(unset.path.ends_with("../../.cache"), "{}", unset.path.display());
+        assert!(
+            unset.path.ends_with(".cache") && unset.path.join("../Cargo.toml").exists(),
+            "{}",
+            unset.path.display()
+        );
         assert_eq!(unset.origin, "the workspace cache folder");
     }
 

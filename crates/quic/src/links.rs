@@ -136,8 +136,9 @@ async fn accept_prev(
         let theirs = Hello::decode(&payload).map_err(|e| QuicError::peer(prev, addr, e.to_string()))?;
         check_hello(o, prev, addr, header, &theirs)?;
         let lane = header.chunk as usize;
-        let slot =
-            incoming.get_mut(lane).ok_or_else(|| QuicError::peer(prev, addr, format!("opened lane {lane} of {lanes}")))?;
+        let slot = incoming
+            .get_mut(lane)
+            .ok_or_else(|| QuicError::peer(prev, addr, format!("opened lane {lane} of {lanes}")))?;
         *slot = Some(stream);
         conns.push(conn);
     }
@@ -148,9 +149,19 @@ async fn accept_prev(
     Ok((streams, conns, prev_addr))
 }
 
-fn check_hello(o: &RingOptions, prev: usize, addr: SocketAddr, header: Header, theirs: &Hello) -> Result<(), QuicError> {
+fn check_hello(
+    o: &RingOptions,
+    prev: usize,
+    addr: SocketAddr,
+    header: Header,
+    theirs: &Hello,
+) -> Result<(), QuicError> {
     if header.kind != Kind::Hello {
-        return Err(QuicError::peer(prev, addr, format!("began with a {:?} frame instead of a handshake", header.kind)));
+        return Err(QuicError::peer(
+            prev,
+            addr,
+            format!("began with a {:?} frame instead of a handshake", header.kind),
+        ));
     }
     if theirs.world as usize != o.world || theirs.rank as usize != prev {
         return Err(QuicError::peer(

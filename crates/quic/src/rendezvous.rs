@@ -101,9 +101,16 @@ impl Message {
                 let word = |at: usize| u32::from_le_bytes([body[at], body[at + 1], body[at + 2], body[at + 3]]);
                 let mut layout = [0u8; 32];
                 layout.copy_from_slice(&body[8..40]);
-                Ok(Message::Register { rank: word(0), world: word(4), layout, port: u16::from_le_bytes([body[40], body[41]]) })
+                Ok(Message::Register {
+                    rank: word(0),
+                    world: word(4),
+                    layout,
+                    port: u16::from_le_bytes([body[40], body[41]]),
+                })
             }
-            2 if body.len().is_multiple_of(18) => Ok(Message::Table(body.chunks_exact(18).map(decode_address).collect())),
+            2 if body.len().is_multiple_of(18) => {
+                Ok(Message::Table(body.chunks_exact(18).map(decode_address).collect()))
+            }
             2 => Err(format!("an address table of {} bytes", body.len())),
             3 => Ok(Message::Refused(String::from_utf8_lossy(body).into_owned())),
             kind => Err(format!("unknown rendezvous kind {kind}")),
@@ -211,7 +218,8 @@ async fn coordinate(
     let mut waiting = Vec::new();
     let mut problem = None;
     while table.iter().any(Option::is_none) {
-        let conn = registrations.recv().await.ok_or_else(|| QuicError::Setup("the endpoint stopped accepting".into()))?;
+        let conn =
+            registrations.recv().await.ok_or_else(|| QuicError::Setup("the endpoint stopped accepting".into()))?;
         let remote = conn.remote_address();
         let (send, mut recv) = match conn.accept_bi().await {
             Ok(streams) => streams,
@@ -272,7 +280,10 @@ fn check_registration(
     let open = (1..o.world).contains(&rank) && table[rank].is_none();
     let fills = open.then_some(rank);
     if *world as usize != o.world {
-        return Err((format!("rank {rank} at {remote} thinks the world has {world} nodes, the coordinator {}", o.world), fills));
+        return Err((
+            format!("rank {rank} at {remote} thinks the world has {world} nodes, the coordinator {}", o.world),
+            fills,
+        ));
     }
     if *layout != o.layout {
         return Err((format!("rank {rank} at {remote} runs a model with another parameter layout"), fills));
@@ -335,7 +346,8 @@ mod tests {
             other => panic!("expected a refusal, got {other:?}"),
         }
         let honest = options(1, 0);
-        let rank1 = std::thread::spawn(move || QuicRing::join(honest).map(QuicRing::shutdown).map_err(|e| e.to_string()));
+        let rank1 =
+            std::thread::spawn(move || QuicRing::join(honest).map(QuicRing::shutdown).map_err(|e| e.to_string()));
         rank1.join().expect("rank 1 does not panic").expect("rank 1 joins");
         lead.join().expect("rank 0 does not panic").expect("rank 0 coordinates");
     }

@@ -1,0 +1,100 @@
+//! The `Kernel` trait through ONNX Runtime: a custom operator of the `ai.ringtune` domain gets
+//! its inputs as slices, reports its output shapes, fills the outputs asked for (an optional
+//! one only when something reads it), and an error it returns reaches the caller with its name.
+
+use std::sync::Arc;
+
+use ringtune_onnx_ir::{shape, DType, Graph, InferCtx, NodeSpec, ValueType};
+use ringtune_runtime::{
+    Attributes, CustomOp, CustomOps, ElementType, Kernel, Port, Runtime, Session, SessionOptions, TensorMut, TensorRef,
+    DOMAIN,
+};
+
+/// `Scale(x) -> (y = factor * x, positive?)`; a negative input is an error.
+struct Scale;
+
+struct ScaleKernel(f32);
+
+impl CustomOp for Scale {
+    fn name(&self) -> &'static str {
+        "Scale"
+    }
+
+    fn inputs(&self) -> Vec<Port> {
+        vec![Port::required(ElementType::F32)]
+    }
+
+    fn outputs(&self) -> Vec<Port> {
+        vec![Port::required(ElementType::F32), Port::optional(ElementType::Bool)]
+    }
+
+    fn kernel(&self, attributes: &dyn Attributes) -> Result<Box<dyn Kernel>, String> {
+        Ok(Box::new(ScaleKernel(attributes.int("factor").ok_or("no factor")? as f32)))
+    }
+}
+
+impl Kernel for ScaleKernel {
+    fn output_shapes(&self, inputs: &[Option<TensorRef<'_>>]) -> Result<Vec<Vec<i64>>, String> {
+        let x = inputs[0].ok_or("no x")?;
+        Ok(vec![x.shape().to_vec(), x.shape().to_vec()])
+    }
+
+    fn compute(&self, inputs: &[Option<TensorRef<'_>>], outputs: &mut [Option<TensorMut<'_>>]) -> Result<(), String> {
+        let x = inputs[0].and_then(|x| x.f32()).ok_or("no x")?;
+        if x.iter().any(|v| *v < 0.0) {
+            return Err("negative input".into());
+        }
+        if let Some(TensorMut::F32(y)) = &mut outputs[0] {
+            y.iter_mut().zip(x).for_each(|(y, x)| *y = self.0 * x);
+        }
+        if let Some(TensorMut::Bool(p)) = &mut outputs[1] {
+            p.iter_mut().zip(x).for_each(|(p, x)| *p = *x > 0.0);
+        }
+        Ok(())
+    }
+}
+
+fn shape_rule(ctx: &InferCtx<'_>) -> Result<Vec<ValueType>, String> {
+    let x = ctx.ranked(0)?.clone();
+    Ok(vec![ValueType::new(DType::F32, x.clone()), ValueType::new(DType::Bool, x)])
+}
+
+fn model(with_mask: bool) -> Vec<u8> {
+    let mut g = Graph::new("scale");
+    g.register_op(DOMAIN, "Scale", shape_rule);
+    let x = g.input("x", DType::F32, shape(&[3])).expect("x");
+    let attributes = vec![("factor", ringtune_onnx_ir::Attribute::Int(3))];
+    let out = g
+        .node(NodeSpec { op_type: "Scale", domain: DOMAIN, inputs: vec![Some(&x)], attributes, outputs: 2 })
+        .expect("node");
+    g.output_as(&out[0], "y").expect("y");
+    if with_mask {
+        let as_float = g.cast(&out[1], DType::F32).expect("cast");
+        g.output_as(&as_float, "positive").expect("mask");
+    }
+    g.to_bytes().expect("bytes")
+}
+
+fn session(with_mask: bool) -> Session {
+    let runtime = Runtime::get().expect("ONNX Runtime (`just setup`)");
+    let options = SessionOptions { custom_ops: CustomOps(vec![Arc::new(Scale)]), ..SessionOptions::default() };
+    Session::from_bytes(runtime, &model(with_mask), &options).expect("session")
+}
+
+#[test]
+fn kernels_see_slices_and_fill_the_outputs_asked_for() {
+    let x = [0.0f32, 1.0, 2.5];
+    let out = session(true).run(&[("x", ringtune_runtime::TensorView::f32(&[3], &x))], &[]).expect("run");
+    assert_eq!(out[0].as_f32(), Some(&[0.0f32, 3.0, 7.5][..]));
+    assert_eq!(out[1].as_f32(), Some(&[0.0f32, 1.0, 1.0][..]));
+    let alone = session(false).run(&[("x", ringtune_runtime::TensorView::f32(&[3], &x))], &["y"]).expect("run");
+    assert_eq!(alone[0].as_f32(), Some(&[0.0f32, 3.0, 7.5][..]));
+}
+
+#[test]
+fn a_kernel_error_names_the_operator() {
+    let x = [1.0f32, -1.0, 2.0];
+    let err = session(false).run(&[("x", ringtune_runtime::TensorView::f32(&[3], &x))], &["y"]).expect_err("negative");
+    let msg = err.to_string();
+    assert!(msg.contains("Scale: negative input"), "{msg}");
+}
