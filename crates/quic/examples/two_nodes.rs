@@ -6,7 +6,7 @@
 use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;
 
-use ringtune_quic::certs::{generate, NodeIdentity};
+use ringtune_quic::certs::generate;
 use ringtune_quic::{Peers, QuicRing, RingOptions, Tuning};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -18,12 +18,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let peers = Peers::List(ports.iter().map(|p| format!("127.0.0.1:{p}")).collect());
     let nodes: Vec<_> = (0..2)
         .map(|rank| {
-            let (cert, key) = &certs.nodes[rank];
             let options = RingOptions {
                 rank,
                 world: 2,
                 layout: [0; 32],
-                identity: NodeIdentity::from_pem(rank, &certs.ca_pem, cert, key)?,
+                identity: certs.identity(rank)?,
                 listen: SocketAddr::from(([127, 0, 0, 1], ports[rank])),
                 peers: peers.clone(),
                 deadline: Duration::from_secs(10),

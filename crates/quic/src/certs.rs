@@ -27,6 +27,16 @@ pub struct ClusterCerts {
     pub nodes: Vec<(String, String)>,
 }
 
+impl ClusterCerts {
+    /// The identity of node `rank`: its certificate and key, and the CA.
+    pub fn identity(&self, rank: usize) -> Result<NodeIdentity, QuicError> {
+        let (cert, key) = self.nodes.get(rank).ok_or_else(|| {
+            QuicError::Certificates(format!("no certificate for node {rank} of {}", self.nodes.len()))
+        })?;
+        NodeIdentity::from_pem(rank, &self.ca_pem, cert, key)
+    }
+}
+
 fn rc(e: rcgen::Error) -> QuicError {
     QuicError::Certificates(e.to_string())
 }

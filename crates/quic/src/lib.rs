@@ -14,8 +14,7 @@
 //!
 //! ```
 //! let certs = ringtune_quic::certs::generate(2).unwrap();
-//! let (cert, key) = &certs.nodes[1];
-//! let id = ringtune_quic::certs::NodeIdentity::from_pem(1, &certs.ca_pem, cert, key).unwrap();
+//! let id = certs.identity(1).unwrap();
 //! assert_eq!(id.rank, 1);
 //! assert_eq!(ringtune_quic::certs::node_name(1), "node-1");
 //! ```

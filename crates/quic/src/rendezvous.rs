@@ -302,7 +302,6 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::certs::NodeIdentity;
     use crate::{QuicRing, Tuning};
 
     /// A node with a valid certificate sends the coordinator bytes that are not a
@@ -311,10 +310,7 @@ mod tests {
     #[test]
     fn an_unreadable_registration_is_answered_and_the_wait_goes_on() {
         let certs = crate::certs::generate(2).expect("certs");
-        let identity = |rank: usize| {
-            let (cert, key) = &certs.nodes[rank];
-            NodeIdentity::from_pem(rank, &certs.ca_pem, cert, key).expect("identity")
-        };
+        let identity = |rank: usize| certs.identity(rank).expect("identity");
         let port = std::net::UdpSocket::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
         let coordinator = format!("127.0.0.1:{port}");
         let options = |rank: usize, listen: u16| RingOptions {

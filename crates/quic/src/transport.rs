@@ -264,10 +264,7 @@ mod tests {
     #[test]
     fn a_malformed_frame_is_an_error_naming_the_sender() {
         let certs = crate::certs::generate(2).expect("certs");
-        let identity = |rank: usize| {
-            let (cert, key) = &certs.nodes[rank];
-            NodeIdentity::from_pem(rank, &certs.ca_pem, cert, key).expect("identity")
-        };
+        let identity = |rank: usize| certs.identity(rank).expect("identity");
         let ports: Vec<u16> = {
             let sockets: Vec<std::net::UdpSocket> =
                 (0..2).map(|_| std::net::UdpSocket::bind("127.0.0.1:0").expect("port")).collect();

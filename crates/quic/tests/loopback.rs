@@ -21,12 +21,11 @@ fn options(
     peers: Peers,
     deadline: Duration,
 ) -> RingOptions {
-    let (cert, key) = &certs.nodes[rank];
     RingOptions {
         rank,
         world,
         layout: [7; 32],
-        identity: NodeIdentity::from_pem(rank, &certs.ca_pem, cert, key).expect("identity"),
+        identity: certs.identity(rank).expect("identity"),
         listen: SocketAddr::from(([127, 0, 0, 1], ports[rank])),
         peers,
         deadline,
