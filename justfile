@@ -33,18 +33,9 @@ publish-check:
 
 # Runs every library crate's example (each shows the crate used on its own).
 examples: data
-    cargo run -q -p ringtune-files --example atomic_write
-    cargo run -q -p ringtune-mrpc --example tokenize_pairs
-    cargo run -q -p ringtune-onnx-ir --example build_graph
-    cargo run -q -p ringtune-autodiff --example differentiate
-    cargo run -q -p ringtune-bert --example forward_graph
-    cargo run -q -p ringtune-optim --example adamw
-    cargo run -q -p ringtune-collective --example memory_ring
-    cargo run -q -p ringtune-quic --example two_nodes
-    cargo run -q -p ringtune-onednn --example matmul
-    cargo run -q -p ringtune-runtime --example run_from_bytes
-    cargo run -q -p ringtune-ops --example seeded_dropout
-    cargo run -q -p ringtune-trainer --example train_a_few_steps
+    cargo build -q --workspace --examples
+    for example in atomic_write tokenize_pairs build_graph differentiate forward_graph adamw memory_ring two_nodes \
+        matmul run_from_bytes seeded_dropout train_a_few_steps; do echo "== $example"; target/debug/examples/$example; done
 
 # A crate outside the workspace that depends on ringtune-mrpc alone, by path: it must not pull in ONNX Runtime or quinn, and runs the crate's example.
 embed-check:
