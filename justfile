@@ -78,6 +78,10 @@ bench: setup
 ring-bench *ARGS:
     cargo run -q --release -p ringtune-ring-bench -- --verify --tcp {{ARGS}}
 
+# The ring beside gloo on an emulated cluster: 4 hosts as network namespaces on a bridge, links shaped with tc (needs root); ARGS go to ring-bench (e.g. --link-rate 1gbit --link-mtu 1500).
+cluster-bench *ARGS:
+    cargo run -q --release -p ringtune-ring-bench -- --cluster netns --ranks 4 --floats 22000000,110000000 --verify {{ARGS}}
+
 # 1 node x 1 thread against 2 nodes x 1 thread on one global batch, and a 1/2/4-node projection; ARGS go to `ringtune train` (e.g. --kernels mlas).
 bench-scaling *ARGS: data
     cargo build -q --release -p ringtune-trainer --bin ringtune

@@ -30,8 +30,8 @@ mod wire;
 use std::net::SocketAddr;
 
 pub use rendezvous::{Message as RendezvousMessage, Peers};
-pub use transport::{QuicRing, RingOptions};
-pub use tuning::Tuning;
+pub use transport::{LinkStats, QuicRing, RingOptions};
+pub use tuning::{plan_datagrams, probe_path, DatagramPlan, PathMtu, Tuning};
 
 /// What can go wrong setting up or running the ring.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 
 use crate::certs::node_name;
 use crate::tls::{alpn, client_crypto, peer_is, server_crypto, ALPN_RENDEZVOUS, ALPN_RING};
-use crate::tuning::{bind_udp, endpoint, transport_config};
+use crate::tuning::{bind_udp, endpoint, plan_datagrams, probe_path, transport_config, PathMtu};
 use crate::wire::{describe_connection, read_frame, write_frame, FramePool};
 use crate::{QuicError, RingOptions};
 
@@ -30,17 +30,27 @@ pub(crate) fn prev_of(rank: usize, world: usize) -> usize {
     (rank + world - 1) % world
 }
 
-/// Binds the endpoint, finds the peers, and opens every lane in both directions.
+/// Binds the endpoint, finds the peers, and opens every lane in both directions, each link's
+/// datagrams planned for its path.
 pub(crate) async fn connect(o: &RingOptions) -> Result<Links, QuicError> {
+    let (socket, window) = bind_udp(o.listen, o.tuning.window)?;
+    // Accepted links carry data towards this node and only acknowledgements back: the
+    // server side needs the windows and deadlines, not a datagram plan for the path.
+    let generic = plan_datagrams(PathMtu::Unknown, o.listen.is_ipv6(), o.tuning.mtu)?;
+    let transport = Arc::new(transport_config(&generic, window, o.deadline)?);
     let mut server = quinn::ServerConfig::with_crypto(Arc::new(server_crypto(&o.identity)?));
-    let transport = Arc::new(transport_config(&o.tuning, o.deadline)?);
     server.transport_config(transport.clone());
-    let endpoint = endpoint(bind_udp(o.listen, o.tuning.socket_buffer)?, server, &o.tuning)?;
+    let endpoint = endpoint(socket, server)?;
     let (ring_rx, rdv_rx) = accept_loop(&endpoint, node_name(prev_of(o.rank, o.world)));
     let addrs = crate::rendezvous::addresses(o, &endpoint, &transport, rdv_rx).await?;
     let next = (o.rank + 1) % o.world;
+    let plan = plan_datagrams(probe_path(addrs[next]), addrs[next].is_ipv6(), o.tuning.mtu)?;
+    for note in &plan.notes {
+        tracing::debug!(peer = %addrs[next], "{note}");
+    }
+    tracing::debug!(peer = %addrs[next], datagram = plan.initial, window, "link to the next rank");
     let mut client = quinn::ClientConfig::new(Arc::new(client_crypto(&o.identity, ALPN_RING)?));
-    client.transport_config(transport.clone());
+    client.transport_config(Arc::new(transport_config(&plan, window, o.deadline)?));
     let ((outgoing, mut conns), (incoming, accepted, prev_addr)) =
         tokio::try_join!(dial_next(o, &endpoint, &client, addrs[next]), accept_prev(o, ring_rx))?;
     conns.extend(accepted);

@@ -17,6 +17,40 @@ use crate::tuning::Tuning;
 use crate::wire::{describe_connection, read_frame, write_frame, FramePool, ReadFrameError};
 use crate::{Peers, QuicError};
 
+/// Packet counters of a node's links.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LinkStats {
+    /// UDP datagrams sent.
+    pub datagrams_sent: u64,
+    /// UDP datagrams received.
+    pub datagrams_received: u64,
+    /// UDP payload bytes sent.
+    pub bytes_sent: u64,
+    /// System calls that sent them (fewer than datagrams with segmentation offload).
+    pub send_calls: u64,
+    /// Packets declared lost (and resent).
+    pub lost_packets: u64,
+    /// Times a congestion controller cut its window.
+    pub congestion_events: u64,
+    /// The largest datagram payload a link uses now.
+    pub datagram_size: u16,
+}
+
+impl LinkStats {
+    /// The counts between `earlier` and `self` (the datagram size is `self`'s).
+    pub fn since(&self, earlier: &LinkStats) -> LinkStats {
+        LinkStats {
+            datagrams_sent: self.datagrams_sent - earlier.datagrams_sent,
+            datagrams_received: self.datagrams_received - earlier.datagrams_received,
+            bytes_sent: self.bytes_sent - earlier.bytes_sent,
+            send_calls: self.send_calls - earlier.send_calls,
+            lost_packets: self.lost_packets - earlier.lost_packets,
+            congestion_events: self.congestion_events - earlier.congestion_events,
+            datagram_size: self.datagram_size,
+        }
+    }
+}
+
 /// Everything needed to join a ring.
 pub struct RingOptions {
     /// This node's rank.
@@ -134,6 +168,21 @@ impl QuicRing {
         self.next_op
     }
 
+    /// What this node's links have done so far, summed over them (counters only grow: take
+    /// differences around what you measure).
+    pub fn stats(&self) -> LinkStats {
+        self.conns.iter().map(Connection::stats).fold(LinkStats::default(), |mut sum, s| {
+            sum.datagrams_sent += s.udp_tx.datagrams;
+            sum.datagrams_received += s.udp_rx.datagrams;
+            sum.bytes_sent += s.udp_tx.bytes;
+            sum.send_calls += s.udp_tx.ios;
+            sum.lost_packets += s.path.lost_packets;
+            sum.congestion_events += s.path.congestion_events;
+            sum.datagram_size = sum.datagram_size.max(s.path.current_mtu);
+            sum
+        })
+    }
+
     /// Elements per pipeline segment.
     pub fn segment(&self) -> usize {
         self.segment
@@ -223,7 +272,19 @@ impl Transport for QuicRing {
             .map_err(|_| CollectiveError::Transport(format!("the link to rank {next} is closed")))
     }
 
+    /// The next frame; when it cannot come, the links are closed with the reason, so every
+    /// rank learns which peer failed at once rather than at its own deadline.
     fn recv(&mut self) -> Result<(Header, Bytes), CollectiveError> {
+        let received = self.recv_frame();
+        if let Err(e) = &received {
+            self.abort(&e.to_string());
+        }
+        received
+    }
+}
+
+impl QuicRing {
+    fn recv_frame(&mut self) -> Result<(Header, Bytes), CollectiveError> {
         let lanes = self.lanes_in.len().max(1);
         let lane = self.received % lanes;
         self.received += 1;

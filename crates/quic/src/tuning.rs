@@ -1,10 +1,19 @@
-//! Transport settings for bulk transfer, and the UDP socket.
+//! The settings of the links, and how they follow the path: datagram size (large on loopback
+//! and on interfaces whose MTU the system reports, found by PMTU discovery elsewhere), the
+//! congestion controller's first window, segmentation offload, and UDP socket buffers at least
+//! as large as the receive windows.
+//!
+//! The datagram plan is a pure function of the path and the settings ([`plan_datagrams`]), so
+//! the combinations that would stall quinn are corrected or refused there, with the reason,
+//! instead of surfacing as a timeout.
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use quinn::{IdleTimeout, TransportConfig, VarInt};
+use quinn::congestion::CubicConfig;
+use quinn::{IdleTimeout, MtuDiscoveryConfig, TransportConfig, VarInt};
 
 use crate::QuicError;
 
@@ -12,14 +21,14 @@ use crate::QuicError;
 #[derive(Debug, Clone)]
 pub struct Tuning {
     /// Stream and connection receive windows and the send window, in bytes (at least
-    /// bandwidth x delay; large, since links carry hundreds of megabytes per step).
+    /// bandwidth x delay; large, since links carry hundreds of megabytes per step). The UDP
+    /// socket buffers are asked to be as large; where the kernel grants less, the windows shrink
+    /// to what it granted.
     pub window: u64,
-    /// Initial UDP payload size; loopback and jumbo-frame networks take far more than 1200.
-    pub initial_mtu: u16,
-    /// UDP socket buffers, in bytes.
-    pub socket_buffer: usize,
-    /// Connections (each with one stream) per neighbour: more lanes spread encryption over
-    /// more cores.
+    /// The UDP payload size to use on every path, overriding the one read from the path.
+    pub mtu: Option<u16>,
+    /// Connections per neighbour, each with its own endpoint, socket and task: more lanes spread
+    /// packet work and encryption over more cores.
     pub lanes: usize,
     /// Elements per pipeline segment.
     pub segment: usize,
@@ -27,20 +36,122 @@ pub struct Tuning {
 
 impl Default for Tuning {
     fn default() -> Self {
-        Tuning { window: 64 << 20, initial_mtu: 1452, socket_buffer: 8 << 20, lanes: 1, segment: 256 << 10 }
+        Tuning { window: 64 << 20, mtu: None, lanes: 1, segment: 256 << 10 }
     }
 }
 
-/// The transport configuration: big windows, a dead peer noticed within `deadline`.
-pub(crate) fn transport_config(t: &Tuning, deadline: Duration) -> Result<TransportConfig, QuicError> {
+/// The smallest UDP payload QUIC allows.
+const QUIC_MIN_MTU: u16 = 1200;
+/// A payload that fits Ethernet's 1500-byte MTU under IPv6 and UDP headers with room to
+/// spare: the floor after black-hole detection, and the start where the path is unknown.
+const SAFE_MTU: u16 = 1452;
+/// The largest UDP payload over IPv4 (and the most quinn's endpoint accepts).
+const MAX_UDP_PAYLOAD: u16 = 65_507;
+/// The kernel sends at most 64 KiB per segmentation-offload call, and quinn asks for up to 10
+/// segments at once: above this size offload must be off.
+const GSO_LIMIT: u16 = 65_535 / 10;
+/// Packets in the congestion controller's first window.
+const INITIAL_WINDOW_PACKETS: u64 = 10;
+
+/// What the system says about the path to a peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathMtu {
+    /// The peer is on this host: the loopback interface's MTU (64 KiB on Linux).
+    Loopback(u32),
+    /// The MTU of the interface (or route) the kernel would send through.
+    Interface(u32),
+    /// Unknown: the system did not say.
+    Unknown,
+}
+
+/// How a link sends datagrams.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DatagramPlan {
+    /// The first datagram payload size.
+    pub initial: u16,
+    /// The floor, after black-hole detection.
+    pub min: u16,
+    /// PMTU discovery's upper bound, when it runs.
+    pub discovery_up_to: Option<u16>,
+    /// Segmentation offload (several datagrams per system call).
+    pub gso: bool,
+    /// The congestion controller's first window, in bytes.
+    pub initial_window: u64,
+    /// Corrections made to the settings, for the log.
+    pub notes: Vec<String>,
+}
+
+/// The UDP payload that fits an MTU of `mtu` bytes under IP and UDP headers.
+fn payload_of(mtu: u32, ipv6: bool) -> u16 {
+    let headers = if ipv6 { 48 } else { 28 };
+    mtu.saturating_sub(headers).min(u32::from(MAX_UDP_PAYLOAD)) as u16
+}
+
+/// The datagram settings for a path (`ipv6`: the peer's address family), or why the override
+/// cannot work.
+pub fn plan_datagrams(path: PathMtu, ipv6: bool, mtu_override: Option<u16>) -> Result<DatagramPlan, QuicError> {
+    let mut notes = Vec::new();
+    let (initial, discovery_up_to) = match (mtu_override, path) {
+        (Some(mtu), _) if !(QUIC_MIN_MTU..=MAX_UDP_PAYLOAD).contains(&mtu) => {
+            return Err(QuicError::Setup(format!(
+                "--mtu {mtu} is not a UDP payload QUIC can use: give {QUIC_MIN_MTU} to {MAX_UDP_PAYLOAD}"
+            )));
+        }
+        (Some(mtu), _) => (mtu, None),
+        (None, PathMtu::Loopback(mtu) | PathMtu::Interface(mtu)) => (payload_of(mtu, ipv6).max(QUIC_MIN_MTU), None),
+        (None, PathMtu::Unknown) => (SAFE_MTU, Some(8_972)),
+    };
+    let min = initial.min(SAFE_MTU);
+    let largest = discovery_up_to.unwrap_or(initial).max(initial);
+    let gso = largest <= GSO_LIMIT;
+    if !gso {
+        notes.push(format!(
+            "segmentation offload off: {largest}-byte datagrams x 10 exceed the kernel's 64 KiB per call"
+        ));
+    }
+    // quinn's default first window (12,000 bytes) is below one large datagram: the first
+    // packet would wait for congestion control forever.
+    let initial_window = INITIAL_WINDOW_PACKETS * u64::from(largest);
+    Ok(DatagramPlan { initial, min, discovery_up_to, gso, initial_window, notes })
+}
+
+/// What the system says about the path to `peer`: loopback, the MTU the kernel reports for a
+/// socket connected to it (`IP_MTU`: the route's, else the interface's), or nothing.
+pub fn probe_path(peer: SocketAddr) -> PathMtu {
+    let local = if peer.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" };
+    let probe = UdpSocket::bind(local).and_then(|s| s.connect(peer).map(|()| s));
+    let mtu = probe.ok().and_then(|s| nix::sys::socket::getsockopt(&s, nix::sys::socket::sockopt::IpMtu).ok());
+    match (mtu, peer.ip().is_loopback()) {
+        (Some(mtu), true) => PathMtu::Loopback(mtu.max(0) as u32),
+        (Some(mtu), false) => PathMtu::Interface(mtu.max(0) as u32),
+        (None, _) => PathMtu::Unknown,
+    }
+}
+
+/// The transport configuration of a link: windows (fitted to the socket buffers), the
+/// datagram plan, and a dead peer noticed within `deadline`.
+pub(crate) fn transport_config(
+    plan: &DatagramPlan,
+    window: u64,
+    deadline: Duration,
+) -> Result<TransportConfig, QuicError> {
     let mut c = TransportConfig::default();
-    let window =
-        VarInt::from_u64(t.window).map_err(|_| QuicError::Setup(format!("window {} is too large", t.window)))?;
-    c.stream_receive_window(window)
-        .receive_window(window)
-        .send_window(t.window)
-        .initial_mtu(t.initial_mtu.max(1200))
-        .min_mtu(t.initial_mtu.clamp(1200, 1452))
+    let varint = VarInt::from_u64(window).map_err(|_| QuicError::Setup(format!("window {window} is too large")))?;
+    let mut cubic = CubicConfig::default();
+    cubic.initial_window(plan.initial_window);
+    let discovery = plan.discovery_up_to.map(|upper| {
+        let mut d = MtuDiscoveryConfig::default();
+        d.upper_bound(upper);
+        d
+    });
+    c.stream_receive_window(varint)
+        .receive_window(varint)
+        .send_window(window)
+        .initial_mtu(plan.initial)
+        .min_mtu(plan.min)
+        .mtu_discovery_config(discovery)
+        .enable_segmentation_offload(plan.gso)
+        .congestion_controller_factory(Arc::new(cubic))
         .max_concurrent_uni_streams(VarInt::from_u32(16))
         .max_concurrent_bidi_streams(VarInt::from_u32(4))
         .keep_alive_interval(Some(deadline / 4))
@@ -51,32 +162,98 @@ pub(crate) fn transport_config(t: &Tuning, deadline: Duration) -> Result<Transpo
     Ok(c)
 }
 
-/// A UDP socket on `addr` with big buffers (forced past the system limit where permitted).
-pub(crate) fn bind_udp(addr: SocketAddr, buffer: usize) -> Result<std::net::UdpSocket, QuicError> {
+/// A UDP socket on `addr` whose buffers hold at least `window` bytes: forced past the
+/// system's limits where the process may (`CAP_NET_ADMIN`), else as large as they allow.
+/// Returns the socket and the receive window the granted buffer supports.
+pub(crate) fn bind_udp(addr: SocketAddr, window: u64) -> Result<(UdpSocket, u64), QuicError> {
     use socket2::{Domain, Protocol, Socket, Type};
     let io = |e: std::io::Error| QuicError::Io(format!("UDP socket on {addr}: {e}"));
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP)).map_err(io)?;
     if addr.is_ipv6() {
         socket.set_only_v6(false).map_err(io)?;
     }
-    // Best effort: the kernel caps these at its limits.
-    let _ = socket.set_recv_buffer_size(buffer);
-    let _ = socket.set_send_buffer_size(buffer);
+    let wanted = usize::try_from(window).unwrap_or(usize::MAX);
+    let forced = nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::RcvBufForce, &wanted).is_ok()
+        && nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::SndBufForce, &wanted).is_ok();
+    if !forced {
+        // Best effort: the kernel caps these at net.core.rmem_max and wmem_max.
+        let _ = socket.set_recv_buffer_size(wanted);
+        let _ = socket.set_send_buffer_size(wanted);
+    }
+    // Linux reports twice what was set (half is its bookkeeping).
+    let granted = socket.recv_buffer_size().map_err(io)? as u64 / 2;
+    let fitted = window.min(granted.max(1 << 20));
+    if fitted < window {
+        static SAID: AtomicBool = AtomicBool::new(false);
+        if !SAID.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "the UDP receive buffer is {} MiB (net.core.rmem_max), below the {} MiB receive window: \
+                 windows cut to fit it; raise net.core.rmem_max or run with CAP_NET_ADMIN for full windows",
+                granted >> 20,
+                window >> 20
+            );
+        }
+    }
     socket.bind(&addr.into()).map_err(io)?;
-    Ok(socket.into())
+    Ok((socket.into(), fitted))
 }
 
-/// An endpoint that both accepts (server) and dials (client), taking datagrams as large as
-/// the tuning's MTU (quinn's default stops at 1472 bytes).
-pub(crate) fn endpoint(
-    socket: std::net::UdpSocket,
-    server: quinn::ServerConfig,
-    t: &Tuning,
-) -> Result<quinn::Endpoint, QuicError> {
+/// An endpoint that both accepts (server) and dials (client), taking datagrams up to the
+/// largest UDP payload (each link's own plan decides what it sends).
+pub(crate) fn endpoint(socket: UdpSocket, server: quinn::ServerConfig) -> Result<quinn::Endpoint, QuicError> {
     let mut config = quinn::EndpointConfig::default();
     config
-        .max_udp_payload_size(t.initial_mtu.clamp(1472, 65_527))
-        .map_err(|e| QuicError::Setup(format!("MTU {}: {e}", t.initial_mtu)))?;
+        .max_udp_payload_size(MAX_UDP_PAYLOAD)
+        .map_err(|e| QuicError::Setup(format!("largest datagram {MAX_UDP_PAYLOAD}: {e}")))?;
     quinn::Endpoint::new(config, Some(server), socket, Arc::new(quinn::TokioRuntime))
         .map_err(|e| QuicError::Io(format!("QUIC endpoint: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_takes_large_datagrams_without_offload_and_a_window_that_fits_them() {
+        let plan = plan_datagrams(PathMtu::Loopback(65_536), false, None).expect("plan");
+        assert_eq!((plan.initial, plan.min, plan.discovery_up_to, plan.gso), (65_507, 1452, None, false));
+        assert!(plan.initial_window >= 10 * 65_507, "the first packet fits the first window");
+        assert_eq!(plan.notes.len(), 1, "{:?}", plan.notes);
+    }
+
+    #[test]
+    fn ethernet_and_jumbo_interfaces_use_their_mtu() {
+        let ethernet = plan_datagrams(PathMtu::Interface(1500), false, None).expect("plan");
+        assert_eq!((ethernet.initial, ethernet.gso, ethernet.discovery_up_to), (1472, true, None));
+        let jumbo = plan_datagrams(PathMtu::Interface(9000), false, None).expect("plan");
+        assert_eq!((jumbo.initial, jumbo.gso), (8972, false), "10 x 8972 bytes exceed 64 KiB");
+        let v6 = plan_datagrams(PathMtu::Interface(1500), true, None).expect("plan");
+        assert_eq!(v6.initial, 1452);
+    }
+
+    #[test]
+    fn unknown_paths_discover_upward_from_a_safe_size() {
+        let plan = plan_datagrams(PathMtu::Unknown, false, None).expect("plan");
+        assert_eq!((plan.initial, plan.discovery_up_to), (1452, Some(8972)));
+        assert!(!plan.gso && plan.initial_window >= 10 * 8972);
+    }
+
+    #[test]
+    fn overrides_are_taken_or_refused_with_the_range() {
+        let plan = plan_datagrams(PathMtu::Interface(1500), false, Some(8000)).expect("plan");
+        // 8000 x 10 is over 64 KiB: offload off rather than failing sends.
+        assert_eq!((plan.initial, plan.gso), (8000, false));
+        assert!(plan.initial_window >= 80_000);
+        let small = plan_datagrams(PathMtu::Loopback(65_536), false, Some(1300)).expect("plan");
+        assert_eq!((small.initial, small.min, small.gso), (1300, 1300, true));
+        for bad in [1000u16, 65_508] {
+            let err = plan_datagrams(PathMtu::Unknown, false, Some(bad)).expect_err("refused").to_string();
+            assert!(err.contains(&format!("--mtu {bad}")) && err.contains("1200 to 65507"), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_loopback_path_is_recognised() {
+        assert!(matches!(probe_path("127.0.0.1:9".parse().expect("addr")), PathMtu::Loopback(mtu) if mtu >= 1500));
+    }
 }

@@ -1,7 +1,17 @@
-//! `ring-bench`: launches N local ranks as processes, all-reduces S floats R times over the
-//! QUIC ring, and prints seconds, algorithm bandwidth and bus bandwidth
-//! (busbw = algbw x 2(N-1)/N) beside gloo's on this machine; `--verify` checks the result
-//! against a serial sum, `--tcp` measures one raw TCP stream on loopback as a ceiling.
+//! `ring-bench`: all-reduces S floats R times over the QUIC ring, one rank per process (on
+//! loopback, or one per emulated host with `--cluster netns`), and prints seconds and bus
+//! bandwidth (busbw = algbw x 2(N-1)/N) beside gloo's, with where the time goes; `--verify`
+//! checks every result against a serial mean, `--tcp` measures one raw TCP stream on loopback
+//! as a ceiling.
+
+#[global_allocator]
+static ALLOCATOR: ringtune_alloc::Allocator = ringtune_alloc::Allocator;
+
+mod child;
+mod cluster;
+mod gloo;
+mod relay;
+mod report;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -11,13 +21,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use ringtune_collective::all_reduce_mean;
-use ringtune_quic::certs::{generate, write, NodeIdentity};
-use ringtune_quic::{Peers, QuicRing, RingOptions, Tuning};
-use serde::{Deserialize, Serialize};
+use ringtune_quic::certs::{generate, write};
+use ringtune_quic::Tuning;
+
+use crate::child::{ChildPlan, ChildReport};
+use crate::gloo::Gloo;
 
 #[derive(Parser, Clone)]
-#[command(version, about)]
+#[command(version, about, args_override_self = true)]
 struct Args {
     /// Ranks (processes).
     #[arg(long, default_value_t = 4)]
@@ -31,183 +42,287 @@ struct Args {
     /// Connections per neighbour.
     #[arg(long, default_value_t = 1)]
     lanes: usize,
-    /// Initial UDP payload size.
-    #[arg(long, default_value_t = 1452)]
-    mtu: u16,
+    /// UDP payload size on every link (default: each path's, read from the system).
+    #[arg(long)]
+    mtu: Option<u16>,
     /// Pipeline segment, KiB.
     #[arg(long, default_value_t = 1024)]
     segment_kib: usize,
+    /// Seconds a rank waits for a frame before failing.
+    #[arg(long, default_value_t = 60)]
+    deadline: u64,
     /// Check every rank's result against a serial sum.
     #[arg(long)]
     verify: bool,
     /// Also measure one TCP stream on loopback.
     #[arg(long)]
     tcp: bool,
+    /// A Python with torch: gloo is then measured in this run, else REFERENCE.md's figures are
+    /// quoted.
+    #[arg(long, env = "RINGTUNE_PYTORCH")]
+    pytorch: Option<PathBuf>,
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    #[command(flatten)]
+    child: ChildArgs,
+}
+
+/// Where the ranks run: loopback, or an emulated cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ClusterKind {
+    /// One network namespace per rank on a bridge, links shaped with tc (needs root).
+    Netns,
+}
+
+/// The emulated cluster (`--cluster netns`).
+#[derive(clap::Args, Clone)]
+struct ClusterArgs {
+    /// Run every rank on a host of its own, emulated on this machine.
+    #[arg(long, value_enum)]
+    cluster: Option<ClusterKind>,
+    /// Rate of every link, as tc writes it.
+    #[arg(long, default_value = "10gbit")]
+    link_rate: String,
+    /// One-way delay added to every link (needs the kernel's netem).
+    #[arg(long, default_value = "50us")]
+    delay: String,
+    /// Loss on every link, percent (needs the kernel's netem).
+    #[arg(long, default_value_t = 0.0)]
+    loss: f64,
+    /// MTU of every link (9000 or 1500).
+    #[arg(long, default_value_t = 9000)]
+    link_mtu: u32,
+    /// Loss and reordering in user space on every link, as fractions: `LOSS,REORDER`.
+    #[arg(long, value_delimiter = ',')]
+    impair: Vec<f64>,
+    /// Takes one host's link down during the run: `HOST,START_S,SECONDS`.
+    #[arg(long, value_delimiter = ',')]
+    cut: Vec<f64>,
+}
+
+/// How the parent starts a rank (not for people).
+#[derive(clap::Args, Clone)]
+struct ChildArgs {
     #[arg(long, hide = true)]
     child: Option<usize>,
     #[arg(long, hide = true, value_delimiter = ',')]
-    ports: Vec<u16>,
+    peers: Vec<String>,
+    #[arg(long, hide = true)]
+    listen: Option<SocketAddr>,
     #[arg(long, hide = true)]
     certs: Option<PathBuf>,
 }
 
-#[derive(Serialize, Deserialize)]
-struct ChildReport {
-    rank: usize,
-    floats: usize,
-    seconds: Vec<f64>,
-    max_error: f64,
+impl Args {
+    fn tuning(&self) -> Tuning {
+        Tuning { lanes: self.lanes, mtu: self.mtu, segment: self.segment_kib * 256, ..Tuning::default() }
+    }
+
+    /// The arguments that make rank `rank` of these settings.
+    fn child_args(&self, rank: usize, peers: &[String], listen: SocketAddr, certs: &std::path::Path) -> Vec<String> {
+        let floats: Vec<String> = self.floats.iter().map(usize::to_string).collect();
+        let mut out: Vec<String> =
+            ["--child", &rank.to_string(), "--peers", &peers.join(","), "--listen", &listen.to_string()]
+                .into_iter()
+                .map(String::from)
+                .collect();
+        out.extend(["--repeats".into(), self.repeats.to_string(), "--lanes".into(), self.lanes.to_string()]);
+        out.extend([
+            "--segment-kib".into(),
+            self.segment_kib.to_string(),
+            "--deadline".into(),
+            self.deadline.to_string(),
+        ]);
+        out.extend(["--floats".into(), floats.join(",")]);
+        out.extend(self.mtu.map(|m| format!("--mtu={m}")));
+        out.extend(self.verify.then(|| "--verify".to_string()));
+        out.extend(["--certs".into(), certs.display().to_string()]);
+        out
+    }
 }
 
-/// Rank `rank`'s value at `i` (so the serial mean is known without exchanging data).
-fn value(rank: usize, i: usize) -> f32 {
-    (((i * 2654435761) ^ (rank * 40503)) % 2048) as f32 / 1024.0 - 1.0
+/// This program, to start ranks with.
+fn this_program() -> Result<PathBuf> {
+    std::env::current_exe().context("finding this program to start the ranks")
 }
 
 fn main() -> Result<()> {
+    ringtune_alloc::keep_freed_memory();
     let args = Args::parse();
-    if let Some(rank) = args.child {
-        return child(&args, rank);
+    if let Some(rank) = args.child.child {
+        let listen = args.child.listen.context("--listen")?;
+        let certs = args.child.certs.clone().context("--certs")?;
+        return child::run(ChildPlan {
+            rank,
+            peers: args.child.peers.clone(),
+            listen,
+            certs: &certs,
+            floats: &args.floats,
+            repeats: args.repeats,
+            verify: args.verify,
+            deadline: Duration::from_secs(args.deadline),
+            tuning: args.tuning(),
+        });
     }
-    if args.ranks == 0 {
-        bail!("--ranks must be at least 1");
+    if args.ranks < 2 {
+        bail!("--ranks must be at least 2");
     }
-    let dir = tempfile::tempdir()?;
-    write(dir.path(), &generate(args.ranks)?)?;
-    let sockets: Vec<UdpSocket> = (0..args.ranks).map(|_| UdpSocket::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
-    let ports: Vec<String> = sockets.iter().map(|s| Ok(s.local_addr()?.port().to_string())).collect::<Result<_>>()?;
-    drop(sockets);
-    let exe = std::env::current_exe()?;
-    let children: Vec<_> = (0..args.ranks)
-        .map(|rank| {
-            let mut cmd = Command::new(&exe);
-            cmd.args([
-                "--child",
-                &rank.to_string(),
-                "--ports",
-                &ports.join(","),
-                "--repeats",
-                &args.repeats.to_string(),
-            ])
-            .args(["--lanes", &args.lanes.to_string(), "--mtu", &args.mtu.to_string()])
-            .args(["--segment-kib", &args.segment_kib.to_string()])
-            .arg("--certs")
-            .arg(dir.path())
-            .args(["--floats", &args.floats.iter().map(|f| f.to_string()).collect::<Vec<_>>().join(",")])
-            .stdout(Stdio::piped());
-            if args.verify {
-                cmd.arg("--verify");
-            }
-            cmd.spawn()
-        })
-        .collect::<Result<_, _>>()?;
-    let mut reports: Vec<ChildReport> = Vec::new();
-    for child in children {
-        let out = child.wait_with_output()?;
-        if !out.status.success() {
-            bail!("a rank failed ({})", out.status);
-        }
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            reports.push(serde_json::from_str(line)?);
-        }
+    println!("CPU: {}", ringtune_runtime::cpu_model());
+    if args.cluster.cluster == Some(ClusterKind::Netns) {
+        return on_cluster(&args);
     }
-    let n = args.ranks as f64;
+    let reports = run_on_loopback(&args)?;
+    let gloo = match &args.pytorch {
+        Some(python) => Gloo::measured_on_loopback(python, args.ranks, &args.floats, args.repeats)?,
+        None => Gloo::quoted(args.ranks)?,
+    };
     println!(
-        "QUIC ring, {} ranks on 127.0.0.1, lanes {}, mtu {}, segments {} KiB, {} repeats (median; slowest rank)",
-        args.ranks, args.lanes, args.mtu, args.segment_kib, args.repeats
+        "QUIC ring, {} ranks on 127.0.0.1, lanes {}, datagrams {}, segments {} KiB, {} repeats (median of the slowest rank)",
+        args.ranks,
+        args.lanes,
+        args.mtu.map_or("per path".to_string(), |m| format!("{m} bytes")),
+        args.segment_kib,
+        args.repeats
     );
-    println!(
-        "| floats | MB | seconds | algbw GB/s | busbw GB/s | gloo busbw GB/s (REFERENCE.md) |{}",
-        if args.verify { " max error |" } else { "" }
-    );
-    println!("|---|---|---|---|---|---|{}", if args.verify { "---|" } else { "" });
-    for &floats in &args.floats {
-        let per_rank: Vec<&ChildReport> = reports.iter().filter(|r| r.floats == floats).collect();
-        let mut slowest: Vec<f64> =
-            (0..args.repeats).map(|k| per_rank.iter().map(|r| r.seconds[k]).fold(0.0, f64::max)).collect();
-        slowest.sort_by(f64::total_cmp);
-        let secs = slowest[slowest.len() / 2];
-        let bytes = floats as f64 * 4.0;
-        let algbw = bytes / secs / 1e9;
-        let busbw = algbw * 2.0 * (n - 1.0) / n;
-        let verify = if args.verify {
-            format!(" {:.1e} |", per_rank.iter().map(|r| r.max_error).fold(0.0, f64::max))
-        } else {
-            String::new()
-        };
-        println!(
-            "| {floats} | {:.1} | {secs:.3} | {algbw:.2} | {busbw:.2} | {} |{verify}",
-            bytes / 1e6,
-            gloo(args.ranks, floats)
-        );
-    }
+    let rows: Vec<_> = args.floats.iter().map(|&f| report::row(&reports, f, args.ranks, true)).collect();
+    report::print(&rows, &gloo, args.verify);
+    report::results(&reports)?;
     if args.tcp {
         println!("\nraw TCP, one stream on loopback, 8 MiB writes: {:.2} GB/s", tcp_ceiling()?);
     }
     Ok(())
 }
 
-fn gloo(ranks: usize, floats: usize) -> &'static str {
-    match (ranks, floats) {
-        (4, 4_400_000) => "0.9-1.2",
-        (4, 22_000_000) => "1.14-1.28",
-        (4, 110_000_000) => "1.21-1.24",
-        (2, 4_400_000) => "1.4-1.5",
-        (2, 22_000_000) => "1.6-1.8",
-        (2, 110_000_000) => "1.7-2.0",
-        _ => "-",
-    }
+/// Every rank as a process on 127.0.0.1; their reports.
+fn run_on_loopback(args: &Args) -> Result<Vec<ChildReport>> {
+    let dir = tempfile::tempdir()?;
+    write(dir.path(), &generate(args.ranks)?)?;
+    let sockets: Vec<UdpSocket> = (0..args.ranks).map(|_| UdpSocket::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
+    let addrs: Vec<SocketAddr> = sockets.iter().map(UdpSocket::local_addr).collect::<Result<_, _>>()?;
+    drop(sockets);
+    let peers: Vec<String> = addrs.iter().map(SocketAddr::to_string).collect();
+    let exe = this_program()?;
+    let children: Vec<_> = (0..args.ranks)
+        .map(|rank| {
+            Command::new(&exe)
+                .args(args.child_args(rank, &peers, addrs[rank], dir.path()))
+                .stdout(Stdio::piped())
+                .spawn()
+        })
+        .collect::<Result<_, _>>()?;
+    collect(children)
 }
 
-fn child(args: &Args, rank: usize) -> Result<()> {
-    let certs = args.certs.as_ref().context("--certs")?;
-    let world = args.ports.len();
-    let options = RingOptions {
-        rank,
-        world,
-        layout: [0; 32],
-        identity: NodeIdentity::load(certs, rank)?,
-        listen: SocketAddr::from(([127, 0, 0, 1], args.ports[rank])),
-        peers: Peers::List(args.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect()),
-        deadline: Duration::from_secs(60),
-        rendezvous_deadline: Duration::from_secs(30),
-        tuning: Tuning {
-            lanes: args.lanes,
-            initial_mtu: args.mtu,
-            segment: args.segment_kib * 256,
-            ..Tuning::default()
-        },
-    };
-    let mut ring = QuicRing::join(options)?;
-    let segment = ring.segment();
-    for &floats in &args.floats {
-        let original: Vec<f32> = (0..floats).map(|i| value(rank, i)).collect();
-        let mut grads = original.clone();
-        let op = ring.next_op();
-        all_reduce_mean(&mut ring, op, &mut grads, segment)?;
-        let mut max_error = 0.0f64;
-        if args.verify {
-            for (i, g) in grads.iter().enumerate() {
-                let mean: f64 = (0..world).map(|r| value(r, i) as f64).sum::<f64>() / world as f64;
-                max_error = max_error.max((*g as f64 - mean).abs());
-            }
-            if max_error > 1e-5 {
-                bail!("rank {rank}: the result differs from the serial mean by {max_error}");
-            }
-        }
-        let mut seconds = Vec::new();
-        for _ in 0..args.repeats {
-            grads.copy_from_slice(&original);
-            let op = ring.next_op();
-            let t = Instant::now();
-            all_reduce_mean(&mut ring, op, &mut grads, segment)?;
-            seconds.push(t.elapsed().as_secs_f64());
-        }
-        println!("{}", serde_json::to_string(&ChildReport { rank, floats, seconds, max_error })?);
+/// The run on an emulated cluster: one host per rank, user-space impairment and a link cut
+/// when asked, gloo in the same hosts when a PyTorch is given. The cluster is removed when
+/// this returns, fails, or is interrupted.
+fn on_cluster(args: &Args) -> Result<()> {
+    let c = &args.cluster;
+    let delay = (!c.delay.is_empty() && c.delay != "0").then(|| c.delay.clone());
+    let link = cluster::LinkSpec { rate: c.link_rate.clone(), delay, loss: c.loss, mtu: c.link_mtu };
+    cluster::parse_rate(&link.rate)?;
+    let net = cluster::Cluster::create(args.ranks, &link)?;
+    let prefix = net.prefix().to_string();
+    ctrlc::set_handler(move || {
+        cluster::remove_all(&prefix);
+        std::process::exit(130);
+    })?;
+    let addrs: Vec<SocketAddr> = (0..net.hosts()).map(|h| SocketAddr::new(net.addr(h).into(), 4000)).collect();
+    if !matches!(c.impair.len(), 0 | 2) || !matches!(c.cut.len(), 0 | 3) {
+        bail!("--impair takes LOSS,REORDER and --cut takes HOST,START_S,SECONDS");
     }
-    std::io::stdout().flush()?;
-    ring.shutdown();
-    Ok(())
+    let relays = match c.impair.as_slice() {
+        [loss, reorder] => {
+            let impairment = relay::Impairment { loss: *loss, reorder: *reorder };
+            Some(relay::Relays::start(&net.switch(), net.give_switch_address()?.into(), &addrs, impairment, 7)?)
+        }
+        _ => None,
+    };
+    let peers: Vec<String> =
+        (0..net.hosts()).map(|h| relays.as_ref().map_or(addrs[h], |r| r.front(h)).to_string()).collect();
+    let certs = tempfile::tempdir()?;
+    write(certs.path(), &generate(args.ranks)?)?;
+    let exe = this_program()?;
+    let children: Vec<_> = (0..net.hosts())
+        .map(|h| {
+            net.command(h, &exe).args(args.child_args(h, &peers, addrs[h], certs.path())).stdout(Stdio::piped()).spawn()
+        })
+        .collect::<Result<_, _>>()?;
+    let (ended, end) = std::sync::mpsc::channel::<()>();
+    let cut = match c.cut.as_slice() {
+        [host, start, seconds] => Some(cut_later(&net, *host as usize, *start, *seconds, end)),
+        _ => None,
+    };
+    let reports = collect(children);
+    drop(ended);
+    if let Some(cut) = cut {
+        cut.join().map_err(|_| anyhow::anyhow!("the link cut panicked"))??;
+    }
+    let reports = reports?;
+    let gloo = match &args.pytorch {
+        Some(python) => Gloo::measured_on_cluster(&net, python, &args.floats, args.repeats)?,
+        None => Gloo::not_measured(),
+    };
+    println!(
+        "QUIC ring, {} emulated hosts, links {} MTU {}{}{}, lanes {}, datagrams {}, segments {} KiB, {} repeats",
+        args.ranks,
+        link.rate,
+        link.mtu,
+        link.delay.as_ref().map_or(String::new(), |d| format!(", delay {d} where netem exists")),
+        relays
+            .as_ref()
+            .map_or(String::new(), |_| format!(", user-space loss {} and reordering {}", c.impair[0], c.impair[1])),
+        args.lanes,
+        args.mtu.map_or("per path".to_string(), |m| format!("{m} bytes")),
+        args.segment_kib,
+        args.repeats
+    );
+    let rows: Vec<_> = args.floats.iter().map(|&f| report::row(&reports, f, args.ranks, false)).collect();
+    report::print(&rows, &gloo, args.verify);
+    report::results(&reports)
+}
+
+/// Takes host `host`'s link down `start` seconds from now for `seconds`, then up again; ends
+/// early (link restored) when the run does (`end` disconnects).
+fn cut_later(
+    net: &cluster::Cluster,
+    host: usize,
+    start: f64,
+    seconds: f64,
+    end: std::sync::mpsc::Receiver<()>,
+) -> std::thread::JoinHandle<Result<()>> {
+    let (switch, port) = (net.switch(), format!("h{host}"));
+    let wait = move |s: f64| {
+        end.recv_timeout(Duration::from_secs_f64(s)).is_err_and(|e| e == std::sync::mpsc::RecvTimeoutError::Timeout)
+    };
+    std::thread::spawn(move || {
+        if !wait(start) {
+            return Ok(());
+        }
+        cluster::run("ip", &["-n", &switch, "link", "set", &port, "down"])?;
+        eprintln!("ring-bench: host {host}'s link down for {seconds} s");
+        wait(seconds);
+        cluster::run("ip", &["-n", &switch, "link", "set", &port, "up"])
+    })
+}
+
+/// Waits for every rank and reads its reports; a rank that failed fails the run, named.
+fn collect(children: Vec<std::process::Child>) -> Result<Vec<ChildReport>> {
+    let mut reports = Vec::new();
+    let mut failed = Vec::new();
+    for (rank, child) in children.into_iter().enumerate() {
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            failed.push(format!("rank {rank} ({})", out.status));
+        }
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            reports.push(serde_json::from_str(line)?);
+        }
+    }
+    if !failed.is_empty() {
+        bail!("{} failed", failed.join(", "));
+    }
+    Ok(reports)
 }
 
 /// One TCP stream on loopback: 2 GiB in 8 MiB writes.

@@ -1,5 +1,8 @@
 //! `ringtune`: fine-tune BERT on CPU servers.
 
+#[global_allocator]
+static ALLOCATOR: ringtune_alloc::Allocator = ringtune_alloc::Allocator;
+
 mod args;
 mod cluster;
 mod launcher;
@@ -25,6 +28,7 @@ fn default_file(name: &str) -> Result<PathBuf> {
 
 fn main() -> Result<()> {
     use std::io::IsTerminal;
+    ringtune_alloc::keep_freed_memory();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)

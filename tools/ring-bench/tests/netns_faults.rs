@@ -1,0 +1,122 @@
+//! Faults on the emulated cluster (`ring-bench --cluster netns`): loss and reordering on every
+//! link leave the all-reduce bit-identical to a clean run; a cut shorter than the deadline is
+//! ridden out with the same result; a longer one makes every rank exit non-zero within the
+//! deadline + 10 s, naming the unreachable peer. `ip netns list` is the same before and after
+//! every run, failed ones included. Skipped, saying why, where namespaces cannot be made.
+
+use std::process::{Command, Output};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// One cluster at a time: runs share two cores and the list of namespaces.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn namespaces() -> Vec<String> {
+    let out = Command::new("ip").args(["netns", "list"]).output().expect("ip");
+    String::from_utf8_lossy(&out.stdout).lines().map(String::from).collect()
+}
+
+/// Why this machine cannot run the cluster, if it cannot.
+fn cannot_make_namespaces() -> Option<String> {
+    let probe = format!("rtprobe{}", std::process::id());
+    match Command::new("ip").args(["netns", "add", &probe]).output() {
+        Err(e) => Some(format!("no `ip` command ({e})")),
+        Ok(out) if !out.status.success() => {
+            Some(format!("cannot make network namespaces: {}", String::from_utf8_lossy(&out.stderr).trim()))
+        }
+        Ok(_) => {
+            let _ = Command::new("ip").args(["netns", "del", &probe]).output();
+            None
+        }
+    }
+}
+
+/// Runs ring-bench on a 4-host cluster with `extra`, checking that it leaves no namespace.
+fn ring_bench(extra: &[&str]) -> Option<(Output, Duration)> {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(why) = cannot_make_namespaces() {
+        eprintln!("skipped: {why}");
+        return None;
+    }
+    let before = namespaces();
+    let started = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_ringtune-ring-bench"))
+        .args(["--cluster", "netns", "--ranks", "4", "--floats", "2000000", "--repeats", "30"])
+        .args(extra)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("run ring-bench");
+    let took = started.elapsed();
+    assert_eq!(namespaces(), before, "ring-bench left namespaces behind");
+    Some((out, took))
+}
+
+fn result_hash(out: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("result of 2000000 floats: sha256 "))
+        .map(|rest| rest.split_whitespace().next().unwrap_or_default().to_string())
+        .expect("a result line")
+}
+
+#[test]
+fn loss_reordering_and_a_short_cut_leave_the_result_bit_identical() {
+    let Some((clean, _)) = ring_bench(&["--deadline", "8"]) else { return };
+    let clean = result_hash(&clean);
+    let Some((lossy, _)) = ring_bench(&["--deadline", "8", "--impair", "0.01,0.01"]) else { return };
+    assert_eq!(result_hash(&lossy), clean, "1% loss and 1% reordering on every link");
+    let Some((cut, _)) = ring_bench(&["--deadline", "8", "--cut", "2,1.0,2"]) else { return };
+    let stderr = String::from_utf8_lossy(&cut.stderr);
+    assert!(stderr.contains("host 2's link down for 2 s"), "the cut happened during the run: {stderr}");
+    assert_eq!(result_hash(&cut), clean, "a 2 s cut under an 8 s deadline");
+}
+
+#[test]
+fn a_cut_longer_than_the_deadline_fails_every_rank_naming_the_peer() {
+    let deadline = 4.0;
+    let Some((out, took)) =
+        ring_bench(&["--floats", "4000000", "--repeats", "200", "--deadline", "4", "--cut", "2,1.0,60"])
+    else {
+        return;
+    };
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "rank 0 (exit status: 1), rank 1 (exit status: 1), rank 2 (exit status: 1), rank 3 (exit status: 1) failed"
+        ),
+        "{stderr}"
+    );
+    // Host 2 is the unreachable one: its neighbours name it, and the others hear it from them.
+    let naming_rank_2 = stderr.lines().filter(|l| l.starts_with("Error: rank") && l.contains("rank 2 (")).count();
+    assert!(naming_rank_2 >= 3, "{stderr}");
+    // The cut came 1 s in; every rank was gone within the deadline + 10 s of it (the link
+    // comes back only when the run ends).
+    assert!(took.as_secs_f64() < 1.0 + deadline + 10.0 + 3.0, "took {took:?}: {stderr}");
+}
+
+#[test]
+fn without_privileges_it_says_so_and_fails() {
+    let Ok(setpriv) = which("setpriv") else {
+        eprintln!("skipped: no setpriv to drop privileges with");
+        return;
+    };
+    let out = Command::new(setpriv)
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"])
+        .arg(env!("CARGO_BIN_EXE_ringtune-ring-bench"))
+        .args(["--cluster", "netns"])
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("run ring-bench unprivileged");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("--cluster netns needs root or CAP_NET_ADMIN"), "{stderr}");
+}
+
+fn which(program: &str) -> Result<std::path::PathBuf, ()> {
+    std::env::var_os("PATH")
+        .and_then(|paths| std::env::split_paths(&paths).map(|p| p.join(program)).find(|p| p.is_file()))
+        .ok_or(())
+}
