@@ -19,7 +19,8 @@ use crate::{QuicError, RingOptions};
 
 /// Everything a ring node holds once linked.
 pub(crate) struct Links {
-    pub(crate) endpoint: Endpoint,
+    /// One per lane: each its own socket and driver task, so lanes run on several cores.
+    pub(crate) endpoints: Vec<Endpoint>,
     pub(crate) prev_addr: Option<SocketAddr>,
     pub(crate) outgoing: Vec<SendStream>,
     pub(crate) incoming: Vec<RecvStream>,
@@ -30,33 +31,69 @@ pub(crate) fn prev_of(rank: usize, world: usize) -> usize {
     (rank + world - 1) % world
 }
 
-/// Binds the endpoint, finds the peers, and opens every lane in both directions, each link's
-/// datagrams planned for its path.
+/// Binds one endpoint per lane, finds the peers, and opens every lane in both directions,
+/// each link's datagrams planned for its path. Lane `k` of a node listens on its lane-0 port
+/// plus `k`, so only lane 0's address is exchanged.
 pub(crate) async fn connect(o: &RingOptions) -> Result<Links, QuicError> {
-    let (socket, window) = bind_udp(o.listen, o.tuning.window)?;
+    let lanes = o.tuning.lanes.max(1);
+    let (sockets, window) = bind_lanes(o.listen, lanes, o.tuning.window)?;
     // Accepted links carry data towards this node and only acknowledgements back: the
     // server side needs the windows and deadlines, not a datagram plan for the path.
     let generic = plan_datagrams(PathMtu::Unknown, o.listen.is_ipv6(), o.tuning.mtu)?;
     let transport = Arc::new(transport_config(&generic, window, o.deadline)?);
     let mut server = quinn::ServerConfig::with_crypto(Arc::new(server_crypto(&o.identity)?));
     server.transport_config(transport.clone());
-    let endpoint = endpoint(socket, server)?;
-    let (ring_rx, rdv_rx) = accept_loop(&endpoint, node_name(prev_of(o.rank, o.world)));
-    let addrs = crate::rendezvous::addresses(o, &endpoint, &transport, rdv_rx).await?;
+    let (endpoints, caps): (Vec<_>, Vec<_>) =
+        sockets.into_iter().map(|s| endpoint(s, server.clone())).collect::<Result<Vec<_>, _>>()?.into_iter().unzip();
+    let expected_prev = node_name(prev_of(o.rank, o.world));
+    let (ring_rxs, mut rdv_rxs): (Vec<_>, Vec<_>) =
+        endpoints.iter().map(|e| accept_loop(e, expected_prev.clone())).unzip();
+    let addrs = crate::rendezvous::addresses(o, &endpoints[0], &transport, rdv_rxs.swap_remove(0)).await?;
     let next = (o.rank + 1) % o.world;
     let plan = plan_datagrams(probe_path(addrs[next]), addrs[next].is_ipv6(), o.tuning.mtu)?;
     for note in &plan.notes {
         tracing::debug!(peer = %addrs[next], "{note}");
     }
     tracing::debug!(peer = %addrs[next], datagram = plan.initial, window, "link to the next rank");
+    caps.iter().for_each(|cap| cap.set(&plan));
     let mut client = quinn::ClientConfig::new(Arc::new(client_crypto(&o.identity, ALPN_RING)?));
     client.transport_config(Arc::new(transport_config(&plan, window, o.deadline)?));
     let ((outgoing, mut conns), (incoming, accepted, prev_addr)) =
-        tokio::try_join!(dial_next(o, &endpoint, &client, addrs[next]), accept_prev(o, ring_rx))?;
+        tokio::try_join!(dial_next(o, &endpoints, &client, addrs[next]), accept_prev(o, ring_rxs))?;
     conns.extend(accepted);
-    let local = endpoint.local_addr().map_err(|e| QuicError::Io(e.to_string()))?;
-    tracing::info!(rank = o.rank, world = o.world, %local, lanes = o.tuning.lanes.max(1), "joined the ring");
-    Ok(Links { endpoint, prev_addr, outgoing, incoming, conns })
+    let local = endpoints[0].local_addr().map_err(|e| QuicError::Io(e.to_string()))?;
+    tracing::info!(rank = o.rank, world = o.world, %local, lanes, "joined the ring");
+    Ok(Links { endpoints, prev_addr, outgoing, incoming, conns })
+}
+
+/// One socket per lane at consecutive ports from `listen` (an ephemeral first port is
+/// retried until the next ones are free too); the receive window their buffers support.
+fn bind_lanes(listen: SocketAddr, lanes: usize, window: u64) -> Result<(Vec<std::net::UdpSocket>, u64), QuicError> {
+    for _attempt in 0..16 {
+        let (first, fitted) = bind_udp(listen, window)?;
+        let port = first.local_addr().map_err(|e| QuicError::Io(e.to_string()))?.port();
+        let mut sockets = vec![first];
+        for k in 1..lanes {
+            let lane_port =
+                port.checked_add(k as u16).ok_or_else(|| QuicError::Setup(format!("no port after {port}")))?;
+            match bind_udp(SocketAddr::new(listen.ip(), lane_port), window) {
+                Ok((s, _)) => sockets.push(s),
+                Err(e) if listen.port() != 0 => {
+                    return Err(QuicError::Setup(format!("lane {k} needs port {lane_port} free: {e}")));
+                }
+                Err(_) => break,
+            }
+        }
+        if sockets.len() == lanes {
+            return Ok((sockets, fitted));
+        }
+    }
+    Err(QuicError::Setup(format!("found no {lanes} consecutive free ports for the lanes")))
+}
+
+/// `addr` with its port moved `k` up (lane `k` of that node).
+fn lane_address(addr: SocketAddr, k: usize) -> SocketAddr {
+    SocketAddr::new(addr.ip(), addr.port().wrapping_add(k as u16))
 }
 
 /// Accepts every incoming connection and routes it: ring links from the previous rank (by
@@ -100,18 +137,20 @@ fn accept_loop(
     (ring_rx, rdv_rx)
 }
 
-/// Opens every lane to the next rank, each starting with this node's handshake.
+/// Opens every lane to the next rank, each from its own endpoint to the next rank's endpoint
+/// of that lane, each starting with this node's handshake.
 async fn dial_next(
     o: &RingOptions,
-    endpoint: &Endpoint,
+    endpoints: &[Endpoint],
     client: &quinn::ClientConfig,
-    addr: SocketAddr,
+    next_addr: SocketAddr,
 ) -> Result<(Vec<SendStream>, Vec<Connection>), QuicError> {
     let next = (o.rank + 1) % o.world;
     let hello = Hello { rank: o.rank as u32, world: o.world as u32, layout: o.layout };
     let mut out = Vec::new();
     let mut conns = Vec::new();
-    for lane in 0..o.tuning.lanes.max(1) {
+    for (lane, endpoint) in endpoints.iter().enumerate() {
+        let addr = lane_address(next_addr, lane);
         let conn = dial_until_up(endpoint, client, addr, &node_name(next)).await?;
         let mut stream = conn.open_uni().await.map_err(|e| QuicError::peer(next, addr, describe_connection(&e)))?;
         let mut header = Header::control(Kind::Hello, 0, Hello::LEN as u32);
@@ -125,17 +164,18 @@ async fn dial_next(
     Ok((out, conns))
 }
 
-/// Accepts every lane from the previous rank, each checked by its handshake, in lane order.
+/// Accepts every lane from the previous rank, one on each lane's endpoint, each checked by its
+/// handshake.
 async fn accept_prev(
     o: &RingOptions,
-    mut ring_rx: mpsc::UnboundedReceiver<Connection>,
+    ring_rxs: Vec<mpsc::UnboundedReceiver<Connection>>,
 ) -> Result<(Vec<RecvStream>, Vec<Connection>, Option<SocketAddr>), QuicError> {
-    let lanes = o.tuning.lanes.max(1);
+    let lanes = ring_rxs.len();
     let prev = prev_of(o.rank, o.world);
     let mut incoming: Vec<Option<RecvStream>> = (0..lanes).map(|_| None).collect();
     let mut conns = Vec::new();
     let mut prev_addr = None;
-    for _ in 0..lanes {
+    for (endpoint_lane, mut ring_rx) in ring_rxs.into_iter().enumerate() {
         let conn = ring_rx.recv().await.ok_or_else(|| QuicError::Setup("the endpoint stopped accepting".into()))?;
         let addr = conn.remote_address();
         prev_addr = Some(addr);
@@ -146,6 +186,9 @@ async fn accept_prev(
         let theirs = Hello::decode(&payload).map_err(|e| QuicError::peer(prev, addr, e.to_string()))?;
         check_hello(o, prev, addr, header, &theirs)?;
         let lane = header.chunk as usize;
+        if lane != endpoint_lane {
+            return Err(QuicError::peer(prev, addr, format!("opened lane {lane} on lane {endpoint_lane}'s port")));
+        }
         let slot = incoming
             .get_mut(lane)
             .ok_or_else(|| QuicError::peer(prev, addr, format!("opened lane {lane} of {lanes}")))?;

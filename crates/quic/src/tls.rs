@@ -22,8 +22,12 @@ fn tls(e: impl std::fmt::Display) -> QuicError {
 /// AES-128-GCM only: the bulk of a ring's CPU time is packet encryption, and AES-128 takes 10
 /// rounds to AES-256's 14 at the same security margin for our traffic volumes.
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    let mut provider = rustls::crypto::ring::default_provider();
-    provider.cipher_suites = vec![rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256];
+    #[cfg(feature = "aws-lc-rs")]
+    use rustls::crypto::aws_lc_rs as backend;
+    #[cfg(not(feature = "aws-lc-rs"))]
+    use rustls::crypto::ring as backend;
+    let mut provider = backend::default_provider();
+    provider.cipher_suites = vec![backend::cipher_suite::TLS13_AES_128_GCM_SHA256];
     Arc::new(provider)
 }
 

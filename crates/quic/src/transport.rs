@@ -77,7 +77,7 @@ pub struct RingOptions {
 /// from a thread that is not inside a tokio runtime (it runs its own).
 pub struct QuicRing {
     rt: tokio::runtime::Runtime,
-    endpoint: Option<Endpoint>,
+    endpoints: Vec<Endpoint>,
     rank: usize,
     world: usize,
     prev_addr: Option<SocketAddr>,
@@ -102,14 +102,18 @@ impl QuicRing {
             return Err(QuicError::Setup(format!("rank {} of world {}", options.rank, options.world)));
         }
         let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            // A worker per lane, up to the cores: each lane's endpoint and links can run on a
+            // core of their own.
+            .worker_threads(
+                options.tuning.lanes.max(2).min(std::thread::available_parallelism().map_or(2, |n| n.get()).max(2)),
+            )
             .thread_name("ringtune-quic")
             .enable_all()
             .build()
             .map_err(|e| QuicError::Io(format!("tokio runtime: {e}")))?;
         let mut ring = QuicRing {
             rt,
-            endpoint: None,
+            endpoints: Vec::new(),
             rank: options.rank,
             world: options.world,
             prev_addr: None,
@@ -133,7 +137,7 @@ impl QuicRing {
                 QuicError::Rendezvous(format!("not every node joined within {:?}", options.rendezvous_deadline))
             })?
         })?;
-        ring.endpoint = Some(links.endpoint);
+        ring.endpoints = links.endpoints;
         ring.prev_addr = links.prev_addr;
         ring.lanes_in = links.incoming;
         ring.conns = links.conns;
@@ -203,7 +207,7 @@ impl QuicRing {
         self.lanes_out.clear();
         let senders = std::mem::take(&mut self.senders);
         let conns = std::mem::take(&mut self.conns);
-        let endpoint = self.endpoint.take();
+        let endpoints = std::mem::take(&mut self.endpoints);
         let deadline = self.deadline;
         self.rt.block_on(async move {
             let flushed = async {
@@ -215,7 +219,7 @@ impl QuicRing {
             for conn in &conns {
                 conn.close(VarInt::from_u32(0), b"done");
             }
-            if let Some(e) = endpoint {
+            for e in endpoints {
                 let _ = tokio::time::timeout(deadline.min(Duration::from_secs(2)), e.wait_idle()).await;
             }
         });
@@ -241,11 +245,12 @@ impl Drop for QuicRing {
         for conn in &self.conns {
             conn.close(VarInt::from_u32(1), reason.as_bytes());
         }
-        if let Some(endpoint) = self.endpoint.take() {
-            self.rt.block_on(async move {
+        let endpoints = std::mem::take(&mut self.endpoints);
+        self.rt.block_on(async move {
+            for endpoint in endpoints {
                 let _ = tokio::time::timeout(Duration::from_millis(200), endpoint.wait_idle()).await;
-            });
-        }
+            }
+        });
     }
 }
 

@@ -47,9 +47,9 @@ const QUIC_MIN_MTU: u16 = 1200;
 const SAFE_MTU: u16 = 1452;
 /// The largest UDP payload over IPv4 (and the most quinn's endpoint accepts).
 const MAX_UDP_PAYLOAD: u16 = 65_507;
-/// The kernel sends at most 64 KiB per segmentation-offload call, and quinn asks for up to 10
-/// segments at once: above this size offload must be off.
-const GSO_LIMIT: u16 = 65_535 / 10;
+/// The kernel sends at most 64 KiB per segmentation-offload call; quinn asks for as many
+/// segments as the socket says it takes (10 at most), so the socket says what fits.
+const GSO_BYTES: u32 = 65_535;
 /// Packets in the congestion controller's first window.
 const INITIAL_WINDOW_PACKETS: u64 = 10;
 
@@ -73,8 +73,9 @@ pub struct DatagramPlan {
     pub min: u16,
     /// PMTU discovery's upper bound, when it runs.
     pub discovery_up_to: Option<u16>,
-    /// Segmentation offload (several datagrams per system call).
-    pub gso: bool,
+    /// Datagrams per system call with segmentation offload (1: offload off): as many of the
+    /// largest size as fit the kernel's 64 KiB.
+    pub gso_segments: usize,
     /// The congestion controller's first window, in bytes.
     pub initial_window: u64,
     /// Corrections made to the settings, for the log.
@@ -103,16 +104,17 @@ pub fn plan_datagrams(path: PathMtu, ipv6: bool, mtu_override: Option<u16>) -> R
     };
     let min = initial.min(SAFE_MTU);
     let largest = discovery_up_to.unwrap_or(initial).max(initial);
-    let gso = largest <= GSO_LIMIT;
-    if !gso {
-        notes.push(format!(
-            "segmentation offload off: {largest}-byte datagrams x 10 exceed the kernel's 64 KiB per call"
-        ));
+    let gso_segments = (GSO_BYTES / u32::from(largest)) as usize;
+    if gso_segments < 10 {
+        // quinn would ask for 10 and the kernel refuse the call (EMSGSIZE, swallowed): the
+        // datagrams would be lost and the path fall back to its floor.
+        notes
+            .push(format!("{gso_segments} datagram(s) of {largest} bytes per offloaded send: the kernel takes 64 KiB"));
     }
     // quinn's default first window (12,000 bytes) is below one large datagram: the first
     // packet would wait for congestion control forever.
     let initial_window = INITIAL_WINDOW_PACKETS * u64::from(largest);
-    Ok(DatagramPlan { initial, min, discovery_up_to, gso, initial_window, notes })
+    Ok(DatagramPlan { initial, min, discovery_up_to, gso_segments, initial_window, notes })
 }
 
 /// What the system says about the path to `peer`: loopback, the MTU the kernel reports for a
@@ -150,7 +152,7 @@ pub(crate) fn transport_config(
         .initial_mtu(plan.initial)
         .min_mtu(plan.min)
         .mtu_discovery_config(discovery)
-        .enable_segmentation_offload(plan.gso)
+        .enable_segmentation_offload(plan.gso_segments > 1)
         .congestion_controller_factory(Arc::new(cubic))
         .max_concurrent_uni_streams(VarInt::from_u32(16))
         .max_concurrent_bidi_streams(VarInt::from_u32(4))
@@ -199,14 +201,83 @@ pub(crate) fn bind_udp(addr: SocketAddr, window: u64) -> Result<(UdpSocket, u64)
 }
 
 /// An endpoint that both accepts (server) and dials (client), taking datagrams up to the
-/// largest UDP payload (each link's own plan decides what it sends).
-pub(crate) fn endpoint(socket: UdpSocket, server: quinn::ServerConfig) -> Result<quinn::Endpoint, QuicError> {
+/// largest UDP payload (each link's own plan decides what it sends), and the handle that sets
+/// how many datagrams one offloaded send may carry.
+pub(crate) fn endpoint(
+    socket: UdpSocket,
+    server: quinn::ServerConfig,
+) -> Result<(quinn::Endpoint, Arc<SegmentCap>), QuicError> {
     let mut config = quinn::EndpointConfig::default();
     config
         .max_udp_payload_size(MAX_UDP_PAYLOAD)
         .map_err(|e| QuicError::Setup(format!("largest datagram {MAX_UDP_PAYLOAD}: {e}")))?;
-    quinn::Endpoint::new(config, Some(server), socket, Arc::new(quinn::TokioRuntime))
-        .map_err(|e| QuicError::Io(format!("QUIC endpoint: {e}")))
+    let runtime = Arc::new(quinn::TokioRuntime);
+    let inner =
+        quinn::Runtime::wrap_udp_socket(&*runtime, socket).map_err(|e| QuicError::Io(format!("UDP socket: {e}")))?;
+    let cap = Arc::new(SegmentCap(std::sync::atomic::AtomicUsize::new(1)));
+    let socket = Arc::new(CappedSocket { inner, cap: cap.clone() });
+    let endpoint = quinn::Endpoint::new_with_abstract_socket(config, Some(server), socket, runtime)
+        .map_err(|e| QuicError::Io(format!("QUIC endpoint: {e}")))?;
+    Ok((endpoint, cap))
+}
+
+/// How many datagrams one offloaded send of an endpoint may carry.
+pub(crate) struct SegmentCap(std::sync::atomic::AtomicUsize);
+
+impl SegmentCap {
+    /// Takes a link's plan: offloaded sends of at most its number of segments.
+    pub(crate) fn set(&self, plan: &DatagramPlan) {
+        self.0.store(plan.gso_segments.max(1), Ordering::Relaxed);
+    }
+}
+
+/// quinn's socket, saying it takes no more segments per send than fit the kernel's 64 KiB at
+/// the link's datagram size (quinn would otherwise ask for 10 whatever their size).
+#[derive(Debug)]
+struct CappedSocket {
+    inner: Arc<dyn quinn::AsyncUdpSocket>,
+    cap: Arc<SegmentCap>,
+}
+
+impl std::fmt::Debug for SegmentCap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0.load(Ordering::Relaxed))
+    }
+}
+
+impl quinn::AsyncUdpSocket for CappedSocket {
+    fn create_io_poller(self: Arc<Self>) -> std::pin::Pin<Box<dyn quinn::UdpPoller>> {
+        self.inner.clone().create_io_poller()
+    }
+
+    fn try_send(&self, transmit: &quinn::udp::Transmit<'_>) -> std::io::Result<()> {
+        self.inner.try_send(transmit)
+    }
+
+    fn poll_recv(
+        &self,
+        cx: &mut std::task::Context<'_>,
+        bufs: &mut [std::io::IoSliceMut<'_>],
+        meta: &mut [quinn::udp::RecvMeta],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.inner.poll_recv(cx, bufs, meta)
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+
+    fn max_transmit_segments(&self) -> usize {
+        self.inner.max_transmit_segments().min(self.cap.0.load(Ordering::Relaxed))
+    }
+
+    fn max_receive_segments(&self) -> usize {
+        self.inner.max_receive_segments()
+    }
+
+    fn may_fragment(&self) -> bool {
+        self.inner.may_fragment()
+    }
 }
 
 #[cfg(test)]
@@ -216,7 +287,7 @@ mod tests {
     #[test]
     fn loopback_takes_large_datagrams_without_offload_and_a_window_that_fits_them() {
         let plan = plan_datagrams(PathMtu::Loopback(65_536), false, None).expect("plan");
-        assert_eq!((plan.initial, plan.min, plan.discovery_up_to, plan.gso), (65_507, 1452, None, false));
+        assert_eq!((plan.initial, plan.min, plan.discovery_up_to, plan.gso_segments), (65_507, 1452, None, 1));
         assert!(plan.initial_window >= 10 * 65_507, "the first packet fits the first window");
         assert_eq!(plan.notes.len(), 1, "{:?}", plan.notes);
     }
@@ -224,9 +295,9 @@ mod tests {
     #[test]
     fn ethernet_and_jumbo_interfaces_use_their_mtu() {
         let ethernet = plan_datagrams(PathMtu::Interface(1500), false, None).expect("plan");
-        assert_eq!((ethernet.initial, ethernet.gso, ethernet.discovery_up_to), (1472, true, None));
+        assert_eq!((ethernet.initial, ethernet.gso_segments, ethernet.discovery_up_to), (1472, 44, None));
         let jumbo = plan_datagrams(PathMtu::Interface(9000), false, None).expect("plan");
-        assert_eq!((jumbo.initial, jumbo.gso), (8972, false), "10 x 8972 bytes exceed 64 KiB");
+        assert_eq!((jumbo.initial, jumbo.gso_segments), (8972, 7), "7 x 8972 bytes fit 64 KiB, 10 do not");
         let v6 = plan_datagrams(PathMtu::Interface(1500), true, None).expect("plan");
         assert_eq!(v6.initial, 1452);
     }
@@ -235,17 +306,17 @@ mod tests {
     fn unknown_paths_discover_upward_from_a_safe_size() {
         let plan = plan_datagrams(PathMtu::Unknown, false, None).expect("plan");
         assert_eq!((plan.initial, plan.discovery_up_to), (1452, Some(8972)));
-        assert!(!plan.gso && plan.initial_window >= 10 * 8972);
+        assert!(plan.gso_segments == 7 && plan.initial_window >= 10 * 8972);
     }
 
     #[test]
     fn overrides_are_taken_or_refused_with_the_range() {
         let plan = plan_datagrams(PathMtu::Interface(1500), false, Some(8000)).expect("plan");
-        // 8000 x 10 is over 64 KiB: offload off rather than failing sends.
-        assert_eq!((plan.initial, plan.gso), (8000, false));
+        // 8000 x 10 is over 64 KiB: 8 per send rather than failing sends.
+        assert_eq!((plan.initial, plan.gso_segments), (8000, 8));
         assert!(plan.initial_window >= 80_000);
         let small = plan_datagrams(PathMtu::Loopback(65_536), false, Some(1300)).expect("plan");
-        assert_eq!((small.initial, small.min, small.gso), (1300, 1300, true));
+        assert_eq!((small.initial, small.min, small.gso_segments), (1300, 1300, 50));
         for bad in [1000u16, 65_508] {
             let err = plan_datagrams(PathMtu::Unknown, false, Some(bad)).expect_err("refused").to_string();
             assert!(err.contains(&format!("--mtu {bad}")) && err.contains("1200 to 65507"), "{err}");

@@ -58,6 +58,12 @@ pub(crate) fn remove_all(prefix: &str) {
     }
 }
 
+/// The prefix of every namespace this process makes (known before it makes any, for the
+/// Ctrl-C handler).
+pub(crate) fn prefix() -> String {
+    format!("rt{}-", std::process::id())
+}
+
 /// Whether this kernel's `tc` knows `netem` (delay, loss), tried on the loopback interface of
 /// namespace `ns` (so nothing outside the cluster is touched).
 fn has_netem(ns: &str) -> bool {
@@ -73,7 +79,7 @@ impl Cluster {
     /// CAP_NET_ADMIN it says so in one sentence.
     pub(crate) fn create(hosts: usize, link: &LinkSpec) -> Result<Self> {
         let id = std::process::id();
-        let cluster = Cluster { prefix: format!("rt{id}-"), hosts, subnet: (id % 200 + 20) as u8 };
+        let cluster = Cluster { prefix: prefix(), hosts, subnet: (id % 200 + 20) as u8 };
         if run("ip", &["netns", "add", &cluster.switch()]).is_err() {
             bail!("--cluster netns needs root or CAP_NET_ADMIN to make network namespaces, veth pairs and tc qdiscs");
         }
@@ -157,11 +163,6 @@ impl Cluster {
         let addr = Ipv4Addr::new(10, 77, self.subnet, 254);
         run("ip", &["-n", &self.switch(), "addr", "add", &format!("{addr}/24"), "dev", "br0"])?;
         Ok(addr)
-    }
-
-    /// The prefix of every namespace it made (for the Ctrl-C handler).
-    pub(crate) fn prefix(&self) -> &str {
-        &self.prefix
     }
 }
 

@@ -221,12 +221,18 @@ fn on_cluster(args: &Args) -> Result<()> {
     let delay = (!c.delay.is_empty() && c.delay != "0").then(|| c.delay.clone());
     let link = cluster::LinkSpec { rate: c.link_rate.clone(), delay, loss: c.loss, mtu: c.link_mtu };
     cluster::parse_rate(&link.rate)?;
-    let net = cluster::Cluster::create(args.ranks, &link)?;
-    let prefix = net.prefix().to_string();
+    let prefix = cluster::prefix();
+    let started: std::sync::Arc<std::sync::Mutex<Vec<u32>>> = Default::default();
+    let to_stop = started.clone();
     ctrlc::set_handler(move || {
+        INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
         cluster::remove_all(&prefix);
+        for pid in to_stop.lock().map(|p| p.clone()).unwrap_or_default() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL);
+        }
         std::process::exit(130);
     })?;
+    let net = cluster::Cluster::create(args.ranks, &link)?;
     let addrs: Vec<SocketAddr> = (0..net.hosts()).map(|h| SocketAddr::new(net.addr(h).into(), 4000)).collect();
     if !matches!(c.impair.len(), 0 | 2) || !matches!(c.cut.len(), 0 | 3) {
         bail!("--impair takes LOSS,REORDER and --cut takes HOST,START_S,SECONDS");
@@ -248,12 +254,19 @@ fn on_cluster(args: &Args) -> Result<()> {
             net.command(h, &exe).args(args.child_args(h, &peers, addrs[h], certs.path())).stdout(Stdio::piped()).spawn()
         })
         .collect::<Result<_, _>>()?;
+    if let Ok(mut pids) = started.lock() {
+        pids.extend(children.iter().map(std::process::Child::id));
+    }
     let (ended, end) = std::sync::mpsc::channel::<()>();
     let cut = match c.cut.as_slice() {
         [host, start, seconds] => Some(cut_later(&net, *host as usize, *start, *seconds, end)),
         _ => None,
     };
     let reports = collect(children);
+    if INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
+        // The handler is removing the cluster and ends the process as interrupted.
+        std::thread::sleep(Duration::from_secs(60));
+    }
     drop(ended);
     if let Some(cut) = cut {
         cut.join().map_err(|_| anyhow::anyhow!("the link cut panicked"))??;
@@ -281,6 +294,9 @@ fn on_cluster(args: &Args) -> Result<()> {
     report::print(&rows, &gloo, args.verify);
     report::results(&reports)
 }
+
+/// Set by Ctrl-C (or SIGTERM) while a cluster runs.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Takes host `host`'s link down `start` seconds from now for `seconds`, then up again; ends
 /// early (link restored) when the run does (`end` disconnects).

@@ -2,7 +2,7 @@
 //! link leave the all-reduce bit-identical to a clean run; a cut shorter than the deadline is
 //! ridden out with the same result; a longer one makes every rank exit non-zero within the
 //! deadline + 10 s, naming the unreachable peer. `ip netns list` is the same before and after
-//! every run, failed ones included. Skipped, saying why, where namespaces cannot be made.
+//! every run, failed and interrupted ones included. Skipped, saying why, where namespaces cannot be made.
 
 use std::process::{Command, Output};
 use std::sync::Mutex;
@@ -119,4 +119,32 @@ fn which(program: &str) -> Result<std::path::PathBuf, ()> {
     std::env::var_os("PATH")
         .and_then(|paths| std::env::split_paths(&paths).map(|p| p.join(program)).find(|p| p.is_file()))
         .ok_or(())
+}
+
+#[test]
+fn an_interrupted_run_leaves_nothing_behind() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(why) = cannot_make_namespaces() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let before = namespaces();
+    let mut run = Command::new(env!("CARGO_BIN_EXE_ringtune-ring-bench"))
+        .args(["--cluster", "netns", "--floats", "4000000", "--repeats", "1000"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start ring-bench");
+    let made = Instant::now();
+    while namespaces().len() < before.len() + 5 && made.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let pid = run.id().to_string();
+    assert!(Command::new("kill").args(["-INT", &pid]).status().expect("kill").success());
+    let status = run.wait().expect("wait");
+    assert_eq!(status.code(), Some(130), "exits as interrupted");
+    assert_eq!(namespaces(), before, "the namespaces are gone");
+    let ranks = Command::new("pgrep").args(["-f", "ringtune-ring-bench --child"]).output().expect("pgrep");
+    assert!(ranks.stdout.is_empty(), "ranks left running: {}", String::from_utf8_lossy(&ranks.stdout));
 }
