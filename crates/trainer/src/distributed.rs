@@ -31,6 +31,8 @@ pub struct ClusterOptions {
     pub deadline: Duration,
     /// Connections per neighbour.
     pub lanes: usize,
+    /// UDP payload size of every link (`None`: each path's).
+    pub mtu: Option<u16>,
 }
 
 /// Bucket sizes, in floats: a small first bucket, then about 25 MiB each.
@@ -69,7 +71,7 @@ impl QuicSync {
             peers: options.peers.clone(),
             deadline: options.deadline,
             rendezvous_deadline: options.deadline.max(Duration::from_secs(120)),
-            tuning: Tuning { lanes: options.lanes, ..Tuning::default() },
+            tuning: Tuning { lanes: options.lanes, mtu: options.mtu, ..Tuning::default() },
         })
         .map_err(|e| TrainError::Other(e.to_string()))?;
         let table = model.layout.get(&ringtune_bert::word_embeddings_name(&model.config)).map(|e| EmbeddingTable {

@@ -38,6 +38,7 @@ fn train_on_nodes(base: &TrainConfig, world: usize, root: &Path, certs: &Path) -
                 listen: std::net::SocketAddr::from(([127, 0, 0, 1], ports[rank])),
                 deadline: Duration::from_secs(30),
                 lanes: 1,
+                mtu: None,
             };
             let root = root.to_path_buf();
             std::thread::spawn(move || {

@@ -160,6 +160,10 @@ pub(crate) struct ClusterArgs {
     /// QUIC connections per neighbour.
     #[arg(long, default_value_t = 1)]
     pub(crate) lanes: usize,
+    /// UDP payload size of every link (default: each path's, read from the system: 64 KiB on
+    /// loopback, the interface MTU elsewhere).
+    #[arg(long)]
+    pub(crate) mtu: Option<u16>,
 }
 
 #[derive(Args)]

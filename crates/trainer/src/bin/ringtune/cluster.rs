@@ -54,6 +54,7 @@ pub(crate) fn cluster_options(args: &ClusterArgs) -> Result<Option<ClusterOption
         listen,
         deadline: std::time::Duration::from_secs(args.deadline.max(1)),
         lanes: args.lanes.max(1),
+        mtu: args.mtu,
     }))
 }
 
