@@ -29,6 +29,9 @@ test: setup-mpnet lint
 
 # Packages every library crate as crates.io would take it, and builds the packages (nothing is uploaded).
 publish-check:
+    # cargo unpacks the packages it verifies into its registry cache and reuses an unpacked one by
+    # name and version, so an earlier run's copy of ours would be built instead: remove those first.
+    rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/ringtune-*
     cargo publish -q --workspace --dry-run --allow-dirty
 
 # Runs every library crate's example (each shows the crate used on its own).

@@ -27,7 +27,7 @@ fuzz_target!(|data: &[u8]| {
         let mut grads = vec![1.0f32; 1000];
         if let Ok(mut op) = RingAllReduce::start(schedule, header.op, &grads) {
             while op.poll_transmit().is_some() {}
-            let _ = op.handle_frame(header, payload.clone(), &mut grads);
+            let _ = op.handle_frame(header, payload.clone().into(), &mut grads);
         }
     }
 });

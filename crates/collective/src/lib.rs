@@ -31,6 +31,7 @@
 mod bucket;
 mod frame;
 mod memory;
+mod payload;
 mod ring;
 mod sparse;
 mod transport;
@@ -38,6 +39,7 @@ mod transport;
 pub use bucket::plan_buckets;
 pub use frame::{Header, Hello, Kind, Phase, HEADER_LEN, MAX_PAYLOAD, VERSION};
 pub use memory::{memory_ring, MemoryTransport};
+pub use payload::Payload;
 pub use ring::{float_payload, RingAllReduce, RingGather, Schedule};
 pub use sparse::{all_reduce_rows, decode_rows, encode_rows, pack_rows, union_rows, unpack_rows, used_rows};
 pub use transport::{all_reduce_buckets, all_reduce_mean, gather, Transport};

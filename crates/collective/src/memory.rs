@@ -3,16 +3,14 @@
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::time::Duration;
 
-use bytes::Bytes;
-
-use crate::{CollectiveError, Header, Transport};
+use crate::{CollectiveError, Header, Payload, Transport};
 
 /// One rank's end of an in-memory ring.
 pub struct MemoryTransport {
     rank: usize,
     world: usize,
-    to_next: Sender<(Header, Bytes)>,
-    from_prev: Receiver<(Header, Bytes)>,
+    to_next: Sender<(Header, Payload)>,
+    from_prev: Receiver<(Header, Payload)>,
     deadline: Duration,
 }
 
@@ -20,7 +18,7 @@ pub struct MemoryTransport {
 pub fn memory_ring(world: usize, deadline: Duration) -> Vec<MemoryTransport> {
     let (senders, receivers): (Vec<_>, Vec<_>) = (0..world).map(|_| channel()).unzip();
     // Rank r sends on channel r + 1 (which rank r + 1 receives on).
-    let mut receivers: Vec<Option<Receiver<(Header, Bytes)>>> = receivers.into_iter().map(Some).collect();
+    let mut receivers: Vec<Option<Receiver<(Header, Payload)>>> = receivers.into_iter().map(Some).collect();
     (0..world)
         .map(|rank| MemoryTransport {
             rank,
@@ -41,12 +39,12 @@ impl Transport for MemoryTransport {
         self.world
     }
 
-    fn send(&mut self, header: Header, payload: Bytes) -> Result<(), CollectiveError> {
+    fn send(&mut self, header: Header, payload: Payload) -> Result<(), CollectiveError> {
         let next = (self.rank + 1) % self.world;
         self.to_next.send((header, payload)).map_err(|_| CollectiveError::Transport(format!("rank {next} has gone")))
     }
 
-    fn recv(&mut self) -> Result<(Header, Bytes), CollectiveError> {
+    fn recv(&mut self) -> Result<(Header, Payload), CollectiveError> {
         let prev = (self.rank + self.world - 1) % self.world;
         self.from_prev.recv_timeout(self.deadline).map_err(|e| match e {
             RecvTimeoutError::Timeout => {

@@ -17,6 +17,7 @@ use std::ops::Range;
 use bytes::Bytes;
 
 use crate::frame::{Header, Kind, Phase};
+use crate::payload::Payload;
 use crate::CollectiveError;
 
 /// Where each chunk and segment of the buffer lies, and who sends what when.
@@ -112,7 +113,7 @@ struct Expected {
 pub struct RingAllReduce {
     schedule: Schedule,
     op: u64,
-    outbox: VecDeque<(Header, Bytes)>,
+    outbox: VecDeque<(Header, Payload)>,
     expected: Vec<Expected>,
     cursor: usize,
 }
@@ -129,19 +130,6 @@ impl AsRef<[u8]> for FloatBytes {
 /// A payload that owns `values`.
 pub fn float_payload(values: Vec<f32>) -> Bytes {
     Bytes::from_owner(FloatBytes(values))
-}
-
-/// Calls `f` with the payload as floats: in place when it is aligned (payloads this crate and
-/// the QUIC transport make are), else through a copy.
-fn with_floats<R>(payload: &[u8], f: impl FnOnce(&[f32]) -> R) -> R {
-    match bytemuck::try_cast_slice::<u8, f32>(payload) {
-        Ok(values) => f(values),
-        Err(_) => {
-            let copy: Vec<f32> =
-                payload.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-            f(&copy)
-        }
-    }
 }
 
 impl RingAllReduce {
@@ -169,13 +157,13 @@ impl RingAllReduce {
             let ranges: Vec<Range<usize>> = op_state.schedule.segments(chunk).collect();
             for range in ranges {
                 let payload = float_payload(grads[range.clone()].to_vec());
-                op_state.push(Phase::ReduceScatter, 0, chunk, range, payload);
+                op_state.push(Phase::ReduceScatter, 0, chunk, range, payload.into());
             }
         }
         Ok(op_state)
     }
 
-    fn push(&mut self, phase: Phase, step: usize, chunk: usize, range: Range<usize>, payload: Bytes) {
+    fn push(&mut self, phase: Phase, step: usize, chunk: usize, range: Range<usize>, payload: Payload) {
         let header = Header {
             kind: Kind::Data,
             op: self.op,
@@ -189,7 +177,7 @@ impl RingAllReduce {
     }
 
     /// The next frame to send to the next rank, in the order it must be sent.
-    pub fn poll_transmit(&mut self) -> Option<(Header, Bytes)> {
+    pub fn poll_transmit(&mut self) -> Option<(Header, Payload)> {
         self.outbox.pop_front()
     }
 
@@ -204,8 +192,9 @@ impl RingAllReduce {
     }
 
     /// Takes a frame from the previous rank: checks that it is exactly the next one the
-    /// schedule expects, then adds it in (reduce-scatter) or copies it (all-gather).
-    pub fn handle_frame(&mut self, header: Header, payload: Bytes, grads: &mut [f32]) -> Result<(), CollectiveError> {
+    /// schedule expects, then adds it into `grads` (reduce-scatter) or copies it there
+    /// (all-gather), straight from the chunks it arrived in.
+    pub fn handle_frame(&mut self, header: Header, payload: Payload, grads: &mut [f32]) -> Result<(), CollectiveError> {
         let prev = self.schedule.prev();
         let Some(want) = self.expected.get(self.cursor).cloned() else {
             return Err(CollectiveError::Protocol {
@@ -239,23 +228,21 @@ impl RingAllReduce {
         let local = &mut grads[want.range.clone()];
         match want.phase {
             Phase::ReduceScatter => {
-                let world = self.schedule.world as f32;
+                // Each rank adds into a chunk once (at the step the chunk reaches it), and the
+                // all-gather overwrites it with the final value: adding in place is safe.
                 if want.step == last {
                     // The chunk's full sum: its mean is computed here and nowhere else.
-                    with_floats(&payload, |theirs| {
-                        for (mine, theirs) in local.iter_mut().zip(theirs) {
-                            *mine = (*mine + theirs) / world;
-                        }
-                    });
-                    self.push(Phase::AllGather, 0, want.chunk, want.range, float_payload(local.to_vec()));
+                    let world = self.schedule.world as f32;
+                    payload.zip_floats(local, |mine, theirs| *mine = (*mine + theirs) / world);
+                    self.push(Phase::AllGather, 0, want.chunk, want.range, float_payload(local.to_vec()).into());
                 } else {
-                    let sum: Vec<f32> =
-                        with_floats(&payload, |theirs| local.iter().zip(theirs).map(|(a, b)| a + b).collect());
-                    self.push(Phase::ReduceScatter, want.step + 1, want.chunk, want.range, float_payload(sum));
+                    payload.zip_floats(local, |mine, theirs| *mine += theirs);
+                    let sum = float_payload(local.to_vec()).into();
+                    self.push(Phase::ReduceScatter, want.step + 1, want.chunk, want.range, sum);
                 }
             }
             Phase::AllGather => {
-                with_floats(&payload, |theirs| local.copy_from_slice(theirs));
+                payload.copy_into(local);
                 if want.step < last {
                     self.push(Phase::AllGather, want.step + 1, want.chunk, want.range, payload);
                 }
@@ -272,7 +259,7 @@ pub struct RingGather {
     schedule: Schedule,
     op: u64,
     values: Vec<Option<Bytes>>,
-    outbox: VecDeque<(Header, Bytes)>,
+    outbox: VecDeque<(Header, Payload)>,
     step: usize,
 }
 
@@ -292,11 +279,11 @@ impl RingGather {
         let mut header = Header::control(Kind::Gather, self.op, value.len() as u32);
         header.step = self.step as u16;
         header.chunk = origin as u32;
-        self.outbox.push_back((header, value));
+        self.outbox.push_back((header, value.into()));
     }
 
     /// The next frame to send.
-    pub fn poll_transmit(&mut self) -> Option<(Header, Bytes)> {
+    pub fn poll_transmit(&mut self) -> Option<(Header, Payload)> {
         self.outbox.pop_front()
     }
 
@@ -306,7 +293,8 @@ impl RingGather {
     }
 
     /// Takes the value the previous rank passes on.
-    pub fn handle_frame(&mut self, header: Header, payload: Bytes) -> Result<(), CollectiveError> {
+    pub fn handle_frame(&mut self, header: Header, payload: Payload) -> Result<(), CollectiveError> {
+        let payload = payload.to_bytes();
         let prev = self.schedule.prev();
         let origin = self.schedule.wrap(self.schedule.rank as isize - self.step as isize - 1);
         let mut expected = Header::control(Kind::Gather, self.op, payload.len() as u32);
@@ -371,11 +359,11 @@ mod tests {
         let mut grads = vec![0.0; 30];
         let mut op = RingAllReduce::start(s, 7, &grads).expect("start");
         let bad = Header { kind: Kind::Data, op: 7, phase: Phase::AllGather, step: 0, chunk: 0, offset: 0, len: 16 };
-        let err = op.handle_frame(bad, Bytes::from(vec![0u8; 16]), &mut grads).expect_err("out of order");
+        let err = op.handle_frame(bad, Bytes::from(vec![0u8; 16]).into(), &mut grads).expect_err("out of order");
         assert!(matches!(err, CollectiveError::Protocol { peer: 0, .. }), "{err}");
         let mut short = Header { phase: Phase::ReduceScatter, ..bad };
         short.len = 16;
-        let err = op.handle_frame(short, Bytes::from(vec![0u8; 4]), &mut grads).expect_err("short payload");
+        let err = op.handle_frame(short, Bytes::from(vec![0u8; 4]).into(), &mut grads).expect_err("short payload");
         assert!(err.to_string().contains("rank 0"), "{err}");
     }
 }

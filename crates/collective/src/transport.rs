@@ -4,7 +4,7 @@ use std::ops::Range;
 
 use bytes::Bytes;
 
-use crate::{CollectiveError, Header, RingAllReduce, RingGather, Schedule};
+use crate::{CollectiveError, Header, Payload, RingAllReduce, RingGather, Schedule};
 
 /// A ring position: frames go to the next rank and come from the previous one, in order.
 pub trait Transport {
@@ -13,9 +13,10 @@ pub trait Transport {
     /// Ranks in the ring.
     fn world(&self) -> usize;
     /// Queues a frame to the next rank.
-    fn send(&mut self, header: Header, payload: Bytes) -> Result<(), CollectiveError>;
-    /// The next frame from the previous rank; fails when it vanished or a deadline passed.
-    fn recv(&mut self) -> Result<(Header, Bytes), CollectiveError>;
+    fn send(&mut self, header: Header, payload: Payload) -> Result<(), CollectiveError>;
+    /// The next frame from the previous rank (its payload in the chunks it arrived in); fails
+    /// when the rank vanished or a deadline passed.
+    fn recv(&mut self) -> Result<(Header, Payload), CollectiveError>;
 }
 
 /// Replaces `grads` by its mean over all ranks (operation id `op`; segments of `segment`

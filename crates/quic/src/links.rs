@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use crate::certs::node_name;
 use crate::tls::{alpn, client_crypto, peer_is, server_crypto, ALPN_RENDEZVOUS, ALPN_RING};
 use crate::tuning::{bind_udp, endpoint, plan_datagrams, probe_path, transport_config, PathMtu};
-use crate::wire::{describe_connection, read_frame, write_frame, FramePool};
+use crate::wire::{describe_connection, read_frame, write_frame};
 use crate::{QuicError, RingOptions};
 
 /// Everything a ring node holds once linked.
@@ -155,7 +155,7 @@ async fn dial_next(
         let mut stream = conn.open_uni().await.map_err(|e| QuicError::peer(next, addr, describe_connection(&e)))?;
         let mut header = Header::control(Kind::Hello, 0, Hello::LEN as u32);
         header.chunk = lane as u32;
-        write_frame(&mut stream, header, Bytes::copy_from_slice(&hello.encode()))
+        write_frame(&mut stream, header, Bytes::copy_from_slice(&hello.encode()).into())
             .await
             .map_err(|e| QuicError::peer(next, addr, e.to_string()))?;
         out.push(stream);
@@ -180,10 +180,9 @@ async fn accept_prev(
         let addr = conn.remote_address();
         prev_addr = Some(addr);
         let mut stream = conn.accept_uni().await.map_err(|e| QuicError::peer(prev, addr, describe_connection(&e)))?;
-        let (header, payload) = read_frame(&mut stream, &FramePool::default())
-            .await
-            .map_err(|e| QuicError::peer(prev, addr, format!("{e:?}")))?;
-        let theirs = Hello::decode(&payload).map_err(|e| QuicError::peer(prev, addr, e.to_string()))?;
+        let (header, payload) =
+            read_frame(&mut stream).await.map_err(|e| QuicError::peer(prev, addr, format!("{e:?}")))?;
+        let theirs = Hello::decode(&payload.to_bytes()).map_err(|e| QuicError::peer(prev, addr, e.to_string()))?;
         check_hello(o, prev, addr, header, &theirs)?;
         let lane = header.chunk as usize;
         if lane != endpoint_lane {

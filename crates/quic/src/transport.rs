@@ -6,15 +6,14 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
 use quinn::{Connection, Endpoint, RecvStream, VarInt};
-use ringtune_collective::{CollectiveError, Header, Kind, Transport};
+use ringtune_collective::{CollectiveError, Header, Kind, Payload, Transport};
 use tokio::sync::mpsc;
 
 use crate::certs::NodeIdentity;
 use crate::links::{connect, prev_of};
 use crate::tuning::Tuning;
-use crate::wire::{describe_connection, read_frame, write_frame, FramePool, ReadFrameError};
+use crate::wire::{describe_connection, read_frame, write_frame, ReadFrameError};
 use crate::{Peers, QuicError};
 
 /// Packet counters of a node's links.
@@ -81,10 +80,9 @@ pub struct QuicRing {
     rank: usize,
     world: usize,
     prev_addr: Option<SocketAddr>,
-    lanes_out: Vec<mpsc::UnboundedSender<(Header, Bytes)>>,
+    lanes_out: Vec<mpsc::UnboundedSender<(Header, Payload)>>,
     senders: Vec<tokio::task::JoinHandle<()>>,
     lanes_in: Vec<RecvStream>,
-    pool: FramePool,
     conns: Vec<Connection>,
     send_failure: Arc<Mutex<Option<String>>>,
     sent: usize,
@@ -120,7 +118,6 @@ impl QuicRing {
             lanes_out: Vec::new(),
             senders: Vec::new(),
             lanes_in: Vec::new(),
-            pool: FramePool::default(),
             conns: Vec::new(),
             send_failure: Arc::new(Mutex::new(None)),
             sent: 0,
@@ -142,7 +139,7 @@ impl QuicRing {
         ring.lanes_in = links.incoming;
         ring.conns = links.conns;
         for (lane, mut stream) in links.outgoing.into_iter().enumerate() {
-            let (tx, mut rx) = mpsc::unbounded_channel::<(Header, Bytes)>();
+            let (tx, mut rx) = mpsc::unbounded_channel::<(Header, Payload)>();
             let failure = ring.send_failure.clone();
             let next = (options.rank + 1) % options.world;
             let sender = ring.rt.spawn(async move {
@@ -263,7 +260,7 @@ impl Transport for QuicRing {
         self.world
     }
 
-    fn send(&mut self, header: Header, payload: Bytes) -> Result<(), CollectiveError> {
+    fn send(&mut self, header: Header, payload: Payload) -> Result<(), CollectiveError> {
         if let Some(reason) = self.send_failure.lock().unwrap_or_else(|p| p.into_inner()).clone() {
             return Err(CollectiveError::Transport(reason));
         }
@@ -279,7 +276,7 @@ impl Transport for QuicRing {
 
     /// The next frame; when it cannot come, the links are closed with the reason, so every
     /// rank learns which peer failed at once rather than at its own deadline.
-    fn recv(&mut self) -> Result<(Header, Bytes), CollectiveError> {
+    fn recv(&mut self) -> Result<(Header, Payload), CollectiveError> {
         let received = self.recv_frame();
         if let Err(e) = &received {
             self.abort(&e.to_string());
@@ -289,7 +286,7 @@ impl Transport for QuicRing {
 }
 
 impl QuicRing {
-    fn recv_frame(&mut self) -> Result<(Header, Bytes), CollectiveError> {
+    fn recv_frame(&mut self) -> Result<(Header, Payload), CollectiveError> {
         let lanes = self.lanes_in.len().max(1);
         let lane = self.received % lanes;
         self.received += 1;
@@ -300,8 +297,7 @@ impl QuicRing {
             .lanes_in
             .get_mut(lane)
             .ok_or_else(|| CollectiveError::Transport("no link from the previous rank".into()))?;
-        let pool = &self.pool;
-        let result = self.rt.block_on(async { tokio::time::timeout(deadline, read_frame(stream, pool)).await });
+        let result = self.rt.block_on(async { tokio::time::timeout(deadline, read_frame(stream)).await });
         let (header, payload) = match result {
             Err(_) => return Err(CollectiveError::Transport(format!("{prev} sent nothing for {deadline:?}"))),
             Ok(Err(ReadFrameError::Stream(reason))) => {
@@ -311,7 +307,10 @@ impl QuicRing {
             Ok(Ok(frame)) => frame,
         };
         if header.kind == Kind::Bye {
-            return Err(CollectiveError::Transport(format!("{prev} left: {}", String::from_utf8_lossy(&payload))));
+            return Err(CollectiveError::Transport(format!(
+                "{prev} left: {}",
+                String::from_utf8_lossy(&payload.to_bytes())
+            )));
         }
         Ok((header, payload))
     }
@@ -319,6 +318,7 @@ impl QuicRing {
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
     use ringtune_collective::Hello;
 
     use super::*;
@@ -363,7 +363,7 @@ mod tests {
             let endpoint = Endpoint::server(server, addr(1)).expect("endpoint");
             let from0 = endpoint.accept().await.expect("rank 0 dials").await.expect("handshake");
             let mut hello_in = from0.accept_uni().await.expect("rank 0's stream");
-            read_frame(&mut hello_in, &FramePool::default()).await.expect("rank 0's hello");
+            read_frame(&mut hello_in).await.expect("rank 0's hello");
             let client = quinn::ClientConfig::new(Arc::new(client_crypto(&rogue, ALPN_RING).expect("client tls")));
             let to0 = endpoint.connect_with(client, addr(0), &node_name(0)).expect("dial").await.expect("link");
             let mut out = to0.open_uni().await.expect("stream");
@@ -371,7 +371,7 @@ mod tests {
             write_frame(
                 &mut out,
                 Header::control(Kind::Hello, 0, Hello::LEN as u32),
-                Bytes::copy_from_slice(&hello.encode()),
+                Bytes::copy_from_slice(&hello.encode()).into(),
             )
             .await
             .expect("hello");
