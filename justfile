@@ -30,8 +30,13 @@ test: setup-mpnet lint
 # Packages every library crate as crates.io would take it, and builds the packages (nothing is uploaded).
 publish-check:
     # cargo unpacks the packages it verifies into its registry cache and reuses an unpacked one by
-    # name and version, so an earlier run's copy of ours would be built instead: remove those first.
-    rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/ringtune-*
+    # name and version, and it never rebuilds a registry package it has built, so an earlier run's
+    # copy of ours would be built, or linked, instead: remove those (this workspace's packages at
+    # this version, and the build fingerprints of ours, nothing else) first.
+    version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1); \
+    for package in $(sed -n 's/^name = "\(ringtune-[a-z-]*\)"/\1/p' crates/*/Cargo.toml); do \
+        rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/"$package-$version" \
+            "${CARGO_TARGET_DIR:-target}"/debug/.fingerprint/"$package"-*; done
     cargo publish -q --workspace --dry-run --allow-dirty
 
 # Runs every library crate's example (each shows the crate used on its own).

@@ -29,10 +29,18 @@ pub use mimalloc::MiMalloc as Allocator;
 const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
 /// Tells mimalloc never to return freed memory to the system (call it first in `main`); only
-/// has an effect when [`Allocator`] is the global allocator.
-pub fn keep_freed_memory() {
-    // SAFETY: sets one integer option; mimalloc reads it when deciding whether to purge.
-    unsafe { libmimalloc_sys::mi_option_set(PURGE_DELAY, -1) }
+/// has an effect when [`Allocator`] is the global allocator. Returns whether it did: an option
+/// at that index not holding the purge delay's default means another mimalloc, left alone.
+pub fn keep_freed_memory() -> bool {
+    // SAFETY: reads and sets one integer option; mimalloc reads it when deciding whether to
+    // purge.
+    unsafe {
+        if libmimalloc_sys::mi_option_get(PURGE_DELAY) != 1000 {
+            return false;
+        }
+        libmimalloc_sys::mi_option_set(PURGE_DELAY, -1);
+    }
+    true
 }
 
 #[cfg(test)]
@@ -44,7 +52,7 @@ mod tests {
         // SAFETY: reads and sets integer options.
         unsafe {
             assert_eq!(libmimalloc_sys::mi_option_get(PURGE_DELAY), 1000, "mimalloc 3's purge delay default");
-            keep_freed_memory();
+            assert!(keep_freed_memory());
             assert_eq!(libmimalloc_sys::mi_option_get(PURGE_DELAY), -1);
         }
     }

@@ -28,6 +28,11 @@
 //! }
 //! ```
 
+// Floats go on the wire as their in-memory bytes (cast, not converted), and the wire is
+// little endian.
+#[cfg(not(target_endian = "little"))]
+compile_error!("ringtune-collective sends floats as their in-memory bytes: little-endian targets only");
+
 mod bucket;
 mod frame;
 mod memory;

@@ -37,7 +37,7 @@ impl Payload {
     /// Applies `op(local[i], theirs[i])` for every float of the payload (little endian),
     /// chunk by chunk; `local` must have exactly as many floats as the payload.
     pub(crate) fn zip_floats(&self, local: &mut [f32], mut op: impl FnMut(&mut f32, f32)) {
-        debug_assert_eq!(self.len(), local.len() * 4, "the caller checks the length");
+        assert_eq!(self.len(), local.len() * 4, "the caller checks the length");
         let mut at = 0;
         let mut carry = [0u8; 4];
         let mut carried = 0;
@@ -68,6 +68,7 @@ impl Payload {
     /// Copies the payload's bytes over `local`'s (which must be exactly as long).
     pub(crate) fn copy_into(&self, local: &mut [f32]) {
         let out: &mut [u8] = bytemuck::cast_slice_mut(local);
+        assert_eq!(self.len(), out.len(), "the caller checks the length");
         let mut at = 0;
         for chunk in &self.0 {
             out[at..at + chunk.len()].copy_from_slice(chunk);

@@ -2,7 +2,8 @@
 //!
 //! Owns: writing a file so that a crash leaves the old file or the new one and never half of
 //! one ([`write_atomically`], [`write_atomically_with`]: a temporary sibling, fsync of the file,
-//! rename, fsync of the folder), where the cache that `just setup` fills lives
+//! rename, fsync of the folder; [`write_secret_atomically`] for keys, readable by the owner
+//! only), where the cache that `just setup` fills lives
 //! ([`cache_dir`]), and lower-case hex for digests ([`hex`]).
 //!
 //! Does not own: what the files hold (checkpoints, tokenized data, libraries) or how they are
@@ -31,23 +32,58 @@ pub struct WriteError {
     pub source: io::Error,
 }
 
+/// Who may read a written file.
+#[derive(Clone, Copy)]
+enum Readers {
+    /// Whoever the umask lets, as `std::fs::write` would.
+    Umask,
+    /// The owner only, from creation on.
+    Owner,
+}
+
 /// Writes `bytes` to `path` atomically (see [`write_atomically_with`]).
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
     write_atomically_with(path, |file| io::Write::write_all(file, bytes))
 }
 
+/// Writes a secret (a private key) to `path` atomically, readable by its owner only: the file
+/// never exists with wider permissions, not even as the temporary sibling.
+pub fn write_secret_atomically(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
+    write_for(path, Readers::Owner, |file| io::Write::write_all(file, bytes))
+}
+
 /// Creates `path`'s folder if needed, lets `write` fill a temporary file beside `path`, then
 /// syncs it, renames it over `path` and syncs the folder, so the rename itself survives a
-/// crash. On any failure the temporary file is removed and `path` keeps its old contents.
+/// crash. On any failure the temporary file is removed and `path` keeps its old contents. The
+/// file gets the permissions `std::fs::write` would give it.
 pub fn write_atomically_with<T>(path: &Path, write: impl FnOnce(&mut File) -> io::Result<T>) -> Result<T, WriteError> {
+    write_for(path, Readers::Umask, write)
+}
+
+fn write_for<T>(
+    path: &Path,
+    readers: Readers,
+    write: impl FnOnce(&mut File) -> io::Result<T>,
+) -> Result<T, WriteError> {
     let fail = |source| WriteError { path: path.to_path_buf(), source };
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(fail)?;
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     // A hidden sibling: same file system (so the rename is atomic) and unique per writer, so
     // several processes may write the same target at once.
-    let mut temp =
-        tempfile::Builder::new().prefix(&format!(".{name}.")).suffix(".partial").tempfile_in(dir).map_err(fail)?;
+    let prefix = format!(".{name}.");
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(&prefix).suffix(".partial");
+    // A temporary file is the owner's only; the result is as readable as a plain write's
+    // (the mode is requested at creation, so the umask still applies).
+    #[cfg(unix)]
+    if let Readers::Umask = readers {
+        use std::os::unix::fs::PermissionsExt;
+        builder.permissions(std::fs::Permissions::from_mode(0o666));
+    }
+    #[cfg(not(unix))]
+    let _ = readers;
+    let mut temp = builder.tempfile_in(dir).map_err(fail)?;
     let value = write(temp.as_file_mut()).map_err(fail)?;
     temp.as_file().sync_all().map_err(fail)?;
     temp.persist(path).map_err(|e| fail(e.error))?;
@@ -127,6 +163,20 @@ mod tests {
             write_atomically_with(&path, |file| io::Write::write_all(file, b"22").map(|()| 7)).expect("replace");
         assert_eq!((value, std::fs::read(&path).expect("read")), (7, b"22".to_vec()));
         assert_eq!(entries(&dir.path().join("a/b")), ["c.json"]);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn files_are_as_readable_as_plain_writes_and_secrets_the_owners_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("dir");
+        let mode =
+            |name: &str| std::fs::metadata(dir.path().join(name)).expect("metadata").permissions().mode() & 0o777;
+        std::fs::write(dir.path().join("plain"), b"1").expect("plain write");
+        write_atomically(&dir.path().join("atomic"), b"1").expect("atomic write");
+        write_secret_atomically(&dir.path().join("key"), b"1").expect("secret write");
+        assert_eq!(mode("atomic"), mode("plain"));
+        assert_eq!(mode("key"), 0o600);
     }
 
     #[test]

@@ -347,26 +347,41 @@ impl Graph {
                 return Err(IrError::UndefinedInput { node: node.name.clone(), input: input.clone() });
             }
         }
-        let inferred = ops::infer(self, &node).map_err(|reason| IrError::Shape {
+        let inferred = self.infer_outputs(&node)?;
+        let mut outputs = Vec::new();
+        for (name, ty) in node.outputs.iter().zip(&inferred.types).filter(|(n, _)| !n.is_empty()) {
+            self.define(name, ty.clone())?;
+            outputs.push(Value::named(name.as_str()));
+        }
+        self.nodes.push(node);
+        self.record_outputs(self.nodes.len() - 1, inferred);
+        Ok(outputs)
+    }
+
+    /// The types (and shape values) `node` gives its outputs; an error when it names more
+    /// outputs than its operator makes.
+    fn infer_outputs(&self, node: &Node) -> Result<ops::Inferred, IrError> {
+        let inferred = ops::infer(self, node).map_err(|reason| IrError::Shape {
             node: node.name.clone(),
             op: node.op_type.clone(),
             reason,
         })?;
-        let types = inferred.types;
-        if types.len() < node.outputs.iter().filter(|o| !o.is_empty()).count() {
+        if inferred.types.len() < node.outputs.iter().filter(|o| !o.is_empty()).count() {
             return Err(IrError::Invalid(format!(
                 "node {} ({}) has more outputs than the operator makes",
                 node.name, node.op_type
             )));
         }
-        let mut outputs = Vec::new();
-        for (name, ty) in node.outputs.iter().zip(types) {
-            if name.is_empty() {
-                continue;
-            }
-            self.define(name, ty)?;
-            self.producers.insert(name.clone(), self.nodes.len());
-            outputs.push(Value::named(name.as_str()));
+        Ok(inferred)
+    }
+
+    /// Records what node `index` tells about its outputs: their types and producer, the value
+    /// of a shape computation or of a constant, and its operator domain.
+    fn record_outputs(&mut self, index: usize, inferred: ops::Inferred) {
+        let node = &self.nodes[index];
+        for (name, ty) in node.outputs.iter().zip(inferred.types).filter(|(n, _)| !n.is_empty()) {
+            self.types.insert(name.clone(), ty);
+            self.producers.insert(name.clone(), index);
         }
         if let (Some(dims), Some(first)) = (inferred.sym_value, node.outputs.first()) {
             self.sym_values.insert(first.clone(), dims);
@@ -379,14 +394,26 @@ impl Graph {
         if !node.domain.is_empty() {
             self.domains.entry(node.domain.clone()).or_insert(1);
         }
-        self.nodes.push(node);
-        Ok(outputs)
+    }
+
+    /// Forgets what is recorded about value `name` (its producer left the graph).
+    fn forget(&mut self, name: &str) {
+        self.types.remove(name);
+        self.producers.remove(name);
+        self.sym_values.remove(name);
+        self.constants.remove(name);
+        self.constant_cache.retain(|_, cached| cached != name);
+    }
+
+    /// Whether a node or the graph's outputs read `name`.
+    fn is_read(&self, name: &str) -> bool {
+        self.outputs.iter().any(|o| o == name) || self.nodes.iter().any(|n| n.inputs.iter().any(|i| i == name))
     }
 
     /// Replaces node `index` by `node`, in place. Its inputs must be defined before it; its
-    /// outputs are typed anew (an output kept under the same name keeps its element type and
-    /// takes the new shape); an output it no longer makes must have no readers. The producer
-    /// index, recorded types and constants stay consistent.
+    /// outputs are typed anew, and an output it keeps under the same name must keep its type
+    /// when something reads it; an output it no longer makes must have no readers. The
+    /// producer index, recorded types, shape values and constants stay consistent.
     pub fn replace_node(&mut self, index: usize, node: Node) -> Result<(), IrError> {
         let old = self.nodes.get(index).ok_or_else(|| IrError::Invalid(format!("no node at index {index}")))?;
         for input in node.inputs.iter().filter(|i| !i.is_empty()) {
@@ -399,48 +426,32 @@ impl Graph {
             }
         }
         for dropped in old.outputs.iter().filter(|o| !o.is_empty() && !node.outputs.contains(o)) {
-            if !self.consumers(dropped).is_empty() || self.outputs.contains(dropped) {
+            if self.is_read(dropped) {
                 return Err(IrError::Invalid(format!(
                     "replacing node {} would drop `{dropped}`, which is still read",
                     old.name
                 )));
             }
         }
-        let inferred = ops::infer(self, &node).map_err(|reason| IrError::Shape {
-            node: node.name.clone(),
-            op: node.op_type.clone(),
-            reason,
-        })?;
-        for (name, ty) in node.outputs.iter().zip(&inferred.types) {
-            let previous = self.types.get(name).filter(|_| old.outputs.contains(name));
-            if let Some(previous) = previous.filter(|p| p.dtype != ty.dtype) {
-                return Err(IrError::Invalid(format!("`{name}` would change from {} to {}", previous.dtype, ty.dtype)));
-            }
-            if !name.is_empty() && !old.outputs.contains(name) && self.types.contains_key(name) {
-                return Err(IrError::Duplicate(name.clone()));
+        let inferred = self.infer_outputs(&node)?;
+        for (name, ty) in node.outputs.iter().zip(&inferred.types).filter(|(n, _)| !n.is_empty()) {
+            let kept = old.outputs.contains(name);
+            match self.types.get(name) {
+                Some(previous) if kept && previous != ty && self.is_read(name) => {
+                    return Err(IrError::Invalid(format!(
+                        "replacing node {} would change `{name}`, which is read, from {previous} to {ty}",
+                        old.name
+                    )));
+                }
+                Some(_) if !kept => return Err(IrError::Duplicate(name.clone())),
+                _ => {}
             }
         }
         let old = std::mem::replace(&mut self.nodes[index], node);
         for name in old.outputs.iter().filter(|o| !o.is_empty()) {
-            self.producers.remove(name);
-            self.sym_values.remove(name);
-            self.constants.remove(name);
-            self.constant_cache.retain(|_, cached| cached != name);
+            self.forget(name);
         }
-        let node = &self.nodes[index];
-        for (name, ty) in node.outputs.iter().zip(inferred.types) {
-            if name.is_empty() {
-                continue;
-            }
-            self.types.insert(name.clone(), ty);
-            self.producers.insert(name.clone(), index);
-        }
-        for name in old.outputs.iter().filter(|o| !o.is_empty() && !self.producers.contains_key(*o)) {
-            self.types.remove(name);
-        }
-        if !node.domain.is_empty() {
-            self.domains.entry(node.domain.clone()).or_insert(1);
-        }
+        self.record_outputs(index, inferred);
         Ok(())
     }
 
@@ -506,6 +517,11 @@ impl Graph {
             keep[index - 1]
         });
         self.initializers.retain(|(name, _)| live.contains(name));
+        let surviving: HashSet<&String> = self.nodes.iter().flat_map(|n| n.outputs.iter()).collect();
+        let removed: Vec<String> = self.producers.keys().filter(|name| !surviving.contains(name)).cloned().collect();
+        for name in &removed {
+            self.forget(name);
+        }
         self.producers =
             self.nodes.iter().enumerate().flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.clone(), i))).collect();
     }
@@ -611,6 +627,20 @@ mod tests {
         let err = g.replace_node(0, renamed).expect_err("y is read").to_string();
         assert!(err.contains("still read"), "{err}");
         g.validate().expect("still valid");
+    }
+
+    #[test]
+    fn pruning_forgets_what_it_removed() {
+        let mut g = Graph::new("t");
+        let x = g.input("x", DType::F32, shape(&[2])).expect("x");
+        let two = g.scalar(DType::F32, 2.0).expect("constant");
+        let unused = g.mul(&x, &two).expect("mul");
+        g.output(&x).expect("output");
+        g.prune();
+        assert!(!g.has_value(unused.name()) && !g.has_value(two.name()));
+        let again = g.scalar(DType::F32, 2.0).expect("constant");
+        assert!(g.producer(again.name()).is_some(), "a new constant, not the pruned one");
+        g.validate().expect("valid");
     }
 
     #[test]

@@ -64,14 +64,14 @@ pub fn generate(nodes: usize) -> Result<ClusterCerts, QuicError> {
 /// Writes `ca.pem`, `ca.key`, `node-<rank>.pem` and `node-<rank>.key` into `dir` (keys
 /// readable by the owner only).
 pub fn write(dir: &Path, certs: &ClusterCerts) -> Result<(), QuicError> {
-    std::fs::create_dir_all(dir).map_err(|e| QuicError::Io(format!("{}: {e}", dir.display())))?;
     let put = |name: String, text: &str, secret: bool| -> Result<(), QuicError> {
         let path = dir.join(name);
-        std::fs::write(&path, text).map_err(|e| QuicError::Io(format!("{}: {e}", path.display())))?;
-        if secret {
-            set_private(&path)?;
-        }
-        Ok(())
+        let written = if secret {
+            ringtune_files::write_secret_atomically(&path, text.as_bytes())
+        } else {
+            ringtune_files::write_atomically(&path, text.as_bytes())
+        };
+        written.map_err(|e| QuicError::Io(e.to_string()))
     };
     put("ca.pem".into(), &certs.ca_pem, false)?;
     put("ca.key".into(), &certs.ca_key_pem, true)?;
@@ -79,18 +79,6 @@ pub fn write(dir: &Path, certs: &ClusterCerts) -> Result<(), QuicError> {
         put(format!("{}.pem", node_name(rank)), cert, false)?;
         put(format!("{}.key", node_name(rank)), key, true)?;
     }
-    Ok(())
-}
-
-#[cfg(unix)]
-fn set_private(path: &Path) -> Result<(), QuicError> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| QuicError::Io(format!("{}: {e}", path.display())))
-}
-
-#[cfg(not(unix))]
-fn set_private(_: &Path) -> Result<(), QuicError> {
     Ok(())
 }
 

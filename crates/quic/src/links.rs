@@ -67,17 +67,19 @@ pub(crate) async fn connect(o: &RingOptions) -> Result<Links, QuicError> {
 }
 
 /// One socket per lane at consecutive ports from `listen` (an ephemeral first port is
-/// retried until the next ones are free too); the receive window their buffers support.
+/// retried until the next ones are free too); the receive window all their buffers support.
 fn bind_lanes(listen: SocketAddr, lanes: usize, window: u64) -> Result<(Vec<std::net::UdpSocket>, u64), QuicError> {
     for _attempt in 0..16 {
-        let (first, fitted) = bind_udp(listen, window)?;
+        let (first, mut fitted) = bind_udp(listen, window)?;
         let port = first.local_addr().map_err(|e| QuicError::Io(e.to_string()))?.port();
         let mut sockets = vec![first];
         for k in 1..lanes {
-            let lane_port =
-                port.checked_add(k as u16).ok_or_else(|| QuicError::Setup(format!("no port after {port}")))?;
+            let Some(lane_port) = port.checked_add(k as u16) else { break };
             match bind_udp(SocketAddr::new(listen.ip(), lane_port), window) {
-                Ok((s, _)) => sockets.push(s),
+                Ok((s, lane_fitted)) => {
+                    fitted = fitted.min(lane_fitted);
+                    sockets.push(s);
+                }
                 Err(e) if listen.port() != 0 => {
                     return Err(QuicError::Setup(format!("lane {k} needs port {lane_port} free: {e}")));
                 }
@@ -87,13 +89,18 @@ fn bind_lanes(listen: SocketAddr, lanes: usize, window: u64) -> Result<(Vec<std:
         if sockets.len() == lanes {
             return Ok((sockets, fitted));
         }
+        if listen.port() != 0 {
+            return Err(QuicError::Setup(format!("{lanes} lanes from port {port} run past port 65535")));
+        }
     }
     Err(QuicError::Setup(format!("found no {lanes} consecutive free ports for the lanes")))
 }
 
-/// `addr` with its port moved `k` up (lane `k` of that node).
-fn lane_address(addr: SocketAddr, k: usize) -> SocketAddr {
-    SocketAddr::new(addr.ip(), addr.port().wrapping_add(k as u16))
+/// `addr` with its port moved `k` up (lane `k` of that node), when that port exists.
+fn lane_address(addr: SocketAddr, k: usize) -> Result<SocketAddr, QuicError> {
+    let port = u16::try_from(k).ok().and_then(|k| addr.port().checked_add(k));
+    port.map(|p| SocketAddr::new(addr.ip(), p))
+        .ok_or_else(|| QuicError::Setup(format!("lane {k} of {addr} would be past port 65535")))
 }
 
 /// Accepts every incoming connection and routes it: ring links from the previous rank (by
@@ -137,6 +144,14 @@ fn accept_loop(
     (ring_rx, rdv_rx)
 }
 
+/// A handshake's header: it says which lane this is and how many this node uses.
+pub(crate) fn hello_header(lane: usize, lanes: usize) -> Header {
+    let mut header = Header::control(Kind::Hello, 0, Hello::LEN as u32);
+    header.chunk = lane as u32;
+    header.step = lanes as u16;
+    header
+}
+
 /// Opens every lane to the next rank, each from its own endpoint to the next rank's endpoint
 /// of that lane, each starting with this node's handshake.
 async fn dial_next(
@@ -150,12 +165,10 @@ async fn dial_next(
     let mut out = Vec::new();
     let mut conns = Vec::new();
     for (lane, endpoint) in endpoints.iter().enumerate() {
-        let addr = lane_address(next_addr, lane);
+        let addr = lane_address(next_addr, lane)?;
         let conn = dial_until_up(endpoint, client, addr, &node_name(next)).await?;
         let mut stream = conn.open_uni().await.map_err(|e| QuicError::peer(next, addr, describe_connection(&e)))?;
-        let mut header = Header::control(Kind::Hello, 0, Hello::LEN as u32);
-        header.chunk = lane as u32;
-        write_frame(&mut stream, header, Bytes::copy_from_slice(&hello.encode()).into())
+        write_frame(&mut stream, hello_header(lane, endpoints.len()), Bytes::copy_from_slice(&hello.encode()).into())
             .await
             .map_err(|e| QuicError::peer(next, addr, e.to_string()))?;
         out.push(stream);
@@ -172,10 +185,10 @@ async fn accept_prev(
 ) -> Result<(Vec<RecvStream>, Vec<Connection>, Option<SocketAddr>), QuicError> {
     let lanes = ring_rxs.len();
     let prev = prev_of(o.rank, o.world);
-    let mut incoming: Vec<Option<RecvStream>> = (0..lanes).map(|_| None).collect();
+    let mut incoming = Vec::with_capacity(lanes);
     let mut conns = Vec::new();
     let mut prev_addr = None;
-    for (endpoint_lane, mut ring_rx) in ring_rxs.into_iter().enumerate() {
+    for (lane, mut ring_rx) in ring_rxs.into_iter().enumerate() {
         let conn = ring_rx.recv().await.ok_or_else(|| QuicError::Setup("the endpoint stopped accepting".into()))?;
         let addr = conn.remote_address();
         prev_addr = Some(addr);
@@ -184,21 +197,20 @@ async fn accept_prev(
             read_frame(&mut stream).await.map_err(|e| QuicError::peer(prev, addr, format!("{e:?}")))?;
         let theirs = Hello::decode(&payload.to_bytes()).map_err(|e| QuicError::peer(prev, addr, e.to_string()))?;
         check_hello(o, prev, addr, header, &theirs)?;
-        let lane = header.chunk as usize;
-        if lane != endpoint_lane {
-            return Err(QuicError::peer(prev, addr, format!("opened lane {lane} on lane {endpoint_lane}'s port")));
+        if usize::from(header.step) != lanes {
+            return Err(QuicError::peer(
+                prev,
+                addr,
+                format!("uses {} lanes and this node {lanes}: give every node the same --lanes", header.step),
+            ));
         }
-        let slot = incoming
-            .get_mut(lane)
-            .ok_or_else(|| QuicError::peer(prev, addr, format!("opened lane {lane} of {lanes}")))?;
-        *slot = Some(stream);
+        if header.chunk as usize != lane {
+            return Err(QuicError::peer(prev, addr, format!("opened lane {} on lane {lane}'s port", header.chunk)));
+        }
+        incoming.push(stream);
         conns.push(conn);
     }
-    let streams = incoming
-        .into_iter()
-        .map(|s| s.ok_or_else(|| QuicError::Rendezvous("a lane is missing".into())))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok((streams, conns, prev_addr))
+    Ok((incoming, conns, prev_addr))
 }
 
 fn check_hello(

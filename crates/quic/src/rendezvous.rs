@@ -221,14 +221,25 @@ async fn coordinate(
         let conn =
             registrations.recv().await.ok_or_else(|| QuicError::Setup("the endpoint stopped accepting".into()))?;
         let remote = conn.remote_address();
-        let (send, mut recv) = match conn.accept_bi().await {
-            Ok(streams) => streams,
-            Err(e) => {
+        // A connection that never sends its registration must not hold up the others: it
+        // gets `o.deadline` (the ring's per-message deadline) to open and finish its stream.
+        let stream = tokio::time::timeout(o.deadline, conn.accept_bi()).await;
+        let (send, mut recv) = match stream {
+            Ok(Ok(streams)) => streams,
+            Ok(Err(e)) => {
                 tracing::warn!(peer = %remote, "a registration that never came: {}", describe_connection(&e));
                 continue;
             }
+            Err(_) => {
+                tracing::warn!(peer = %remote, "no registration within {:?}; dropped the connection", o.deadline);
+                conn.close(VarInt::from_u32(1), b"no registration in time");
+                continue;
+            }
         };
-        let read = recv.read_to_end(MAX_MESSAGE).await.map_err(|e| e.to_string());
+        let read = match tokio::time::timeout(o.deadline, recv.read_to_end(MAX_MESSAGE)).await {
+            Ok(read) => read.map_err(|e| e.to_string()),
+            Err(_) => Err(format!("the registration did not finish within {:?}", o.deadline)),
+        };
         let registration = match read.and_then(|bytes| Message::decode(&bytes)) {
             Ok(m) => m,
             Err(reason) => {

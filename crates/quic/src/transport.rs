@@ -368,13 +368,9 @@ mod tests {
             let to0 = endpoint.connect_with(client, addr(0), &node_name(0)).expect("dial").await.expect("link");
             let mut out = to0.open_uni().await.expect("stream");
             let hello = Hello { rank: 1, world: 2, layout };
-            write_frame(
-                &mut out,
-                Header::control(Kind::Hello, 0, Hello::LEN as u32),
-                Bytes::copy_from_slice(&hello.encode()).into(),
-            )
-            .await
-            .expect("hello");
+            write_frame(&mut out, crate::links::hello_header(0, 1), Bytes::copy_from_slice(&hello.encode()).into())
+                .await
+                .expect("hello");
             out.write_all(&[0xAB; 64]).await.expect("garbage");
             (endpoint, from0, to0, hello_in, out)
         });

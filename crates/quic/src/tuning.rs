@@ -102,6 +102,14 @@ pub fn plan_datagrams(path: PathMtu, ipv6: bool, mtu_override: Option<u16>) -> R
         (None, PathMtu::Loopback(mtu) | PathMtu::Interface(mtu)) => (payload_of(mtu, ipv6).max(QUIC_MIN_MTU), None),
         (None, PathMtu::Unknown) => (SAFE_MTU, Some(8_972)),
     };
+    if let PathMtu::Loopback(mtu) | PathMtu::Interface(mtu) = path {
+        let fits = payload_of(mtu, ipv6);
+        if mtu_override.is_some_and(|o| o > fits) {
+            notes.push(format!("--mtu {initial} is above the {fits} bytes the path's MTU of {mtu} carries"));
+        } else if fits < QUIC_MIN_MTU {
+            notes.push(format!("the path's MTU of {mtu} carries {fits} bytes, below QUIC's {QUIC_MIN_MTU}"));
+        }
+    }
     let min = initial.min(SAFE_MTU);
     let largest = discovery_up_to.unwrap_or(initial).max(initial);
     let gso_segments = (GSO_BYTES / u32::from(largest)) as usize;
@@ -315,6 +323,10 @@ mod tests {
         // 8000 x 10 is over 64 KiB: 8 per send rather than failing sends.
         assert_eq!((plan.initial, plan.gso_segments), (8000, 8));
         assert!(plan.initial_window >= 80_000);
+        assert!(plan.notes.iter().any(|n| n.contains("--mtu 8000 is above the 1472 bytes")), "{:?}", plan.notes);
+        let tiny_link = plan_datagrams(PathMtu::Interface(1100), false, None).expect("plan");
+        assert_eq!(tiny_link.initial, 1200, "QUIC's floor");
+        assert!(tiny_link.notes.iter().any(|n| n.contains("below QUIC's 1200")), "{:?}", tiny_link.notes);
         let small = plan_datagrams(PathMtu::Loopback(65_536), false, Some(1300)).expect("plan");
         assert_eq!((small.initial, small.min, small.gso_segments), (1300, 1300, 50));
         for bad in [1000u16, 65_508] {

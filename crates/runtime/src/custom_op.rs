@@ -131,6 +131,13 @@ pub(crate) fn domain(ops: &[Arc<dyn CustomOp>]) -> Result<OperatorDomain> {
     };
     let mut domain = OperatorDomain::new(DOMAIN).map_err(fail)?;
     for op in ops {
+        // Kernels fill outputs as `TensorMut`, which has no int64 view.
+        if op.outputs().iter().any(|p| p.element == ElementType::I64) {
+            return Err(RuntimeError::Ort {
+                context: format!("registering {DOMAIN}.{}", op.name()),
+                message: "int64 outputs are not supported".into(),
+            });
+        }
         domain = domain.add(Adapter(op.clone())).map_err(fail)?;
     }
     Ok(domain)
@@ -210,8 +217,11 @@ fn run(kernel: &dyn Kernel, inputs: &[Port], outputs: &[Port], ctx: &ComputeCont
         }));
     }
     let shapes = kernel.output_shapes(&views).map_err(ort::Error::new)?;
+    if shapes.len() != outputs.len() {
+        return Err(ort::Error::new(format!("{} output shapes for {} outputs", shapes.len(), outputs.len())));
+    }
     let mut values = Vec::with_capacity(outputs.len());
-    for (i, shape) in shapes.into_iter().enumerate().take(outputs.len()) {
+    for (i, shape) in shapes.into_iter().enumerate() {
         values.push(ctx.output(i, shape)?);
     }
     let mut slots = Vec::with_capacity(values.len());
@@ -221,6 +231,7 @@ fn run(kernel: &dyn Kernel, inputs: &[Port], outputs: &[Port], ctx: &ComputeCont
             Some(value) => Some(match port.element {
                 ElementType::F32 => TensorMut::F32(value.try_extract_tensor_mut::<f32>()?.1),
                 ElementType::Bool => TensorMut::Bool(value.try_extract_tensor_mut::<bool>()?.1),
+                // `domain` refuses such operators; an error, never a panic, inside ONNX Runtime.
                 ElementType::I64 => return Err(ort::Error::new("int64 outputs are not supported")),
             }),
         });

@@ -23,10 +23,11 @@ pub enum Provider {
     /// ONNX Runtime's own CPU kernels (MLAS).
     #[default]
     #[serde(alias = "mlas")]
+    #[cfg_attr(feature = "clap", value(alias = "mlas"))]
     Cpu,
     /// The oneDNN (DNNL) provider, in builds that have it.
     #[serde(rename = "onednn", alias = "dnnl")]
-    #[cfg_attr(feature = "clap", value(name = "onednn"))]
+    #[cfg_attr(feature = "clap", value(name = "onednn", alias = "dnnl"))]
     OneDnn,
     /// The OpenVINO provider, in builds that have it.
     #[serde(rename = "openvino")]

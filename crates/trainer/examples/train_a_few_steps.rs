@@ -8,7 +8,7 @@ use std::path::Path;
 
 use ringtune_ops::KernelChoice;
 use ringtune_trainer::metrics::{read_records, Record};
-use ringtune_trainer::train::train;
+use ringtune_trainer::train::{train, Start};
 use ringtune_trainer::TrainConfig;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -22,7 +22,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         kernels: KernelChoice::Mlas,
         ..TrainConfig::default()
     };
-    let summary = train(&config, &root, false, None)?;
+    let summary = train(&config, &root, Start::Fresh, None)?;
     println!("{} steps at {:.1} samples/s; dev {:?}", summary.steps, summary.train_samples_per_s, summary.dev);
     for record in read_records(&summary.output.join("metrics.jsonl"))? {
         match record {

@@ -84,6 +84,16 @@ pub fn read_records(path: &Path) -> Result<Vec<Record>, TrainError> {
         .collect()
 }
 
+/// The records of a metrics file that can be read, and how many lines could not: a run
+/// killed mid-write leaves a partial last line, which must not cost the plot of the rest.
+pub(crate) fn read_readable_records(path: &Path) -> Result<(Vec<Record>, usize), TrainError> {
+    let text = std::fs::read_to_string(path).map_err(|e| TrainError::Other(format!("{}: {e}", path.display())))?;
+    let lines: Vec<&str> = text.lines().filter(|line| !line.trim().is_empty()).collect();
+    let records: Vec<Record> = lines.iter().filter_map(|line| serde_json::from_str(line).ok()).collect();
+    let unreadable = lines.len() - records.len();
+    Ok((records, unreadable))
+}
+
 /// Classification quality on a labelled split.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Scores {
@@ -186,9 +196,11 @@ mod tests {
         drop(file);
         let text = std::fs::read_to_string(&path).expect("read");
         assert!(text.starts_with(r#"{"kind":"eval","step":3"#), "{text}");
-        assert_eq!(read_records(&path).expect("records"), vec![eval]);
+        assert_eq!(read_records(&path).expect("records"), vec![eval.clone()]);
         std::fs::write(&path, format!("{text}{{\"kind\":\"step\"\n")).expect("truncated line");
         let err = read_records(&path).expect_err("bad line").to_string();
         assert!(err.contains("metrics.jsonl line 2"), "{err}");
+        let (readable, unreadable) = read_readable_records(&path).expect("readable records");
+        assert_eq!((readable, unreadable), (vec![eval], 1));
     }
 }

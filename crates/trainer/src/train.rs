@@ -1,5 +1,5 @@
 //! A training run as a value with small steps: [`TrainingRun::prepare`] (data, model, sessions,
-//! schedule), [`TrainingRun::resume`] (the newest usable checkpoint), [`TrainingRun::step`]
+//! schedule; with [`Start::Resume`] the newest usable checkpoint), [`TrainingRun::step`]
 //! (data, forward+backward, gradient sync, optimizer, metrics), [`TrainingRun::end_epoch`]
 //! (parameter check, checkpoint, evaluation) and [`TrainingRun::finish`] (the trained model);
 //! [`train`] drives them.
@@ -86,17 +86,23 @@ fn resolve(root: &Path, path: &Path) -> PathBuf {
     }
 }
 
+/// How a run begins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// From the model's weights, into an output folder no earlier run wrote.
+    Fresh,
+    /// From the newest usable checkpoint of an earlier run with the same output folder.
+    Resume,
+}
+
 /// Trains as `cfg` says; `sync` joins other nodes (rank 0 evaluates and writes the outputs).
 pub fn train(
     cfg: &TrainConfig,
     root: &Path,
-    resume: bool,
+    start: Start,
     sync: Option<&mut dyn GradSync>,
 ) -> Result<Summary, TrainError> {
-    let mut run = TrainingRun::prepare(cfg, root, resume, sync)?;
-    if resume {
-        run.resume()?;
-    }
+    let mut run = TrainingRun::prepare(cfg, root, start, sync)?;
     while let Some(epoch) = run.next_epoch() {
         for (index, rows) in run.epoch_batches(epoch)? {
             if run.step(epoch, index, &rows)? == Continue::Stop {
@@ -166,11 +172,12 @@ struct RunLog {
 
 impl<'s> TrainingRun<'s> {
     /// Reads the data and the model, checks the output folder (a fresh run never overwrites an
-    /// earlier one), builds the sessions and the schedule.
+    /// earlier one), builds the sessions and the schedule; a resumed run then loads its
+    /// newest usable checkpoint.
     pub fn prepare(
         cfg: &TrainConfig,
         root: &Path,
-        resume: bool,
+        start: Start,
         sync: Option<&'s mut dyn GradSync>,
     ) -> Result<Self, TrainError> {
         cfg.validate()?;
@@ -179,7 +186,7 @@ impl<'s> TrainingRun<'s> {
         let inputs = read_inputs(cfg, root)?;
         let layout = inputs.model.layout.clone();
         let plan = plan(cfg, root, &inputs, world)?;
-        if rank == 0 && !resume {
+        if rank == 0 && start == Start::Fresh {
             refuse_earlier_run(&plan.output, &plan.checkpoints)?;
         }
         std::fs::create_dir_all(&plan.checkpoints)
@@ -210,12 +217,19 @@ impl<'s> TrainingRun<'s> {
         }
         let log = RunLog::open(rank == 0, &plan, started)?;
         let progress = Progress { step: 0, epoch: 0, batch_in_epoch: 0 };
-        Ok(TrainingRun { cfg: cfg.clone(), sync, rank, world, inputs, plan, engine, evaluator, adam, progress, log })
+        let mut run =
+            TrainingRun { cfg: cfg.clone(), sync, rank, world, inputs, plan, engine, evaluator, adam, progress, log };
+        if start == Start::Resume {
+            run.resume()?;
+        }
+        // Training time is counted from here: reading, building and resuming are setup.
+        run.log.train_started = Instant::now();
+        Ok(run)
     }
 
     /// Continues from the newest checkpoint that loads (older ones tried when newer ones are
     /// refused, every refusal logged): parameters, optimizer state and data position.
-    pub fn resume(&mut self) -> Result<(), TrainError> {
+    fn resume(&mut self) -> Result<(), TrainError> {
         let checkpoints = &self.plan.checkpoints;
         let (found, refused) = checkpoint::latest_valid(checkpoints, &self.plan.layout_hash);
         for reason in &refused {
@@ -583,8 +597,13 @@ fn write_outputs(output: &Path, inputs: &Inputs, layout: &ParamLayout, params: &
     }
     let onnx = ringtune_bert::export_inference(&inputs.config, layout, params)?;
     ringtune_files::write_atomically(&output.join("model.onnx"), &onnx)?;
-    let plotted = crate::metrics::read_records(&output.join("metrics.jsonl"))
-        .and_then(|records| crate::plot::plot(&output.join("training.png"), &records));
+    let metrics = output.join("metrics.jsonl");
+    let plotted = crate::metrics::read_readable_records(&metrics).and_then(|(records, unreadable)| {
+        if unreadable > 0 {
+            tracing::warn!("{}: {unreadable} unreadable line(s) left out of training.png", metrics.display());
+        }
+        crate::plot::plot(&output.join("training.png"), &records)
+    });
     if let Err(e) = plotted {
         tracing::warn!("no training.png: {e}");
     }

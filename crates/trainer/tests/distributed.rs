@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use common::{config, small_mrpc, tiny_model};
 use ringtune_quic::Peers;
 use ringtune_trainer::distributed::{ClusterOptions, QuicSync};
+use ringtune_trainer::train::Start;
 use ringtune_trainer::TrainConfig;
 
 fn free_ports(n: usize) -> Vec<u16> {
@@ -44,7 +45,8 @@ fn train_on_nodes(base: &TrainConfig, world: usize, root: &Path, certs: &Path) -
             std::thread::spawn(move || {
                 let model = ringtune_trainer::model::ModelDir::open(&cfg.model).expect("model");
                 let mut sync = QuicSync::join(&cluster, &model).expect("join");
-                let summary = ringtune_trainer::train::train(&cfg, &root, false, Some(&mut sync)).expect("train");
+                let summary =
+                    ringtune_trainer::train::train(&cfg, &root, Start::Fresh, Some(&mut sync)).expect("train");
                 sync.shutdown();
                 summary.steps
             })
@@ -66,7 +68,7 @@ fn two_and_four_nodes_reach_the_single_node_parameters() {
     for (world, b) in [(2usize, 8usize), (4, 4)] {
         let single =
             TrainConfig { batch_size: world * b, output: base.output.join(format!("single-{world}")), ..base.clone() };
-        ringtune_trainer::train::train(&single, dir.path(), false, None).expect("single node");
+        ringtune_trainer::train::train(&single, dir.path(), Start::Fresh, None).expect("single node");
         let multi = TrainConfig { batch_size: b, ..base.clone() };
         let out = train_on_nodes(&multi, world, dir.path(), &certs);
         let (a, m) = (params(&single.output), params(&out));

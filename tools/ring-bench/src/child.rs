@@ -55,7 +55,7 @@ fn value(rank: usize, i: usize) -> f32 {
 }
 
 /// The bytes of `values` (little endian, as the wire carries them).
-fn bytemuck_bytes(values: &[f32]) -> Vec<u8> {
+fn little_endian_bytes(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
@@ -139,7 +139,7 @@ pub(crate) fn run(plan: ChildPlan<'_>) -> Result<()> {
             udp_buffer_errors: udp_buffer_errors() - errors,
             result: {
                 use sha2::{Digest, Sha256};
-                ringtune_files::hex(&Sha256::digest(bytemuck_bytes(&grads)))
+                ringtune_files::hex(&Sha256::digest(little_endian_bytes(&grads)))
             },
         };
         println!("{}", serde_json::to_string(&report)?);

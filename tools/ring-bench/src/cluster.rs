@@ -80,8 +80,10 @@ impl Cluster {
     pub(crate) fn create(hosts: usize, link: &LinkSpec) -> Result<Self> {
         let id = std::process::id();
         let cluster = Cluster { prefix: prefix(), hosts, subnet: (id % 200 + 20) as u8 };
-        if run("ip", &["netns", "add", &cluster.switch()]).is_err() {
-            bail!("--cluster netns needs root or CAP_NET_ADMIN to make network namespaces, veth pairs and tc qdiscs");
+        if let Err(e) = run("ip", &["netns", "add", &cluster.switch()]) {
+            bail!(
+                "--cluster netns needs root or CAP_NET_ADMIN to make network namespaces, veth pairs and tc qdiscs ({e})"
+            );
         }
         let netem = has_netem(&cluster.switch());
         if !netem && link.loss > 0.0 {

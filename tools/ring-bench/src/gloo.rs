@@ -42,17 +42,29 @@ impl Gloo {
     }
 
     /// gloo measured now by the reference script on loopback: `ranks` processes, one thread each.
-    pub(crate) fn measured_on_loopback(python: &Path, ranks: usize, floats: &[usize], repeats: usize) -> Result<Self> {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference/bench_allreduce.py");
+    pub(crate) fn measured_on_loopback(
+        python: &Path,
+        script: &Path,
+        ranks: usize,
+        floats: &[usize],
+        repeats: usize,
+    ) -> Result<Self> {
+        if !script.is_file() {
+            bail!("no gloo script at {}: give --gloo-script", script.display());
+        }
         let sizes: Vec<String> = floats.iter().map(usize::to_string).collect();
         let out = Command::new(python)
-            .arg(&script)
+            .arg(script)
             .args(["--world", &ranks.to_string(), "--sizes", &sizes.join(","), "--iters", &repeats.to_string()])
             .output()
             .with_context(|| format!("running {} {}", python.display(), script.display()))?;
+        let last_complaint = String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("").to_string();
+        if !out.status.success() {
+            bail!("{} ended with {}: {last_complaint}", script.display(), out.status);
+        }
         let stdout = String::from_utf8_lossy(&out.stdout);
         let Some(result) = stdout.lines().find_map(|l| l.strip_prefix("RESULT ")) else {
-            bail!("gloo printed no RESULT line: {}", String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or(""));
+            bail!("gloo printed no RESULT line: {last_complaint}");
         };
         let value: serde_json::Value = serde_json::from_str(result)?;
         let rows = value["rows"].as_array().context("RESULT without rows")?;
@@ -63,9 +75,9 @@ impl Gloo {
         Ok(Gloo { source: "measured in this run".into(), busbw })
     }
 
-    /// No figures (an emulated cluster without a PyTorch to measure gloo on it).
-    pub(crate) fn not_measured() -> Self {
-        Gloo { source: "not measured: give --pytorch".into(), busbw: BTreeMap::new() }
+    /// No figures, and why.
+    pub(crate) fn not_measured(why: &str) -> Self {
+        Gloo { source: format!("not measured: {why}"), busbw: BTreeMap::new() }
     }
 
     /// gloo measured now on the emulated hosts: one rank per host (`gloo_rank.py`), each with
@@ -79,20 +91,19 @@ impl Gloo {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("gloo_rank.py");
         let master = format!("{}:4100", net.addr(0));
         let sizes: Vec<String> = floats.iter().map(usize::to_string).collect();
-        let children: Vec<_> = (0..net.hosts())
-            .map(|h| {
+        let mut ranks = crate::processes::Processes::default();
+        for h in 0..net.hosts() {
+            ranks.spawn(
                 net.command(h, python)
                     .arg(&script)
                     .args(["--rank", &h.to_string(), "--world", &net.hosts().to_string(), "--master", &master])
                     .args(["--sizes", &sizes.join(","), "--iters", &repeats.to_string()])
                     .stdout(std::process::Stdio::piped())
-                    .stderr(std::process::Stdio::piped())
-                    .spawn()
-            })
-            .collect::<Result<_, _>>()?;
+                    .stderr(std::process::Stdio::piped()),
+            )?;
+        }
         let mut busbw = BTreeMap::new();
-        for (h, child) in children.into_iter().enumerate() {
-            let out = child.wait_with_output()?;
+        for (h, out) in ranks.wait_all()?.into_iter().enumerate() {
             if !out.status.success() {
                 bail!("gloo rank {h}: {}", String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or(""));
             }

@@ -10,6 +10,7 @@ static ALLOCATOR: ringtune_alloc::Allocator = ringtune_alloc::Allocator;
 mod child;
 mod cluster;
 mod gloo;
+mod processes;
 mod relay;
 mod report;
 
@@ -26,6 +27,7 @@ use ringtune_quic::Tuning;
 
 use crate::child::{ChildPlan, ChildReport};
 use crate::gloo::Gloo;
+use crate::processes::Processes;
 
 #[derive(Parser, Clone)]
 #[command(version, about, args_override_self = true)]
@@ -61,6 +63,9 @@ struct Args {
     /// quoted.
     #[arg(long, env = "RINGTUNE_PYTORCH")]
     pytorch: Option<PathBuf>,
+    /// The reference's gloo script for loopback runs (`bench_allreduce.py`).
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/reference/bench_allreduce.py"))]
+    gloo_script: PathBuf,
     #[command(flatten)]
     cluster: ClusterArgs,
     #[command(flatten)]
@@ -113,6 +118,26 @@ struct ChildArgs {
     certs: Option<PathBuf>,
 }
 
+impl ClusterArgs {
+    /// Checks `--impair` and `--cut` before any namespace is made.
+    fn check(&self) -> Result<()> {
+        match self.impair.as_slice() {
+            [] => {}
+            [loss, reorder] if [loss, reorder].iter().all(|f| (0.0..1.0).contains(*f)) => {}
+            _ => bail!("--impair takes LOSS,REORDER, each a fraction in [0, 1)"),
+        }
+        match self.cut.as_slice() {
+            [] => {}
+            [host, start, seconds]
+                if host.fract() == 0.0
+                    && *host >= 0.0
+                    && [start, seconds].iter().all(|s| s.is_finite() && **s >= 0.0) => {}
+            _ => bail!("--cut takes HOST,START_S,SECONDS: a host number and two non-negative durations"),
+        }
+        Ok(())
+    }
+}
+
 impl Args {
     fn tuning(&self) -> Tuning {
         Tuning { lanes: self.lanes, mtu: self.mtu, segment: self.segment_kib * 256, ..Tuning::default() }
@@ -147,7 +172,11 @@ fn this_program() -> Result<PathBuf> {
 }
 
 fn main() -> Result<()> {
-    ringtune_alloc::keep_freed_memory();
+    if !ringtune_alloc::keep_freed_memory() {
+        eprintln!(
+            "ring-bench: this mimalloc is not the one ringtune-alloc expects: freed memory goes back to the system"
+        );
+    }
     let args = Args::parse();
     if let Some(rank) = args.child.child {
         let listen = args.child.listen.context("--listen")?;
@@ -164,16 +193,20 @@ fn main() -> Result<()> {
             tuning: args.tuning(),
         });
     }
-    if args.ranks < 2 {
-        bail!("--ranks must be at least 2");
+    // An emulated cluster numbers its hosts inside one /24, next to the switch's address.
+    if !(2..=253).contains(&args.ranks) {
+        bail!("--ranks must be between 2 and 253");
     }
+    args.cluster.check()?;
     println!("CPU: {}", ringtune_runtime::cpu_model());
     if args.cluster.cluster == Some(ClusterKind::Netns) {
         return on_cluster(&args);
     }
     let reports = run_on_loopback(&args)?;
     let gloo = match &args.pytorch {
-        Some(python) => Gloo::measured_on_loopback(python, args.ranks, &args.floats, args.repeats)?,
+        Some(python) => {
+            unless_failed(Gloo::measured_on_loopback(python, &args.gloo_script, args.ranks, &args.floats, args.repeats))
+        }
         None => Gloo::quoted(args.ranks)?,
     };
     println!(
@@ -202,15 +235,20 @@ fn run_on_loopback(args: &Args) -> Result<Vec<ChildReport>> {
     drop(sockets);
     let peers: Vec<String> = addrs.iter().map(SocketAddr::to_string).collect();
     let exe = this_program()?;
-    let children: Vec<_> = (0..args.ranks)
-        .map(|rank| {
-            Command::new(&exe)
-                .args(args.child_args(rank, &peers, addrs[rank], dir.path()))
-                .stdout(Stdio::piped())
-                .spawn()
-        })
-        .collect::<Result<_, _>>()?;
-    collect(children)
+    let mut ranks = Processes::default();
+    for (rank, &listen) in addrs.iter().enumerate() {
+        ranks
+            .spawn(Command::new(&exe).args(args.child_args(rank, &peers, listen, dir.path())).stdout(Stdio::piped()))?;
+    }
+    collect(ranks)
+}
+
+/// gloo's figures, or none with a warning: a PyTorch that fails must not cost the QUIC table.
+fn unless_failed(gloo: Result<Gloo>) -> Gloo {
+    gloo.unwrap_or_else(|e| {
+        eprintln!("ring-bench: gloo not measured: {e:#}");
+        Gloo::not_measured("its run failed, see above")
+    })
 }
 
 /// The run on an emulated cluster: one host per rank, user-space impairment and a link cut
@@ -218,25 +256,25 @@ fn run_on_loopback(args: &Args) -> Result<Vec<ChildReport>> {
 /// this returns, fails, or is interrupted.
 fn on_cluster(args: &Args) -> Result<()> {
     let c = &args.cluster;
+    if let Some(&host) = c.cut.first() {
+        if host as usize >= args.ranks {
+            bail!("--cut names host {host}, but the cluster has hosts 0..{}", args.ranks);
+        }
+    }
     let delay = (!c.delay.is_empty() && c.delay != "0").then(|| c.delay.clone());
     let link = cluster::LinkSpec { rate: c.link_rate.clone(), delay, loss: c.loss, mtu: c.link_mtu };
     cluster::parse_rate(&link.rate)?;
     let prefix = cluster::prefix();
-    let started: std::sync::Arc<std::sync::Mutex<Vec<u32>>> = Default::default();
-    let to_stop = started.clone();
     ctrlc::set_handler(move || {
         INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
         cluster::remove_all(&prefix);
-        for pid in to_stop.lock().map(|p| p.clone()).unwrap_or_default() {
+        for pid in processes::started() {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL);
         }
         std::process::exit(130);
     })?;
     let net = cluster::Cluster::create(args.ranks, &link)?;
     let addrs: Vec<SocketAddr> = (0..net.hosts()).map(|h| SocketAddr::new(net.addr(h).into(), 4000)).collect();
-    if !matches!(c.impair.len(), 0 | 2) || !matches!(c.cut.len(), 0 | 3) {
-        bail!("--impair takes LOSS,REORDER and --cut takes HOST,START_S,SECONDS");
-    }
     let relays = match c.impair.as_slice() {
         [loss, reorder] => {
             let impairment = relay::Impairment { loss: *loss, reorder: *reorder };
@@ -249,20 +287,18 @@ fn on_cluster(args: &Args) -> Result<()> {
     let certs = tempfile::tempdir()?;
     write(certs.path(), &generate(args.ranks)?)?;
     let exe = this_program()?;
-    let children: Vec<_> = (0..net.hosts())
-        .map(|h| {
-            net.command(h, &exe).args(args.child_args(h, &peers, addrs[h], certs.path())).stdout(Stdio::piped()).spawn()
-        })
-        .collect::<Result<_, _>>()?;
-    if let Ok(mut pids) = started.lock() {
-        pids.extend(children.iter().map(std::process::Child::id));
+    let mut ranks = Processes::default();
+    for (h, &listen) in addrs.iter().enumerate() {
+        ranks.spawn(
+            net.command(h, &exe).args(args.child_args(h, &peers, listen, certs.path())).stdout(Stdio::piped()),
+        )?;
     }
     let (ended, end) = std::sync::mpsc::channel::<()>();
     let cut = match c.cut.as_slice() {
         [host, start, seconds] => Some(cut_later(&net, *host as usize, *start, *seconds, end)),
         _ => None,
     };
-    let reports = collect(children);
+    let reports = collect(ranks);
     if INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
         // The handler is removing the cluster and ends the process as interrupted.
         std::thread::sleep(Duration::from_secs(60));
@@ -273,8 +309,8 @@ fn on_cluster(args: &Args) -> Result<()> {
     }
     let reports = reports?;
     let gloo = match &args.pytorch {
-        Some(python) => Gloo::measured_on_cluster(&net, python, &args.floats, args.repeats)?,
-        None => Gloo::not_measured(),
+        Some(python) => unless_failed(Gloo::measured_on_cluster(&net, python, &args.floats, args.repeats)),
+        None => Gloo::not_measured("give --pytorch"),
     };
     println!(
         "QUIC ring, {} emulated hosts, links {} MTU {}{}{}, lanes {}, datagrams {}, segments {} KiB, {} repeats",
@@ -323,11 +359,10 @@ fn cut_later(
 }
 
 /// Waits for every rank and reads its reports; a rank that failed fails the run, named.
-fn collect(children: Vec<std::process::Child>) -> Result<Vec<ChildReport>> {
+fn collect(ranks: Processes) -> Result<Vec<ChildReport>> {
     let mut reports = Vec::new();
     let mut failed = Vec::new();
-    for (rank, child) in children.into_iter().enumerate() {
-        let out = child.wait_with_output()?;
+    for (rank, out) in ranks.wait_all()?.into_iter().enumerate() {
         if !out.status.success() {
             failed.push(format!("rank {rank} ({})", out.status));
         }

@@ -62,8 +62,10 @@ impl Relays {
         seed: u64,
     ) -> Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
-        let (namespace, targets, flag) = (namespace.to_string(), targets.to_vec(), stop.clone());
-        let fronts = std::thread::spawn(move || -> Result<Vec<SocketAddr>> {
+        // Dropped on a failed setup, this stops the relays already started.
+        let mut relays = Relays { fronts: Vec::new(), stop: stop.clone() };
+        let (namespace, targets, flag) = (namespace.to_string(), targets.to_vec(), stop);
+        relays.fronts = std::thread::spawn(move || -> Result<Vec<SocketAddr>> {
             let ns = std::fs::File::open(format!("/run/netns/{namespace}"))?;
             nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET)?;
             let mut fronts = Vec::new();
@@ -79,7 +81,7 @@ impl Relays {
         })
         .join()
         .map_err(|_| anyhow::anyhow!("the relay's setup panicked"))??;
-        Ok(Relays { fronts, stop })
+        Ok(relays)
     }
 
     /// The address that reaches rank `r` through its relay.

@@ -52,7 +52,8 @@ pub(crate) fn bias_kind(c: &[i64], m: i64, n: i64) -> Result<Bias, String> {
     match c {
         [x] if *x == n => Ok(Bias::Row),
         [1, x] if *x == n => Ok(Bias::Row),
-        [x, 1] if *x == m && m != 1 => Ok(Bias::Column),
+        // Also for m = 1: a symbolic batch the rewrite took for more can be 1 at run time.
+        [x, 1] if *x == m => Ok(Bias::Column),
         [x, y] if *x == m && *y == n => Ok(Bias::Full),
         _ => Err(format!("bias of shape {c:?} does not broadcast to [{m}, {n}]")),
     }
@@ -126,6 +127,7 @@ mod tests {
         assert_eq!(bias_kind(&[6], 4, 6), Ok(Bias::Row));
         assert_eq!(bias_kind(&[1, 6], 4, 6), Ok(Bias::Row));
         assert_eq!(bias_kind(&[4, 1], 4, 6), Ok(Bias::Column));
+        assert_eq!(bias_kind(&[1, 1], 1, 6), Ok(Bias::Column));
         assert_eq!(bias_kind(&[4, 6], 4, 6), Ok(Bias::Full));
         assert!(bias_kind(&[3], 4, 6).is_err());
     }

@@ -90,11 +90,8 @@ impl MatMulKernel {
 impl Kernel for MatMulKernel {
     fn output_shapes(&self, inputs: &[Option<TensorRef<'_>>]) -> Result<Vec<Vec<i64>>, String> {
         let spec = self.spec(inputs)?;
+        // The batch axes are already padded to the longer operand's, numpy-style.
         let mut out = spec.batch_out();
-        // Leading axes of the longer operand only: keep the output's rank numpy-style.
-        let (a, b) = operands(inputs)?;
-        let rank = a.shape().len().max(b.shape().len());
-        out.drain(..out.len() + 2 - rank);
         out.extend([spec.m, spec.n]);
         Ok(vec![out])
     }

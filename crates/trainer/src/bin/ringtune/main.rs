@@ -15,6 +15,7 @@ use clap::Parser;
 use ringtune_runtime::SessionOptions;
 use ringtune_trainer::distributed::QuicSync;
 use ringtune_trainer::predict::Predictor;
+use ringtune_trainer::train::Start;
 
 use crate::args::{Cli, Command, TrainArgs, UseArgs};
 
@@ -28,12 +29,15 @@ fn default_file(name: &str) -> Result<PathBuf> {
 
 fn main() -> Result<()> {
     use std::io::IsTerminal;
-    ringtune_alloc::keep_freed_memory();
+    let keeps_freed_memory = ringtune_alloc::keep_freed_memory();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
+    if !keeps_freed_memory {
+        tracing::warn!("this mimalloc is not the one ringtune-alloc expects: freed memory goes back to the system");
+    }
     match Cli::parse().command {
         Command::Train(args) => train(&args)?,
         Command::Certs { nodes, out } => {
@@ -75,18 +79,27 @@ fn main() -> Result<()> {
 fn train(args: &TrainArgs) -> Result<()> {
     let config = args::train_config(args)?;
     let Some(cluster) = cluster::cluster_options(&args.cluster)? else {
-        print_summary(&ringtune_trainer::train::train(&config, &root(), args.resume, None)?);
+        print_summary(&ringtune_trainer::train::train(&config, &root(), start(args.resume), None)?);
         return Ok(());
     };
     let _rank = tracing::info_span!("rank", rank = cluster.rank).entered();
     let model = ringtune_trainer::model::ModelDir::open(&root().join(&config.model))?;
     let mut sync = QuicSync::join(&cluster, &model)?;
-    let summary = ringtune_trainer::train::train(&config, &root(), args.resume, Some(&mut sync))?;
+    let summary = ringtune_trainer::train::train(&config, &root(), start(args.resume), Some(&mut sync))?;
     sync.shutdown();
     if cluster.rank == 0 {
         print_summary(&summary);
     }
     Ok(())
+}
+
+/// How `--resume` starts the run.
+fn start(resume: bool) -> Start {
+    if resume {
+        Start::Resume
+    } else {
+        Start::Fresh
+    }
 }
 
 fn predictor(args: &UseArgs) -> Result<Predictor> {
