@@ -23,7 +23,7 @@ fn engine(config: &ModelConfig, weights: &[std::path::PathBuf], kernels: Kernels
     let mut params = FlatBuffer::zeros(layout.total_len());
     let report = load_params(weights, config, &layout, 0, &mut params).expect("weights");
     assert!(report.initialized.is_empty(), "{report:?}");
-    Engine::new(runtime(), config, &layout, params, false, kernels, &SessionOptions::default()).expect("engine")
+    Engine::new(runtime(), config, &layout, params, false, kernels, &SessionOptions::default(), None).expect("engine")
 }
 
 #[test]

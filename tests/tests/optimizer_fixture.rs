@@ -15,8 +15,9 @@ fn adamw_steps_match_pytorch() {
     let layout = ringtune_bert::layout(&config);
     let mut params = FlatBuffer::zeros(layout.total_len());
     load_params(&[dir.join("model.safetensors")], &config, &layout, 0, &mut params).expect("weights");
-    let mut engine = Engine::new(runtime(), &config, &layout, params, false, Kernels::Mlas, &SessionOptions::default())
-        .expect("engine");
+    let mut engine =
+        Engine::new(runtime(), &config, &layout, params, false, Kernels::Mlas, &SessionOptions::default(), None)
+            .expect("engine");
     let trace = Trace::from_file(&dir.join("steps.json")).expect("steps.json");
     let batches: Vec<_> = (0..trace.steps)
         .map(|i| read_batch_prefixed(&dir.join("steps_batches.safetensors"), &format!("step{i}.")))

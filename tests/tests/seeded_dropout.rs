@@ -16,7 +16,7 @@ fn engine() -> (Engine, ringtune_mrpc::Batch) {
     let mut params = FlatBuffer::zeros(layout.total_len());
     load_params(&[dir.join("model.safetensors")], &config, &layout, 0, &mut params).expect("weights");
     let options = SessionOptions { threads: 2, ..SessionOptions::default() };
-    let engine = Engine::new(runtime(), &config, &layout, params, true, Kernels::Mlas, &options).expect("engine");
+    let engine = Engine::new(runtime(), &config, &layout, params, true, Kernels::Mlas, &options, None).expect("engine");
     (engine, read_batch(&dir.join("batch.safetensors")))
 }
 

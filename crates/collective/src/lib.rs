@@ -2,7 +2,8 @@
 //!
 //! Owns: the ring schedule (chunks, pipeline segments, who sends what at each step), the
 //! all-reduce and gather state machines (in the manner of `quinn-proto`: frames in, frames out,
-//! every frame checked against the schedule), gradient buckets, row-sparse averaging of
+//! every frame checked against the schedule; all-reduce, reduce-scatter or all-gather, in `f32` or
+//! bf16 on the wire), gradient buckets, row-sparse averaging of
 //! embedding tables, the wire format of frames, the [`Transport`] trait with a blocking driver,
 //! and an in-memory transport for tests.
 //!
@@ -40,14 +41,16 @@ mod payload;
 mod ring;
 mod sparse;
 mod transport;
+mod wire;
 
 pub use bucket::plan_buckets;
 pub use frame::{Header, Hello, Kind, Phase, HEADER_LEN, MAX_PAYLOAD, VERSION};
 pub use memory::{memory_ring, MemoryTransport};
 pub use payload::Payload;
-pub use ring::{float_payload, RingAllReduce, RingGather, Schedule};
+pub use ring::{float_payload, RingAllReduce, RingGather, RingMode, Schedule};
 pub use sparse::{all_reduce_rows, decode_rows, encode_rows, pack_rows, union_rows, unpack_rows, used_rows};
-pub use transport::{all_reduce_buckets, all_reduce_mean, gather, Transport};
+pub use transport::{all_reduce_mean, gather, ring, Transport};
+pub use wire::{from_bf16, to_bf16, Wire};
 
 /// A frame that cannot be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -7,6 +7,13 @@
 //! and all-gather passes these means around the ring. Each mean is computed on exactly one
 //! rank and copied bit for bit, so every rank ends with identical buffers.
 //!
+//! The same machine runs the halves alone: [`RingMode::ReduceScatterMean`] stops when each rank
+//! holds the mean of its own chunk (the chunk after its rank, see [`Schedule::owned`]), and
+//! [`RingMode::AllGather`] passes each rank's own chunk to all others (a sharded optimizer
+//! reduces gradients with the first and shares updated parameters with the second). With
+//! [`Wire::Bf16`] values travel rounded to bf16 while every sum is formed in `f32`; the rank that
+//! computes a chunk's mean keeps the rounded value it sends, so all ranks still agree bit for bit.
+//!
 //! Nothing sent is ever written again: a segment's payload is a fresh buffer (the first step's
 //! own data is copied; later ones hold the new partial sum; all-gather forwards the very bytes
 //! it received), so a transport may keep payloads for retransmission as long as it likes.
@@ -18,6 +25,7 @@ use bytes::Bytes;
 
 use crate::frame::{Header, Kind, Phase};
 use crate::payload::Payload;
+use crate::wire::Wire;
 use crate::CollectiveError;
 
 /// Where each chunk and segment of the buffer lies, and who sends what when.
@@ -88,6 +96,16 @@ impl Schedule {
         }
     }
 
+    /// The chunk whose mean this rank computes: the one after its rank.
+    pub fn owned_chunk(&self) -> usize {
+        self.wrap(self.rank as isize + 1)
+    }
+
+    /// The elements of [`Schedule::owned_chunk`].
+    pub fn owned(&self) -> Range<usize> {
+        self.chunk(self.owned_chunk())
+    }
+
     /// The previous rank (the one this rank receives from).
     pub fn prev(&self) -> usize {
         self.wrap(self.rank as isize - 1)
@@ -107,12 +125,37 @@ struct Expected {
     range: Range<usize>,
 }
 
-/// One all-reduce (mean) of a buffer, driven by a transport: take frames to send with
-/// [`RingAllReduce::poll_transmit`], feed frames received with [`RingAllReduce::handle_frame`].
+/// What a ring operation computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RingMode {
+    /// Every rank ends with the mean of all ranks' buffers.
+    AllReduceMean,
+    /// Each rank ends with the mean of its own chunk ([`Schedule::owned`]); the rest of its
+    /// buffer holds partial sums.
+    ReduceScatterMean,
+    /// Each rank's own chunk is copied to every other rank.
+    AllGather,
+}
+
+impl RingMode {
+    fn phases(self) -> &'static [Phase] {
+        match self {
+            RingMode::AllReduceMean => &[Phase::ReduceScatter, Phase::AllGather],
+            RingMode::ReduceScatterMean => &[Phase::ReduceScatter],
+            RingMode::AllGather => &[Phase::AllGather],
+        }
+    }
+}
+
+/// One ring operation over a buffer (by default the all-reduce mean), driven by a transport:
+/// take frames to send with [`RingAllReduce::poll_transmit`], feed frames received with
+/// [`RingAllReduce::handle_frame`].
 #[derive(Debug)]
 pub struct RingAllReduce {
     schedule: Schedule,
     op: u64,
+    mode: RingMode,
+    wire: Wire,
     outbox: VecDeque<(Header, Payload)>,
     expected: Vec<Expected>,
     cursor: usize,
@@ -133,8 +176,21 @@ pub fn float_payload(values: Vec<f32>) -> Bytes {
 }
 
 impl RingAllReduce {
-    /// Starts operation `op` over `grads`: the first reduce-scatter step's frames are ready.
-    pub fn start(schedule: Schedule, op: u64, grads: &[f32]) -> Result<Self, CollectiveError> {
+    /// Starts the all-reduce mean `op` over `grads`, in `f32` on the wire.
+    pub fn start(schedule: Schedule, op: u64, grads: &mut [f32]) -> Result<Self, CollectiveError> {
+        Self::start_with(schedule, op, grads, RingMode::AllReduceMean, Wire::F32)
+    }
+
+    /// Starts operation `op` of `mode` over `grads` with `wire`'s number format: the first
+    /// step's frames are ready. (An all-gather in bf16 rounds this rank's own chunk first, as
+    /// it rounds what it sends.)
+    pub fn start_with(
+        schedule: Schedule,
+        op: u64,
+        grads: &mut [f32],
+        mode: RingMode,
+        wire: Wire,
+    ) -> Result<Self, CollectiveError> {
         if grads.len() != schedule.len {
             return Err(CollectiveError::Setup(format!(
                 "buffer of {} for a schedule of {}",
@@ -143,7 +199,7 @@ impl RingAllReduce {
             )));
         }
         let mut expected = Vec::new();
-        for phase in [Phase::ReduceScatter, Phase::AllGather] {
+        for &phase in mode.phases() {
             for step in 0..schedule.world - 1 {
                 let chunk = schedule.recv_chunk(phase, step);
                 for range in schedule.segments(chunk) {
@@ -151,13 +207,17 @@ impl RingAllReduce {
                 }
             }
         }
-        let mut op_state = RingAllReduce { schedule, op, outbox: VecDeque::new(), expected, cursor: 0 };
+        let mut op_state = RingAllReduce { schedule, op, mode, wire, outbox: VecDeque::new(), expected, cursor: 0 };
         if op_state.schedule.world > 1 {
-            let chunk = op_state.schedule.send_chunk(Phase::ReduceScatter, 0);
+            let phase = mode.phases()[0];
+            let chunk = op_state.schedule.send_chunk(phase, 0);
+            if phase == Phase::AllGather {
+                wire.round_in_place(&mut grads[op_state.schedule.chunk(chunk)]);
+            }
             let ranges: Vec<Range<usize>> = op_state.schedule.segments(chunk).collect();
             for range in ranges {
-                let payload = float_payload(grads[range.clone()].to_vec());
-                op_state.push(Phase::ReduceScatter, 0, chunk, range, payload.into());
+                let payload = wire.encode(&grads[range.clone()]);
+                op_state.push(phase, 0, chunk, range, payload.into());
             }
         }
         Ok(op_state)
@@ -171,7 +231,7 @@ impl RingAllReduce {
             step: step as u16,
             chunk: chunk as u32,
             offset: range.start as u64,
-            len: (range.len() * 4) as u32,
+            len: (range.len() * self.wire.bytes_per_value()) as u32,
         };
         self.outbox.push_back((header, payload));
     }
@@ -209,7 +269,7 @@ impl RingAllReduce {
             step: want.step as u16,
             chunk: want.chunk as u32,
             offset: want.range.start as u64,
-            len: (want.range.len() * 4) as u32,
+            len: (want.range.len() * self.wire.bytes_per_value()) as u32,
         };
         if header != expected {
             return Err(CollectiveError::Protocol {
@@ -217,7 +277,7 @@ impl RingAllReduce {
                 reason: format!("sent {header:?} where {expected:?} was due"),
             });
         }
-        if payload.len() != want.range.len() * 4 {
+        if payload.len() != want.range.len() * self.wire.bytes_per_value() {
             return Err(CollectiveError::Protocol {
                 peer: prev,
                 reason: format!("sent {} payload bytes where the header says {}", payload.len(), header.len),
@@ -226,6 +286,7 @@ impl RingAllReduce {
         self.cursor += 1;
         let last = self.schedule.world - 2;
         let local = &mut grads[want.range.clone()];
+        let wire = self.wire;
         match want.phase {
             Phase::ReduceScatter => {
                 // Each rank adds into a chunk once (at the step the chunk reaches it), and the
@@ -233,16 +294,19 @@ impl RingAllReduce {
                 if want.step == last {
                     // The chunk's full sum: its mean is computed here and nowhere else.
                     let world = self.schedule.world as f32;
-                    payload.zip_floats(local, |mine, theirs| *mine = (*mine + theirs) / world);
-                    self.push(Phase::AllGather, 0, want.chunk, want.range, float_payload(local.to_vec()).into());
+                    payload.zip_values(wire, local, |mine, theirs| *mine = (*mine + theirs) / world);
+                    if self.mode == RingMode::AllReduceMean {
+                        wire.round_in_place(local);
+                        self.push(Phase::AllGather, 0, want.chunk, want.range, wire.encode(local).into());
+                    }
                 } else {
-                    payload.zip_floats(local, |mine, theirs| *mine += theirs);
-                    let sum = float_payload(local.to_vec()).into();
+                    payload.zip_values(wire, local, |mine, theirs| *mine += theirs);
+                    let sum = wire.encode(local).into();
                     self.push(Phase::ReduceScatter, want.step + 1, want.chunk, want.range, sum);
                 }
             }
             Phase::AllGather => {
-                payload.copy_into(local);
+                payload.copy_values(wire, local);
                 if want.step < last {
                     self.push(Phase::AllGather, want.step + 1, want.chunk, want.range, payload);
                 }
@@ -357,7 +421,7 @@ mod tests {
     fn a_frame_out_of_order_is_refused_naming_the_sender() {
         let s = Schedule::new(1, 3, 30, 4).expect("schedule");
         let mut grads = vec![0.0; 30];
-        let mut op = RingAllReduce::start(s, 7, &grads).expect("start");
+        let mut op = RingAllReduce::start(s, 7, &mut grads).expect("start");
         let bad = Header { kind: Kind::Data, op: 7, phase: Phase::AllGather, step: 0, chunk: 0, offset: 0, len: 16 };
         let err = op.handle_frame(bad, Bytes::from(vec![0u8; 16]).into(), &mut grads).expect_err("out of order");
         assert!(matches!(err, CollectiveError::Protocol { peer: 0, .. }), "{err}");

@@ -8,7 +8,7 @@
 
 use bytes::Bytes;
 
-use crate::{all_reduce_mean, gather, CollectiveError, Transport};
+use crate::{gather, ring, CollectiveError, RingMode, Transport, Wire};
 
 /// The sorted, distinct rows that `ids` index in a table of `rows` rows.
 pub fn used_rows(ids: &[i64], rows: usize) -> Result<Vec<u32>, CollectiveError> {
@@ -75,7 +75,7 @@ pub fn unpack_rows(table: &mut [f32], width: usize, rows: &[u32], packed: &[f32]
 /// rows some rank used. `used` lists this rank's rows (sorted, distinct, see [`used_rows`]); every
 /// other row of `table` must be zero on this rank. Operation ids `first_op` (the row lists) and
 /// `first_op + 1` (the values). Every rank ends with the same bits. Returns the rows moved
-/// (the union over ranks).
+/// (the union over ranks). The values travel in `wire`'s format.
 pub fn all_reduce_rows(
     t: &mut impl Transport,
     first_op: u64,
@@ -83,6 +83,7 @@ pub fn all_reduce_rows(
     width: usize,
     used: &[u32],
     segment: usize,
+    wire: Wire,
 ) -> Result<usize, CollectiveError> {
     if width == 0 || !table.len().is_multiple_of(width) {
         return Err(CollectiveError::Setup(format!("a table of {} floats has no rows of {width}", table.len())));
@@ -95,7 +96,7 @@ pub fn all_reduce_rows(
         .collect::<Result<Vec<_>, _>>()?;
     let union = union_rows(&lists);
     let mut packed = pack_rows(table, width, &union);
-    all_reduce_mean(t, first_op + 1, &mut packed, segment)?;
+    ring(t, first_op + 1, &mut packed, segment, RingMode::AllReduceMean, wire)?;
     unpack_rows(table, width, &union, &packed);
     Ok(union.len())
 }

@@ -1,10 +1,8 @@
 //! The transport trait and the blocking driver of the state machines.
 
-use std::ops::Range;
-
 use bytes::Bytes;
 
-use crate::{CollectiveError, Header, Payload, RingAllReduce, RingGather, Schedule};
+use crate::{CollectiveError, Header, Payload, RingAllReduce, RingGather, RingMode, Schedule, Wire};
 
 /// A ring position: frames go to the next rank and come from the previous one, in order.
 pub trait Transport {
@@ -27,8 +25,20 @@ pub fn all_reduce_mean(
     grads: &mut [f32],
     segment: usize,
 ) -> Result<(), CollectiveError> {
-    let schedule = Schedule::new(t.rank(), t.world(), grads.len(), segment)?;
-    let mut ring = RingAllReduce::start(schedule, op, grads)?;
+    ring(t, op, grads, segment, RingMode::AllReduceMean, Wire::F32)
+}
+
+/// Runs ring operation `op` of `mode` over `buffer` with `wire`'s number format, to the end.
+pub fn ring(
+    t: &mut impl Transport,
+    op: u64,
+    buffer: &mut [f32],
+    segment: usize,
+    mode: RingMode,
+    wire: Wire,
+) -> Result<(), CollectiveError> {
+    let schedule = Schedule::new(t.rank(), t.world(), buffer.len(), segment)?;
+    let mut ring = RingAllReduce::start_with(schedule, op, buffer, mode, wire)?;
     loop {
         while let Some((header, payload)) = ring.poll_transmit() {
             t.send(header, payload)?;
@@ -37,22 +47,8 @@ pub fn all_reduce_mean(
             return Ok(());
         }
         let (header, payload) = t.recv()?;
-        ring.handle_frame(header, payload, grads)?;
+        ring.handle_frame(header, payload, buffer)?;
     }
-}
-
-/// All-reduces `grads` bucket by bucket (operation ids `first_op`, `first_op + 1`, ...).
-pub fn all_reduce_buckets(
-    t: &mut impl Transport,
-    first_op: u64,
-    grads: &mut [f32],
-    buckets: &[Range<usize>],
-    segment: usize,
-) -> Result<(), CollectiveError> {
-    for (i, range) in buckets.iter().enumerate() {
-        all_reduce_mean(t, first_op + i as u64, &mut grads[range.clone()], segment)?;
-    }
-    Ok(())
 }
 
 /// Every rank's `value`, in rank order.

@@ -7,7 +7,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use proptest::prelude::*;
 use ringtune_collective::{
-    all_reduce_buckets, all_reduce_mean, all_reduce_rows, gather, memory_ring, plan_buckets, used_rows, Transport,
+    all_reduce_mean, all_reduce_rows, gather, memory_ring, plan_buckets, ring, used_rows, RingMode, Schedule,
+    Transport, Wire,
 };
 
 fn inputs(world: usize, len: usize, seed: u64) -> Vec<Vec<f32>> {
@@ -63,6 +64,76 @@ proptest! {
     }
 }
 
+/// Runs `work` on every rank of an in-memory ring of `world`, each with its buffer of `data`.
+fn on_ranks<T: Send + 'static>(
+    data: Vec<Vec<f32>>,
+    work: impl Fn(&mut ringtune_collective::MemoryTransport, &mut Vec<f32>) -> T + Send + Sync + Copy + 'static,
+) -> Vec<(Vec<f32>, T)> {
+    let handles: Vec<_> = memory_ring(data.len(), Duration::from_secs(30))
+        .into_iter()
+        .zip(data)
+        .map(|(mut t, mut buffer)| {
+            std::thread::spawn(move || {
+                let out = work(&mut t, &mut buffer);
+                (buffer, out)
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().expect("rank thread")).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// bf16 on the wire: all ranks agree bit for bit, each value is within bf16's rounding of
+    /// the exact mean (one rounding per hop), and the owner's mean is a bf16 value.
+    #[test]
+    fn bf16_wire_agrees_on_every_rank_and_stays_near_the_mean(
+        world in 1usize..=6, len in 0usize..3000, segment in 1usize..500, seed: u64,
+    ) {
+        let data = inputs(world, len, seed);
+        let exact: Vec<f64> = (0..len).map(|i| data.iter().map(|d| d[i] as f64).sum::<f64>() / world as f64).collect();
+        let scale: Vec<f64> = (0..len).map(|i| data.iter().map(|d| d[i].abs() as f64).sum::<f64>()).collect();
+        let results = on_ranks(data, move |t, b| ring(t, 4, b, segment, RingMode::AllReduceMean, Wire::Bf16).expect("bf16"));
+        for (r, ()) in &results {
+            prop_assert!(r.iter().zip(&results[0].0).all(|(a, b)| a.to_bits() == b.to_bits()));
+            for i in 0..len {
+                let bound = scale[i] * 2.0f64.powi(-8) + 1e-30;
+                prop_assert!((r[i] as f64 - exact[i]).abs() <= bound, "{} vs {} (bound {})", r[i], exact[i], bound);
+                if world > 1 {
+                    prop_assert_eq!(r[i].to_bits() & 0xffff, 0, "{} is not a bf16 value", r[i]);
+                }
+            }
+        }
+    }
+
+    /// Reduce-scatter then all-gather is the all-reduce, bit for bit, in either format; after
+    /// the reduce-scatter each rank's own chunk already holds those bits (before bf16 rounding).
+    #[test]
+    fn reduce_scatter_then_all_gather_is_the_all_reduce(
+        world in 1usize..=6, len in 0usize..3000, segment in 1usize..500, seed: u64, bf16: bool,
+    ) {
+        let wire = if bf16 { Wire::Bf16 } else { Wire::F32 };
+        let data = inputs(world, len, seed);
+        let whole = on_ranks(data.clone(), move |t, b| ring(t, 1, b, segment, RingMode::AllReduceMean, wire).expect("all-reduce"));
+        let halves = on_ranks(data, move |t, b| {
+            ring(t, 1, b, segment, RingMode::ReduceScatterMean, wire).expect("reduce-scatter");
+            let owned = Schedule::new(t.rank(), t.world(), b.len(), segment).expect("schedule").owned();
+            let mut mine = b[owned.clone()].to_vec();
+            if t.world() > 1 {
+                // What the all-gather sends (one rank sends nothing and rounds nothing).
+                wire.round_in_place(&mut mine);
+            }
+            ring(t, 2, b, segment, RingMode::AllGather, wire).expect("all-gather");
+            (owned, mine)
+        });
+        for ((w, ()), (h, (owned, mine))) in whole.iter().zip(&halves) {
+            prop_assert!(w.iter().zip(h).all(|(a, b)| a.to_bits() == b.to_bits()));
+            prop_assert!(w[owned.clone()].iter().zip(mine).all(|(a, b)| a.to_bits() == b.to_bits()));
+        }
+    }
+}
+
 #[test]
 fn prime_and_large_lengths() {
     for (world, len) in [(4, 1_000_003), (3, 2_999_999), (8, 7919), (7, 1), (5, 4), (2, 0)] {
@@ -84,7 +155,9 @@ fn buckets_and_gather() {
         .map(|(mut t, mut grads)| {
             let buckets = buckets.clone();
             std::thread::spawn(move || {
-                all_reduce_buckets(&mut t, 10, &mut grads, &buckets, 1000).expect("buckets");
+                for (i, b) in buckets.iter().enumerate() {
+                    all_reduce_mean(&mut t, 10 + i as u64, &mut grads[b.clone()], 1000).expect("bucket");
+                }
                 let rank = t.rank();
                 let values = gather(&mut t, 99, Bytes::from(vec![rank as u8; 4])).expect("gather");
                 (grads, values)
@@ -139,7 +212,7 @@ proptest! {
             .map(|(mut t, mut table)| {
                 let used = used_rows(&ids[t.rank()], rows).expect("ids in range");
                 std::thread::spawn(move || {
-                    all_reduce_rows(&mut t, 3, &mut table, width, &used, 7).expect("row all-reduce");
+                    all_reduce_rows(&mut t, 3, &mut table, width, &used, 7, Wire::F32).expect("row all-reduce");
                     table
                 })
             })

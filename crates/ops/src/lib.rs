@@ -1,6 +1,7 @@
 //! ringtune's own ONNX operators, in the `ai.ringtune` domain: the matrix products on oneDNN
-//! (`DnnlMatMul`, `DnnlGemm`), seeded dropout (`SeededDropout`) and in-order scatter-add
-//! (`ScatterNdAdd`).
+//! (`DnnlMatMul`, `DnnlGemm`), seeded dropout (`SeededDropout`), in-order scatter-add
+//! (`ScatterNdAdd`), and the hand-over of each gradient to the gradient sync as the backward
+//! pass produces it (`GradReady`).
 //!
 //! Owns: one module per operator, each holding its name, typed attributes, shape rule (taught
 //! to `ringtune-onnx-ir` graphs), gradient rule where the operator exists before
@@ -32,6 +33,7 @@
 
 mod attributes;
 pub mod dnnl;
+pub mod grad_ready;
 pub mod scatter_nd_add;
 pub mod seeded_dropout;
 mod settings;
@@ -63,6 +65,7 @@ pub(crate) fn register_shapes(graph: &mut Graph) {
     graph.register_op(DOMAIN, scatter_nd_add::NAME, scatter_nd_add::shape_rule);
     graph.register_op(DOMAIN, dnnl::matmul::NAME, dnnl::matmul::shape_rule);
     graph.register_op(DOMAIN, dnnl::gemm::NAME, dnnl::gemm::shape_rule);
+    graph.register_op(DOMAIN, grad_ready::NAME, grad_ready::shape_rule);
 }
 
 /// The gradient rules of the operators that exist before differentiation.
@@ -92,7 +95,8 @@ pub fn lower(graph: &mut Graph, kernels: Kernels) -> Result<Lowered, IrError> {
 
 /// The operators a session running graphs lowered for `kernels` registers; the oneDNN
 /// products run on `threads` threads (0: one per core). Asking for bf16 on a CPU that has no
-/// bf16 products is an error that says so.
+/// bf16 products is an error that says so. (`GradReady` needs its sink: a training session that
+/// hands gradients over adds [`grad_ready::GradReady`] itself.)
 pub fn custom_ops(kernels: Kernels, threads: usize) -> Result<CustomOps, OpsError> {
     let mut ops: Vec<Arc<dyn CustomOp>> =
         vec![Arc::new(seeded_dropout::SeededDropout), Arc::new(scatter_nd_add::ScatterNdAdd)];

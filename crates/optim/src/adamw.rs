@@ -42,11 +42,15 @@ pub struct AdamWState {
     pub v: Vec<f32>,
 }
 
-/// AdamW over groups of a flat buffer.
+/// AdamW over groups of a flat buffer, or over the pieces of it one rank owns (a sharded
+/// optimizer: the moments of the other pieces live on other ranks).
 #[derive(Debug, Clone)]
 pub struct AdamW {
     config: AdamWConfig,
     groups: Vec<Group>,
+    /// What this optimizer steps, in order; the moments hold these pieces back to back.
+    owned: Vec<Range<usize>>,
+    len: usize,
     state: AdamWState,
     threads: usize,
 }
@@ -81,9 +85,39 @@ impl AdamW {
         Ok(AdamW {
             config,
             groups: groups.to_vec(),
+            owned: std::iter::once(0..len).collect(),
+            len,
             state: AdamWState { step: 0, m: vec![0.0; len], v: vec![0.0; len] },
             threads: 1,
         })
+    }
+
+    /// Steps only `pieces` of the buffer (in any order, none overlapping) and keeps moments
+    /// for them alone; elements outside are left alone.
+    pub fn owning(mut self, pieces: Vec<Range<usize>>) -> Result<Self, OptimError> {
+        let mut sorted: Vec<(usize, &Range<usize>)> = pieces.iter().enumerate().collect();
+        sorted.sort_by_key(|(_, p)| p.start);
+        let mut end = 0;
+        for (index, p) in sorted {
+            let bad = |reason| OptimError::BadGroup { index, start: p.start, end: p.end, reason };
+            if p.end > self.len || p.start > p.end {
+                return Err(bad("is outside the buffer"));
+            }
+            if p.start < end {
+                return Err(bad("overlaps another piece"));
+            }
+            end = p.end;
+        }
+        let kept: usize = pieces.iter().map(Range::len).sum();
+        self.state.m = vec![0.0; kept];
+        self.state.v = vec![0.0; kept];
+        self.owned = pieces;
+        Ok(self)
+    }
+
+    /// The pieces this optimizer steps (the whole buffer unless [`AdamW::owning`] said less).
+    pub fn owned(&self) -> &[Range<usize>] {
+        &self.owned
     }
 
     /// Steps on up to `threads` threads (0: one per core); the result is the same bits.
@@ -93,7 +127,7 @@ impl AdamW {
     }
 
     /// One step at learning rate `lr`: `p -= lr * wd * p`, then the Adam update with bias
-    /// correction. Elements outside every group are left alone.
+    /// correction. Elements outside every group, or outside the owned pieces, are left alone.
     pub fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f32) {
         self.state.step += 1;
         let t = self.state.step as i32;
@@ -103,27 +137,22 @@ impl AdamW {
         let step_size = (lr as f64 / bias1) as f32;
         let inv_bias2_sqrt = (1.0 / bias2_sqrt) as f32;
         let k = Coefficients { decay: 1.0, step_size, inv_bias2_sqrt, beta1: c.beta1, beta2: c.beta2, eps: c.eps };
-        let split = element_bounds(params.len(), self.threads);
-        let parts = cut(params, &split)
-            .into_iter()
-            .zip(cut(&mut self.state.m, &split))
-            .zip(cut(&mut self.state.v, &split))
-            .zip(split.windows(2).map(|w| w[0]))
-            .map(|(((p, m), v), start)| (p, m, v, start))
-            .collect::<Vec<_>>();
-        let groups = &self.groups;
-        each(parts, |(p, m, v, start)| {
-            // This part's share of every group.
-            let end = start + p.len();
-            for group in groups {
-                let (from, to) = (group.range.start.max(start), group.range.end.min(end));
-                if from < to {
-                    let (local, decay) = (from - start..to - start, 1.0 - lr * group.weight_decay);
-                    let (p, m, v) = (&mut p[local.clone()], &mut m[local.clone()], &mut v[local]);
-                    update(p, &grads[from..to], m, v, Coefficients { decay, ..k });
-                }
-            }
-        });
+        let mut at = 0;
+        for piece in &self.owned {
+            let kept = at..at + piece.len();
+            at = kept.end;
+            let moments = (&mut self.state.m[kept.clone()], &mut self.state.v[kept]);
+            step_piece(
+                piece.start,
+                &mut params[piece.clone()],
+                &grads[piece.clone()],
+                moments,
+                &self.groups,
+                lr,
+                k,
+                self.threads,
+            );
+        }
     }
 
     /// The optimizer phase of a training step: clips `grads` to the global norm
@@ -139,17 +168,66 @@ impl AdamW {
         &self.state
     }
 
-    /// Restores checkpointed state.
+    /// Restores checkpointed state: moments over the whole buffer, of which the owned pieces
+    /// are kept.
     pub fn restore(&mut self, state: AdamWState) -> Result<(), OptimError> {
-        let expected = self.state.m.len();
         for found in [state.m.len(), state.v.len()] {
-            if found != expected {
-                return Err(OptimError::StateLength { found, expected });
+            if found != self.len {
+                return Err(OptimError::StateLength { found, expected: self.len });
             }
         }
-        self.state = state;
+        let keep = |full: &[f32]| self.owned.iter().flat_map(|p| full[p.clone()].iter().copied()).collect::<Vec<f32>>();
+        self.state = AdamWState { step: state.step, m: keep(&state.m), v: keep(&state.v) };
         Ok(())
     }
+
+    /// Writes the moments of the owned pieces into their places in `m` and `v` (buffers as long
+    /// as the parameters), to checkpoint a sharded optimizer once the pieces are gathered.
+    pub fn place_moments(&self, m: &mut [f32], v: &mut [f32]) {
+        let mut at = 0;
+        for piece in &self.owned {
+            let kept = at..at + piece.len();
+            at = kept.end;
+            m[piece.clone()].copy_from_slice(&self.state.m[kept.clone()]);
+            v[piece.clone()].copy_from_slice(&self.state.v[kept]);
+        }
+    }
+}
+
+/// The update of one piece starting at `start` in the flat buffer, in contiguous parts on up to
+/// `threads` threads.
+#[allow(clippy::too_many_arguments)]
+fn step_piece(
+    start: usize,
+    params: &mut [f32],
+    grads: &[f32],
+    (m, v): (&mut [f32], &mut [f32]),
+    groups: &[Group],
+    lr: f32,
+    k: Coefficients,
+    threads: usize,
+) {
+    let split = element_bounds(params.len(), threads);
+    let parts = cut(params, &split)
+        .into_iter()
+        .zip(cut(m, &split))
+        .zip(cut(v, &split))
+        .zip(split.windows(2).map(|w| start + w[0]))
+        .map(|(((p, m), v), start)| (p, m, v, start))
+        .collect::<Vec<_>>();
+    let base = start;
+    each(parts, |(p, m, v, start)| {
+        // This part's share of every group.
+        let end = start + p.len();
+        for group in groups {
+            let (from, to) = (group.range.start.max(start), group.range.end.min(end));
+            if from < to {
+                let (local, decay) = (from - start..to - start, 1.0 - lr * group.weight_decay);
+                let (p, m, v) = (&mut p[local.clone()], &mut m[local.clone()], &mut v[local]);
+                update(p, &grads[from - base..to - base], m, v, Coefficients { decay, ..k });
+            }
+        }
+    });
 }
 
 #[derive(Clone, Copy)]
@@ -239,5 +317,41 @@ mod tests {
         for threads in [2, 3, 8] {
             assert_eq!(one, run(threads), "{threads} threads");
         }
+    }
+
+    /// Ranks that each step their own pieces end, together, at the bits of one optimizer
+    /// stepping everything; their moments, placed back, are the whole optimizer's.
+    #[test]
+    fn owned_pieces_step_like_the_whole_buffer() {
+        let len = 300_001;
+        let groups =
+            [Group { range: 0..150_000, weight_decay: 0.01 }, Group { range: 150_000..len, weight_decay: 0.0 }];
+        let grads: Vec<f32> = (0..len).map(|i| ((i * 7919) % 1000) as f32 * 1e-3 - 0.5).collect();
+        let mut whole = AdamW::new(AdamWConfig::default(), &groups, len).expect("adam");
+        let mut expected = vec![0.5f32; len];
+        let shards =
+            [vec![200_000..len, 0..10], vec![10..60_000, 60_000..120_000], vec![120_000..150_000, 150_000..200_000]];
+        let mut ranks: Vec<AdamW> = shards
+            .iter()
+            .map(|pieces| {
+                AdamW::new(AdamWConfig::default(), &groups, len).expect("adam").owning(pieces.clone()).expect("pieces")
+            })
+            .collect();
+        let mut got = vec![0.5f32; len];
+        for _ in 0..3 {
+            whole.step(&mut expected, &grads, 1e-3);
+            ranks.iter_mut().for_each(|r| r.step(&mut got, &grads, 1e-3));
+        }
+        assert_eq!(got, expected);
+        let (mut m, mut v) = (vec![0.0; len], vec![0.0; len]);
+        ranks.iter().for_each(|r| r.place_moments(&mut m, &mut v));
+        assert_eq!((&m, &v), (&whole.state().m, &whole.state().v));
+        assert_eq!(ranks[1].state().m.len(), 119_990, "a rank keeps the moments of its pieces only");
+        let mut again =
+            AdamW::new(AdamWConfig::default(), &groups, len).expect("adam").owning(shards[1].clone()).expect("pieces");
+        again.restore(AdamWState { step: 3, m, v }).expect("restore");
+        assert_eq!(again.state(), ranks[1].state());
+        let overlapping = AdamW::new(AdamWConfig::default(), &groups, len).expect("adam").owning(vec![0..10, 5..20]);
+        assert!(overlapping.expect_err("overlap").to_string().contains("overlaps"));
     }
 }

@@ -1,5 +1,7 @@
 //! Global-norm clipping, as `torch.nn.utils.clip_grad_norm_` does it.
 
+use std::ops::Range;
+
 use crate::parallel::{bounds, cut, each, element_bounds};
 
 /// Elements per partial sum: blocks, not threads, fix the order of the additions, so the norm
@@ -9,26 +11,47 @@ const BLOCK: usize = 1 << 15;
 /// The L2 norm of all gradients together (accumulated in f64), on up to `threads` threads
 /// (0: one per core).
 pub fn global_norm(grads: &[f32], threads: usize) -> f64 {
-    let blocks: Vec<&[f32]> = grads.chunks(BLOCK).collect();
+    squared_sums(grads, std::slice::from_ref(&(0..grads.len())), threads)[0].sqrt()
+}
+
+/// The sum of squares of each range of `grads` (accumulated in f64, block by block in order), on
+/// up to `threads` threads. Summing these in a fixed order gives the same bits wherever each
+/// range's sum was computed: how a sharded optimizer's ranks agree on the global norm.
+pub fn squared_sums(grads: &[f32], ranges: &[Range<usize>], threads: usize) -> Vec<f64> {
+    let blocks: Vec<(usize, &[f32])> =
+        ranges.iter().enumerate().flat_map(|(i, r)| grads[r.clone()].chunks(BLOCK).map(move |b| (i, b))).collect();
     let mut sums = vec![0.0f64; blocks.len()];
     let split = bounds(blocks.len(), threads, 1);
     let parts = split.windows(2).map(|w| &blocks[w[0]..w[1]]).zip(cut(&mut sums, &split)).collect::<Vec<_>>();
     each(parts, |(blocks, sums)| {
-        for (block, sum) in blocks.iter().zip(sums) {
+        for ((_, block), sum) in blocks.iter().zip(sums) {
             *sum = block.iter().map(|&g| (g as f64) * (g as f64)).sum();
         }
     });
-    sums.iter().sum::<f64>().sqrt()
+    let mut out = vec![0.0f64; ranges.len()];
+    for ((range, _), sum) in blocks.iter().zip(sums) {
+        out[*range] += sum;
+    }
+    out
+}
+
+/// The factor clipping to `max_norm` scales gradients of norm `norm` by.
+pub fn clip_coefficient(norm: f64, max_norm: f64) -> f32 {
+    (max_norm / (norm + 1e-6)).min(1.0) as f32
+}
+
+/// Multiplies `grads` by `coef` (nothing when it is 1), on up to `threads` threads.
+pub fn scale(grads: &mut [f32], coef: f32, threads: usize) {
+    if coef < 1.0 {
+        let split = element_bounds(grads.len(), threads);
+        each(cut(grads, &split), |part| part.iter_mut().for_each(|g| *g *= coef));
+    }
 }
 
 /// Scales `grads` by `min(1, max_norm / (norm + 1e-6))` and returns the norm before clipping.
 pub fn clip_global_norm(grads: &mut [f32], max_norm: f64, threads: usize) -> f64 {
     let norm = global_norm(grads, threads);
-    let coef = (max_norm / (norm + 1e-6)).min(1.0) as f32;
-    if coef < 1.0 {
-        let split = element_bounds(grads.len(), threads);
-        each(cut(grads, &split), |part| part.iter_mut().for_each(|g| *g *= coef));
-    }
+    scale(grads, clip_coefficient(norm, max_norm), threads);
     norm
 }
 
@@ -56,5 +79,20 @@ mod tests {
         clip_global_norm(&mut a, 1.0, 1);
         clip_global_norm(&mut b, 1.0, 4);
         assert_eq!(a, b);
+    }
+
+    #[test]
+    fn range_sums_add_up_to_the_norm_in_any_grouping() {
+        let g: Vec<f32> = (0..200_000usize).map(|i| ((i * 31) % 977) as f32 * 1e-3 - 0.4).collect();
+        let ranges = [150_000..200_000, 0..70_000, 70_000..150_000];
+        let sums = squared_sums(&g, &ranges, 3);
+        for (range, sum) in ranges.iter().zip(&sums) {
+            assert_eq!(
+                sum.to_bits(),
+                squared_sums(&g[range.clone()], std::slice::from_ref(&(0..range.len())), 1)[0].to_bits()
+            );
+        }
+        let total: f64 = sums.iter().sum();
+        assert!((total.sqrt() - global_norm(&g, 1)).abs() < 1e-9 * total.sqrt());
     }
 }

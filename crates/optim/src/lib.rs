@@ -25,7 +25,7 @@ mod parallel;
 mod schedule;
 
 pub use adamw::{AdamW, AdamWConfig, AdamWState, Group};
-pub use clip::{clip_global_norm, global_norm};
+pub use clip::{clip_coefficient, clip_global_norm, global_norm, scale, squared_sums};
 pub use schedule::LinearWarmupDecay;
 
 /// What the optimizer refuses.

@@ -40,6 +40,13 @@ pub struct Meta {
     pub total_len: usize,
     /// AdamW's step count.
     pub adam_step: u64,
+    /// Nodes in the run that wrote it (checkpoints from before this field: one).
+    #[serde(default = "one")]
+    pub world: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// A checkpoint in memory.
@@ -180,6 +187,7 @@ mod tests {
             layout_hash: "abc".into(),
             total_len: 3,
             adam_step: step,
+            world: 2,
         }
     }
 

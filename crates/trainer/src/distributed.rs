@@ -1,17 +1,27 @@
-//! Training on several nodes: gradient averaging and parameter checks over the QUIC ring.
+//! Training on several nodes over the QUIC ring: a sync thread that reduces gradient buckets as
+//! the backward pass hands them over (or after it, without overlap), in bf16 or `f32` on the
+//! wire; the optimizer phase (clipping by the global norm, AdamW on all parameters or on this
+//! node's shard, then the all-gather of updated parameters); parameter checks.
 
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ringtune_collective::{all_reduce_buckets, all_reduce_mean, all_reduce_rows, gather, plan_buckets, used_rows};
+use ringtune_collective::{all_reduce_mean, all_reduce_rows, gather, used_rows, RingMode, Wire};
+use ringtune_ops::grad_ready::GradSink;
+use ringtune_optim::{clip_coefficient, scale, squared_sums, AdamW, AdamWState};
 use ringtune_quic::certs::NodeIdentity;
 use ringtune_quic::{Peers, QuicRing, RingOptions, Tuning};
 
+use crate::handoff::{Handoff, SharedGrads, ToSync};
 use crate::model::ModelDir;
-use crate::train::{Averaged, GradSync};
+use crate::sync_plan::{BucketKind, SyncPlan};
+use crate::train::{Averaged, GradSync, SyncMode};
 use crate::TrainError;
 
 /// How this node joins a multi-node run.
@@ -33,39 +43,51 @@ pub struct ClusterOptions {
     pub lanes: usize,
     /// UDP payload size of every link (`None`: each path's).
     pub mtu: Option<u16>,
+    /// How gradients are reduced and the optimizer split.
+    pub mode: SyncMode,
 }
 
-/// Bucket sizes, in floats: a small first bucket, then about 25 MiB each.
-const FIRST_BUCKET: usize = 1 << 18;
-const BUCKET: usize = 25 << 18;
-
-/// The word-embedding table inside the flat buffer: averaged row-sparse, since a batch's
-/// gradient is zero on every row its token ids do not name.
-#[derive(Debug, Clone)]
-struct EmbeddingTable {
-    range: Range<usize>,
-    rows: usize,
-    width: usize,
+/// What the sync thread reports when a step's buckets are reduced.
+struct Reduced {
+    floats: usize,
+    busy: Duration,
 }
 
 /// Gradient sync over the QUIC ring.
 pub struct QuicSync {
-    ring: QuicRing,
-    /// The dense part of the buffer (everything but the embedding table), in buckets.
-    buckets: Vec<Range<usize>>,
-    table: Option<EmbeddingTable>,
+    ring: Arc<Mutex<QuicRing>>,
+    plan: Arc<SyncPlan>,
+    grads: Arc<SharedGrads>,
+    tensors: Vec<Range<usize>>,
+    worker: Worker,
+    reduced: Receiver<Result<Reduced, String>>,
+    mode: SyncMode,
+    rank: usize,
+    table_rows: Option<usize>,
+    /// A step has begun and not yet finished.
+    in_step: bool,
+}
+
+/// The layout hash the nodes compare when they connect, with the settings that must agree on
+/// every node (a node reducing in bf16 cannot pair with one expecting `f32`).
+fn handshake_hash(layout: [u8; 32], mode: &SyncMode) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(layout);
+    h.update([u8::from(mode.wire == Wire::Bf16), u8::from(mode.shard_optimizer)]);
+    h.finalize().into()
 }
 
 impl QuicSync {
-    /// Joins the ring of `options` for training `model` (whose parameter layout must agree on
-    /// every node).
+    /// Joins the ring of `options` for training `model` (whose parameter layout, wire format
+    /// and optimizer sharding must agree on every node), and starts the sync thread.
     pub fn join(options: &ClusterOptions, model: &ModelDir) -> Result<Self, TrainError> {
         let identity =
             NodeIdentity::load(&options.certs, options.rank).map_err(|e| TrainError::Other(e.to_string()))?;
         let ring = QuicRing::join(RingOptions {
             rank: options.rank,
             world: options.world,
-            layout: model.layout.hash(),
+            layout: handshake_hash(model.layout.hash(), &options.mode),
             identity,
             listen: options.listen,
             peers: options.peers.clone(),
@@ -74,90 +96,352 @@ impl QuicSync {
             tuning: Tuning { lanes: options.lanes, mtu: options.mtu, ..Tuning::default() },
         })
         .map_err(|e| TrainError::Other(e.to_string()))?;
-        let table = model.layout.get(&ringtune_bert::word_embeddings_name(&model.config)).map(|e| EmbeddingTable {
-            range: e.range(),
-            rows: e.shape[0],
-            width: e.shape[1..].iter().product(),
+        let table_name = ringtune_bert::word_embeddings_name(&model.config);
+        let plan = Arc::new(SyncPlan::new(&model.layout, Some(&table_name), options.world));
+        let table_rows = plan.buckets.iter().find_map(|b| match b.kind {
+            BucketKind::Table { width } => Some(b.range.len() / width.max(1)),
+            BucketKind::Dense => None,
         });
-        let total = model.layout.total_len();
-        let dense: [Range<usize>; 2] = match &table {
-            Some(t) => [0..t.range.start, t.range.end..total],
-            None => [0..total, total..total],
+        let grads = Arc::new(SharedGrads::zeros(model.layout.total_len()));
+        let ring = Arc::new(Mutex::new(ring));
+        let (to_sync, from_loop) = mpsc::channel();
+        let (report, reduced) = mpsc::channel();
+        let worker = SyncThread {
+            ring: ring.clone(),
+            plan: plan.clone(),
+            grads: grads.clone(),
+            mode: options.mode,
+            from_loop,
+            report,
+            ready: Vec::new(),
+            stopped: false,
         };
-        let buckets = dense
-            .into_iter()
-            .flat_map(|part| {
-                plan_buckets(part.len(), FIRST_BUCKET, BUCKET, ringtune_bert::ALIGN_FLOATS)
-                    .into_iter()
-                    .map(move |b| b.start + part.start..b.end + part.start)
-            })
-            .collect();
-        Ok(QuicSync { ring, buckets, table })
+        let thread = std::thread::Builder::new()
+            .name(format!("ringtune-sync-{}", options.rank))
+            .spawn(move || worker.run())
+            .map_err(|e| TrainError::Other(format!("starting the sync thread: {e}")))?;
+        Ok(QuicSync {
+            ring,
+            plan,
+            grads,
+            tensors: model.layout.entries().iter().map(|e| e.range()).collect(),
+            worker: Worker { to_sync, thread: Some(thread) },
+            reduced,
+            mode: options.mode,
+            rank: options.rank,
+            table_rows,
+            in_step: false,
+        })
     }
 
-    fn fail(&mut self, e: impl std::fmt::Display) -> TrainError {
+    fn lock(&self) -> Result<MutexGuard<'_, QuicRing>, TrainError> {
+        self.ring.lock().map_err(|_| TrainError::Other("the sync thread panicked".into()))
+    }
+
+    /// Fails the run: tells the other nodes why (closing the links) and returns the error.
+    fn fail(&self, e: impl std::fmt::Display) -> TrainError {
         let reason = e.to_string();
-        self.ring.abort(&reason);
+        if let Ok(mut ring) = self.ring.lock() {
+            ring.abort(&reason);
+        }
         TrainError::Other(format!("gradient sync failed: {reason}"))
+    }
+
+    /// All-gathers `buffer` (as long as the parameters) bucket by bucket: each node's pieces
+    /// go to every other node.
+    fn all_gather(&self, buffer: &mut [f32]) -> Result<(), TrainError> {
+        let mut ring = self.lock()?;
+        let segment = ring.segment();
+        for bucket in &self.plan.buckets {
+            let op = ring.next_op();
+            let slice = &mut buffer[bucket.range.clone()];
+            if let Err(e) = ringtune_collective::ring(&mut *ring, op, slice, segment, RingMode::AllGather, Wire::F32) {
+                drop(ring);
+                return Err(self.fail(e));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every piece's sum of squares in the order of [`SyncPlan::pieces`]: this node's computed
+    /// here, the others' gathered from their owners when the optimizer is sharded.
+    fn squared_sums(&self, grads: &[f32], threads: usize) -> Result<Vec<f64>, TrainError> {
+        let pieces = self.plan.pieces();
+        if !self.mode.shard_optimizer {
+            let ranges: Vec<Range<usize>> = pieces.into_iter().map(|(_, r)| r).collect();
+            return Ok(squared_sums(grads, &ranges, threads));
+        }
+        let mine = squared_sums(grads, &self.plan.owned_by(self.rank), threads);
+        let bytes: Vec<u8> = mine.iter().flat_map(|s| s.to_le_bytes()).collect();
+        let values = {
+            let mut ring = self.lock()?;
+            let op = ring.next_op();
+            let gathered = gather(&mut *ring, op, Bytes::from(bytes));
+            drop(ring);
+            gathered.map_err(|e| self.fail(e))?
+        };
+        let mut per_rank = Vec::with_capacity(values.len());
+        for (rank, bytes) in values.iter().enumerate() {
+            let expected = pieces.iter().filter(|(owner, _)| *owner == rank).count();
+            if bytes.len() != expected * 8 {
+                let lie = format!("rank {rank} sent {} bytes of norms for its {expected} pieces", bytes.len());
+                return Err(self.fail(lie));
+            }
+            let sums: Vec<f64> =
+                bytes.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap_or_default())).collect();
+            per_rank.push(sums.into_iter());
+        }
+        let mut out = Vec::with_capacity(pieces.len());
+        for (owner, _) in &pieces {
+            out.push(per_rank[*owner].next().unwrap_or(f64::NAN));
+        }
+        Ok(out)
     }
 
     /// Leaves the ring cleanly.
     pub fn shutdown(self) {
-        self.ring.shutdown();
+        let QuicSync { ring, worker, .. } = self;
+        // The sync thread holds the ring too: stop it first.
+        drop(worker);
+        if let Ok(ring) = Arc::try_unwrap(ring) {
+            if let Ok(ring) = ring.into_inner() {
+                ring.shutdown();
+            }
+        }
+    }
+}
+
+/// The sync thread's handle: stopped and joined when dropped.
+struct Worker {
+    to_sync: Sender<ToSync>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.to_sync.send(ToSync::Stop);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
 impl GradSync for QuicSync {
     fn rank(&self) -> usize {
-        ringtune_collective::Transport::rank(&self.ring)
+        self.rank
     }
 
     fn world(&self) -> usize {
-        ringtune_collective::Transport::world(&self.ring)
+        self.plan.world()
     }
 
-    fn average(&mut self, grads: &mut [f32], loss: f32, token_ids: &[i64]) -> Result<Averaged, TrainError> {
-        let segment = self.ring.segment();
-        let mut floats = self.buckets.iter().map(|b| b.len()).sum::<usize>();
-        if let Some(table) = self.table.clone() {
-            let used = used_rows(token_ids, table.rows).map_err(|e| TrainError::Other(e.to_string()))?;
-            let first = self.ring.next_op();
-            self.ring.next_op();
-            match all_reduce_rows(&mut self.ring, first, &mut grads[table.range], table.width, &used, segment) {
-                Ok(rows) => floats += rows * table.width,
-                Err(e) => return Err(self.fail(e)),
-            }
+    fn mode(&self) -> SyncMode {
+        self.mode
+    }
+
+    fn sink(&self) -> Arc<dyn GradSink> {
+        Arc::new(Handoff {
+            grads: self.grads.clone(),
+            tensors: self.tensors.clone(),
+            to_sync: self.worker.to_sync.clone(),
+        })
+    }
+
+    fn optimizer_pieces(&self) -> Option<Vec<Range<usize>>> {
+        self.mode.shard_optimizer.then(|| self.plan.owned_by(self.rank))
+    }
+
+    fn begin(&mut self, token_ids: &[i64]) -> Result<(), TrainError> {
+        let used_rows = match self.table_rows {
+            Some(rows) => used_rows(token_ids, rows).map_err(|e| self.fail(e))?,
+            None => Vec::new(),
+        };
+        self.worker.to_sync.send(ToSync::Begin { used_rows }).map_err(|_| self.fail("the sync thread has stopped"))?;
+        self.in_step = true;
+        Ok(())
+    }
+
+    fn abandon(&mut self, reason: &str) {
+        if self.in_step {
+            let _ = self.worker.to_sync.send(ToSync::Abandon(reason.to_string()));
+            // The sync thread answers the step it was in with the reason; nothing to wait for.
+            let _ = self.reduced.recv_timeout(Duration::from_secs(5));
+            self.in_step = false;
+        } else {
+            let _ = self.fail(reason);
         }
-        let first = self.ring.next_op();
-        let buckets = self.buckets.clone();
-        for _ in 1..buckets.len() {
-            self.ring.next_op();
-        }
-        if let Err(e) = all_reduce_buckets(&mut self.ring, first, grads, &buckets, segment) {
-            return Err(self.fail(e));
-        }
+    }
+
+    fn finish(&mut self, loss: f32) -> Result<Averaged, TrainError> {
+        self.in_step = false;
+        let reduced = match self.reduced.recv() {
+            Ok(Ok(r)) => r,
+            Ok(Err(reason)) => return Err(TrainError::Other(format!("gradient sync failed: {reason}"))),
+            Err(_) => return Err(TrainError::Other("gradient sync failed: the sync thread stopped".into())),
+        };
         let mut mean_loss = [loss];
-        let op = self.ring.next_op();
-        if let Err(e) = all_reduce_mean(&mut self.ring, op, &mut mean_loss, 1) {
-            return Err(self.fail(e));
+        let mut ring = self.lock()?;
+        let op = ring.next_op();
+        let averaged = all_reduce_mean(&mut *ring, op, &mut mean_loss, 1);
+        drop(ring);
+        averaged.map_err(|e| self.fail(e))?;
+        let bytes = reduced.floats * self.mode.wire.bytes_per_value();
+        Ok(Averaged { loss: mean_loss[0], bytes, busy: reduced.busy })
+    }
+
+    #[allow(unsafe_code)]
+    fn optimize(
+        &mut self,
+        adam: &mut AdamW,
+        params: &mut [f32],
+        max_grad_norm: f64,
+        lr: f32,
+        threads: usize,
+    ) -> Result<(f64, Duration), TrainError> {
+        // SAFETY: the step is finished: the sync thread waits for the next `Begin` and no
+        // session runs, so this is the only use of the buffer.
+        let grads = unsafe { self.grads.range_mut(0..self.grads.len()) };
+        let started = Instant::now();
+        let sums = self.squared_sums(grads, threads)?;
+        let mut exchange = if self.mode.shard_optimizer { started.elapsed() } else { Duration::ZERO };
+        let norm = sums.iter().sum::<f64>().sqrt();
+        let coef = clip_coefficient(norm, max_grad_norm);
+        for piece in adam.owned() {
+            scale(&mut grads[piece.clone()], coef, threads);
         }
-        Ok(Averaged { loss: mean_loss[0], floats })
+        adam.step(params, grads, lr);
+        if self.mode.shard_optimizer {
+            let gathering = Instant::now();
+            self.all_gather(params)?;
+            exchange += gathering.elapsed();
+        }
+        Ok((norm, exchange))
+    }
+
+    fn full_moments(&mut self, adam: &AdamW) -> Result<Option<AdamWState>, TrainError> {
+        if !self.mode.shard_optimizer {
+            return Ok(None);
+        }
+        let len = self.grads.len();
+        let (mut m, mut v) = (vec![0.0f32; len], vec![0.0f32; len]);
+        adam.place_moments(&mut m, &mut v);
+        self.all_gather(&mut m)?;
+        self.all_gather(&mut v)?;
+        Ok(Some(AdamWState { step: adam.state().step, m, v }))
     }
 
     fn check_params(&mut self, hash: [u8; 32]) -> Result<(), TrainError> {
-        let op = self.ring.next_op();
-        let hashes = match gather(&mut self.ring, op, Bytes::copy_from_slice(&hash)) {
-            Ok(h) => h,
-            Err(e) => return Err(self.fail(e)),
+        let hashes = {
+            let mut ring = self.lock()?;
+            let op = ring.next_op();
+            let gathered = gather(&mut *ring, op, Bytes::copy_from_slice(&hash));
+            drop(ring);
+            gathered.map_err(|e| self.fail(e))?
         };
         let differ: Vec<usize> =
             hashes.iter().enumerate().filter(|(_, h)| h.as_ref() != hash).map(|(r, _)| r).collect();
         if differ.is_empty() {
             Ok(())
         } else {
-            let reason =
-                format!("parameters diverged: ranks {differ:?} hold other parameters than rank {}", self.rank());
+            let reason = format!("parameters diverged: ranks {differ:?} hold other parameters than rank {}", self.rank);
             Err(self.fail(reason))
         }
+    }
+}
+
+/// The thread that reduces buckets while the backward pass goes on.
+struct SyncThread {
+    ring: Arc<Mutex<QuicRing>>,
+    plan: Arc<SyncPlan>,
+    grads: Arc<SharedGrads>,
+    mode: SyncMode,
+    from_loop: Receiver<ToSync>,
+    report: Sender<Result<Reduced, String>>,
+    /// Which parameters' gradients have arrived this step.
+    ready: Vec<bool>,
+    /// `Stop` arrived in the middle of a step.
+    stopped: bool,
+}
+
+impl SyncThread {
+    fn run(mut self) {
+        let tensors = self.plan.buckets.iter().flat_map(|b| b.tensors.iter().copied()).max().map_or(0, |m| m + 1);
+        self.ready = vec![false; tensors];
+        while let Ok(message) = self.from_loop.recv() {
+            match message {
+                ToSync::Ready(t) => self.mark(t),
+                // Nothing was in flight: the step had not begun here.
+                ToSync::Abandon(_) => self.ready.fill(false),
+                ToSync::Stop => return,
+                ToSync::Begin { used_rows } => {
+                    let _span = tracing::debug_span!("bucket_sync").entered();
+                    let result = self.reduce_step(&used_rows);
+                    self.ready.fill(false);
+                    if self.report.send(result).is_err() || self.stopped {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    fn mark(&mut self, tensor: usize) {
+        if let Some(r) = self.ready.get_mut(tensor) {
+            *r = true;
+        }
+    }
+
+    fn abort(&self, reason: &str) -> String {
+        if let Ok(mut ring) = self.ring.lock() {
+            ring.abort(reason);
+        }
+        reason.to_string()
+    }
+
+    /// Reduces every bucket in plan order, each as soon as all its gradients have arrived.
+    #[allow(unsafe_code)]
+    fn reduce_step(&mut self, used_rows: &[u32]) -> Result<Reduced, String> {
+        let plan = self.plan.clone();
+        let (mut floats, mut busy) = (0, Duration::ZERO);
+        for bucket in &plan.buckets {
+            while !bucket.tensors.iter().all(|&t| self.ready.get(t).copied().unwrap_or(true)) {
+                match self.from_loop.recv() {
+                    Ok(ToSync::Ready(t)) => self.mark(t),
+                    Ok(ToSync::Abandon(reason)) => return Err(self.abort(&reason)),
+                    Ok(ToSync::Begin { .. }) | Ok(ToSync::Stop) | Err(_) => {
+                        self.stopped = true;
+                        return Err(self.abort("the training loop left a step unfinished"));
+                    }
+                }
+            }
+            let started = Instant::now();
+            let mut ring = self.ring.lock().map_err(|_| "the ring's lock is poisoned".to_string())?;
+            let segment = ring.segment();
+            // SAFETY: every gradient of this bucket has arrived this step, so ONNX Runtime's
+            // thread is done with its range, and the training loop waits for this report.
+            let buffer = unsafe { self.grads.range_mut(bucket.range.clone()) };
+            let (wire, mode) = (self.mode.wire, self.mode.bucket_mode());
+            let done = match bucket.kind {
+                BucketKind::Dense => {
+                    let op = ring.next_op();
+                    ringtune_collective::ring(&mut *ring, op, buffer, segment, mode, wire).map(|()| bucket.range.len())
+                }
+                BucketKind::Table { width } => {
+                    let first = ring.next_op();
+                    ring.next_op();
+                    all_reduce_rows(&mut *ring, first, buffer, width, used_rows, segment, wire).map(|rows| rows * width)
+                }
+            };
+            match done {
+                Ok(n) => floats += n,
+                Err(e) => {
+                    let reason = e.to_string();
+                    ring.abort(&reason);
+                    return Err(reason);
+                }
+            }
+            busy += started.elapsed();
+        }
+        Ok(Reduced { floats, busy })
     }
 }

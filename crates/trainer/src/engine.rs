@@ -1,8 +1,11 @@
 //! Sessions over the flat buffers: the training step (forward and backward in one run) and
 //! evaluation (forward only, reading the same parameters in place).
 
+use std::sync::Arc;
+
 use ringtune_bert::{ModelConfig, ParamLayout};
 use ringtune_mrpc::Batch;
+use ringtune_ops::grad_ready::{GradReady, GradSink};
 use ringtune_ops::{Kernels, SEED_INPUT};
 use ringtune_runtime::{BoundTensor, FlatBinding, FlatBuffer, Runtime, Session, SessionOptions, TensorView};
 
@@ -19,9 +22,17 @@ pub struct StepOutput {
 }
 
 /// `options` with the operators of `kernels` registered, their oneDNN products on the
-/// session's threads.
-fn with_ops(options: &SessionOptions, kernels: Kernels) -> Result<SessionOptions, TrainError> {
-    Ok(SessionOptions { custom_ops: ringtune_ops::custom_ops(kernels, options.threads)?, ..options.clone() })
+/// session's threads (and `GradReady`, handing gradients to `sink`, when there is one).
+fn with_ops(
+    options: &SessionOptions,
+    kernels: Kernels,
+    sink: Option<Arc<dyn GradSink>>,
+) -> Result<SessionOptions, TrainError> {
+    let mut custom_ops = ringtune_ops::custom_ops(kernels, options.threads)?;
+    if let Some(sink) = sink {
+        custom_ops.0.push(Arc::new(GradReady(sink)));
+    }
+    Ok(SessionOptions { custom_ops, ..options.clone() })
 }
 
 /// The batch tensors the session takes (token types only for families that have them).
@@ -53,7 +64,8 @@ fn bound_tensors(layout: &ParamLayout, name: impl Fn(&str) -> String) -> Vec<Bou
         .collect()
 }
 
-/// The training session with the parameter and gradient buffers bound to it.
+/// The training session with the parameter buffer bound to it, and the gradient buffer unless
+/// gradients go to a sink.
 pub struct Engine {
     session: Session,
     binding: FlatBinding,
@@ -65,7 +77,11 @@ pub struct Engine {
 
 impl Engine {
     /// Builds the training graph of `config` for `kernels` and binds `params` (the layout's
-    /// flat buffer); the session registers the operators `kernels` needs.
+    /// flat buffer); the session registers the operators `kernels` needs. With a `sink`, the
+    /// backward pass hands each gradient to it as soon as it is computed (see
+    /// `ringtune_ops::grad_ready`) and [`Engine::grads`] is empty; else gradients land in a
+    /// buffer of the engine's.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         runtime: &Runtime,
         config: &ModelConfig,
@@ -74,19 +90,21 @@ impl Engine {
         dropout: bool,
         kernels: Kernels,
         options: &SessionOptions,
+        sink: Option<Arc<dyn GradSink>>,
     ) -> Result<Self, TrainError> {
         layout.check_len(params.len())?;
-        let bytes = training_graph(config, layout, dropout, kernels)?;
-        let session = Session::from_bytes(runtime, &bytes, &with_ops(options, kernels)?)?;
-        let grads = FlatBuffer::zeros(layout.total_len());
-        let binding = FlatBinding::new(
-            &session,
-            params,
-            &bound_tensors(layout, str::to_string),
-            grads,
-            &bound_tensors(layout, grad_name),
-            &[ringtune_bert::LOSS, ringtune_bert::LOGITS],
-        )?;
+        let handoff = sink.is_some();
+        let (bytes, tokens) = training_graph(config, layout, dropout, kernels, handoff)?;
+        let session = Session::from_bytes(runtime, &bytes, &with_ops(options, kernels, sink)?)?;
+        let (grads, bound) = if handoff {
+            (FlatBuffer::zeros(0), Vec::new())
+        } else {
+            (FlatBuffer::zeros(layout.total_len()), bound_tensors(layout, grad_name))
+        };
+        let mut fetch = vec![ringtune_bert::LOSS, ringtune_bert::LOGITS];
+        fetch.extend(tokens.iter().map(String::as_str));
+        let binding =
+            FlatBinding::new(&session, params, &bound_tensors(layout, str::to_string), grads, &bound, &fetch)?;
         let seeded = session.input_names().iter().any(|i| i == SEED_INPUT);
         Ok(Engine { session, binding, layout: layout.clone(), dropout_seed: [0], seeded })
     }
@@ -111,6 +129,12 @@ impl Engine {
         Ok(StepOutput { loss, logits })
     }
 
+    /// Ends ONNX Runtime's profile (when the session options asked for one) and returns its
+    /// file.
+    pub fn end_profiling(&mut self) -> Result<String, TrainError> {
+        Ok(self.session.end_profiling()?)
+    }
+
     /// The parameter layout.
     pub fn layout(&self) -> &ParamLayout {
         &self.layout
@@ -126,7 +150,7 @@ impl Engine {
         self.binding.inputs_mut()
     }
 
-    /// The gradients of the last step.
+    /// The gradients of the last step (empty when they go to a sink).
     pub fn grads(&self) -> &[f32] {
         self.binding.outputs()
     }
@@ -159,7 +183,7 @@ impl Evaluator {
         options: &SessionOptions,
     ) -> Result<Self, TrainError> {
         let session =
-            Session::from_bytes(runtime, &eval_graph(config, layout, kernels)?, &with_ops(options, kernels)?)?;
+            Session::from_bytes(runtime, &eval_graph(config, layout, kernels)?, &with_ops(options, kernels, None)?)?;
         let shapes = layout.entries().iter().map(|e| e.dims_i64()).collect();
         Ok(Evaluator { session, layout: layout.clone(), shapes })
     }

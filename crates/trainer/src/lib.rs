@@ -1,7 +1,9 @@
 //! The training loop, evaluation, checkpoints, metrics and the `ringtune` command line.
 //!
 //! Owns: everything a training run does from the outside (configuration, progress, metrics,
-//! checkpoints, outputs); it wires the other crates together.
+//! checkpoints, outputs); it wires the other crates together. On several nodes: the bucket
+//! plan, the sync thread that reduces buckets while the backward pass runs, and the sharded
+//! optimizer's exchanges.
 //!
 //! Does not own: the model graph (`bert`), gradients (`autodiff`), ONNX Runtime (`runtime`),
 //! the optimizer (`optim`) or the network (`collective`, `quic`).
@@ -16,6 +18,7 @@ mod config;
 pub mod distributed;
 pub mod engine;
 mod error;
+mod handoff;
 pub mod info;
 pub mod metrics;
 pub mod model;
@@ -23,6 +26,7 @@ mod plot;
 pub mod predict;
 pub mod recipe;
 pub mod replay;
+pub mod sync_plan;
 pub mod train;
 
 pub use config::TrainConfig;

@@ -43,9 +43,16 @@ pub struct StepRecord {
     pub data_s: f64,
     /// Mean seconds per step in the forward and backward run.
     pub forward_backward_s: f64,
-    /// Mean seconds per step in gradient sync.
+    /// Mean seconds per step spent on gradient sync that the backward pass did not hide
+    /// (waiting for the last buckets after it, the optimizer's exchanges).
     pub sync_s: f64,
-    /// Megabytes all-reduced per step.
+    /// Mean seconds per step of gradient sync in all, hidden or not (multi-node runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync_total_s: Option<f64>,
+    /// The gradients' number format on the wire, `bf16` or `fp32` (multi-node runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wire: Option<String>,
+    /// Megabytes of gradients each node sent per ring pass, per step.
     pub sync_mb: f64,
     /// Mean seconds per step in clipping and AdamW.
     pub optimizer_s: f64,

@@ -40,24 +40,32 @@ impl ModelDir {
 
 /// The forward and backward graph as ONNX bytes: inputs are the batch, every parameter and (with
 /// dropout) the step's dropout seed, outputs `loss`, `logits` and one `grad.<name>` per
-/// parameter; matrix products on oneDNN when `kernels` asks.
+/// parameter; matrix products on oneDNN when `kernels` asks. With `handoff`, each gradient goes
+/// to a `GradReady` node instead of a graph output, and the outputs are `loss`, `logits` and
+/// the nodes' tokens; the names of the tokens come back with the bytes.
 pub fn training_graph(
     config: &ModelConfig,
     layout: &ParamLayout,
     dropout: bool,
     kernels: Kernels,
-) -> Result<Vec<u8>, TrainError> {
+    handoff: bool,
+) -> Result<(Vec<u8>, Vec<String>), TrainError> {
     let options = GraphOptions { params: Params::Inputs, with_loss: true, dropout };
     let mut forward = forward_graph(config, layout, &options)?;
     let loss = forward.loss.clone().ok_or_else(|| TrainError::Other("the forward graph has no loss".into()))?;
     let sites = ringtune_ops::seed_dropouts(&mut forward.graph)?;
     let rules = ringtune_ops::gradient_rules();
     let grads = ringtune_autodiff::backward_with(&mut forward.graph, &loss, &forward.params, &rules)?;
-    let names: Vec<String> = layout.entries().iter().map(|e| grad_name(&e.name)).collect();
-    ringtune_autodiff::name_gradients(&mut forward.graph, &grads, &names)?;
+    let tokens = if handoff {
+        ringtune_ops::grad_ready::place(&mut forward.graph, &grads)?
+    } else {
+        let names: Vec<String> = layout.entries().iter().map(|e| grad_name(&e.name)).collect();
+        ringtune_autodiff::name_gradients(&mut forward.graph, &grads, &names)?;
+        Vec::new()
+    };
     let lowered = ringtune_ops::lower(&mut forward.graph, kernels)?;
-    tracing::debug!(dropout_sites = sites, ?lowered, %kernels, "training graph lowered");
-    Ok(forward.graph.to_bytes()?)
+    tracing::debug!(dropout_sites = sites, ?lowered, %kernels, handoff, "training graph lowered");
+    Ok((forward.graph.to_bytes()?, tokens))
 }
 
 /// The forward graph without loss (inputs: batch and parameters; output: logits).

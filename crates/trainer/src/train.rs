@@ -4,14 +4,18 @@
 //! (parameter check, checkpoint, evaluation) and [`TrainingRun::finish`] (the trained model);
 //! [`train`] drives them.
 
+use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use ringtune_bert::{load_params, ModelConfig, ParamLayout};
+use ringtune_collective::{RingMode, Wire};
 use ringtune_mrpc::{
     epoch_order, shard, steps_per_epoch, Batch, Example, Padding, PairTokenizer, ReadOptions, ShardMode,
 };
+use ringtune_ops::grad_ready::GradSink;
 use ringtune_optim::{AdamW, AdamWConfig, AdamWState, LinearWarmupDecay};
 use ringtune_runtime::{FlatBuffer, Runtime, SessionOptions};
 use serde::Serialize;
@@ -23,27 +27,91 @@ use crate::model::ModelDir;
 use crate::recipe::{param_groups, warmup_steps};
 use crate::{TrainConfig, TrainError};
 
-/// Gradient averaging across nodes, and the checks that keep them in step. A single node
-/// trains with no `GradSync`.
+/// How a multi-node run syncs its gradients and splits its optimizer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SyncMode {
+    /// The gradients' number format on the wire (sums are `f32` at every hop either way).
+    pub wire: Wire,
+    /// Buckets are reduced while the backward pass still runs (else after it).
+    pub overlap: bool,
+    /// Each node keeps optimizer state for, and steps, its shard of the parameters only; the
+    /// updated parameters are then all-gathered.
+    pub shard_optimizer: bool,
+}
+
+impl SyncMode {
+    /// The ring operation that reduces a dense bucket: all-reduce, or only the reduce-scatter
+    /// when each node steps its shard alone.
+    pub fn bucket_mode(&self) -> RingMode {
+        if self.shard_optimizer {
+            RingMode::ReduceScatterMean
+        } else {
+            RingMode::AllReduceMean
+        }
+    }
+
+    /// `bf16` or `fp32`, as the flag says it.
+    pub fn wire_name(&self) -> &'static str {
+        match self.wire {
+            Wire::Bf16 => "bf16",
+            Wire::F32 => "fp32",
+        }
+    }
+}
+
+/// Gradient averaging across nodes, the optimizer phase that needs them all, and the checks
+/// that keep nodes in step. A single node trains with no `GradSync`.
+///
+/// A step goes: [`GradSync::begin`] (before the forward and backward run when overlapping,
+/// after it otherwise), the run (whose `GradReady` nodes hand each gradient to
+/// [`GradSync::sink`]), [`GradSync::finish`], [`GradSync::optimize`].
 pub trait GradSync {
     /// This node's rank.
     fn rank(&self) -> usize;
     /// Number of nodes.
     fn world(&self) -> usize;
-    /// Replaces `grads` by the mean over all nodes, and returns the mean of `loss`. `token_ids`
-    /// are this node's batch's input ids: the rows of the word-embedding table it touched.
-    fn average(&mut self, grads: &mut [f32], loss: f32, token_ids: &[i64]) -> Result<Averaged, TrainError>;
+    /// How this node syncs.
+    fn mode(&self) -> SyncMode;
+    /// Where the training session hands each gradient as the backward pass produces it; the
+    /// gradients live in the sync's buffer.
+    fn sink(&self) -> Arc<dyn GradSink>;
+    /// The pieces of the flat buffer this node's optimizer steps (`None`: all of it).
+    fn optimizer_pieces(&self) -> Option<Vec<Range<usize>>>;
+    /// A step begins: buckets are reduced as their gradients arrive. `token_ids` are this
+    /// node's batch's input ids (the rows of the word-embedding table it touches).
+    fn begin(&mut self, token_ids: &[i64]) -> Result<(), TrainError>;
+    /// The step's forward or backward pass failed: the other nodes are told `reason`.
+    fn abandon(&mut self, reason: &str);
+    /// Waits for every bucket, and returns the mean of `loss` over the nodes.
+    fn finish(&mut self, loss: f32) -> Result<Averaged, TrainError>;
+    /// Clips the averaged gradients by their global norm `max_grad_norm` and steps `adam` at
+    /// `lr` (on this node's shard, then shares the parameters); returns the norm before
+    /// clipping and the time spent exchanging with the other nodes.
+    fn optimize(
+        &mut self,
+        adam: &mut AdamW,
+        params: &mut [f32],
+        max_grad_norm: f64,
+        lr: f32,
+        threads: usize,
+    ) -> Result<(f64, Duration), TrainError>;
+    /// The optimizer's state over the whole buffer, its moments gathered from the nodes when
+    /// it is sharded (`None`: `adam` holds them all). Every node calls it at the same step.
+    fn full_moments(&mut self, adam: &AdamW) -> Result<Option<AdamWState>, TrainError>;
     /// Fails unless every node holds parameters with this hash.
     fn check_params(&mut self, hash: [u8; 32]) -> Result<(), TrainError>;
 }
 
-/// What one gradient average did.
+/// What one step's gradient sync did.
 #[derive(Debug, Clone, Copy)]
 pub struct Averaged {
     /// The mean of every node's loss.
     pub loss: f32,
-    /// Floats all-reduced (the embedding table counts only the rows some node used).
-    pub floats: usize,
+    /// Bytes of gradients this node sent per ring pass (the embedding table counts only the
+    /// rows some node used).
+    pub bytes: usize,
+    /// Time the sync thread spent reducing buckets, hidden or not.
+    pub busy: Duration,
 }
 
 /// How a run ended.
@@ -162,6 +230,8 @@ pub struct TrainingRun<'s> {
 /// steps since the last metrics line, the last dev scores.
 struct RunLog {
     metrics: Option<MetricsFile>,
+    /// The gradients' wire format of a multi-node run.
+    wire: Option<&'static str>,
     bar: ProgressBar,
     window: Window,
     last_dev: Option<Scores>,
@@ -199,10 +269,14 @@ impl<'s> TrainingRun<'s> {
         if !report.ignored.is_empty() {
             tracing::info!("not used by the model: {}", report.ignored.join(", "));
         }
-        let adam = AdamW::new(AdamWConfig::default(), &param_groups(&layout, cfg.weight_decay), layout.total_len())
+        let mut adam = AdamW::new(AdamWConfig::default(), &param_groups(&layout, cfg.weight_decay), layout.total_len())
             .map_err(|e| TrainError::Other(e.to_string()))?
             .with_threads(cfg.threads);
-        let (engine, evaluator) = sessions(cfg, &inputs, params, rank == 0)?;
+        if let Some(pieces) = sync.as_ref().and_then(|s| s.optimizer_pieces()) {
+            adam = adam.owning(pieces).map_err(|e| TrainError::Other(e.to_string()))?;
+        }
+        let sink = sync.as_ref().map(|s| s.sink());
+        let (engine, evaluator) = sessions(cfg, &inputs, params, rank == 0, sink)?;
         if rank == 0 {
             tracing::info!(
                 steps = plan.total,
@@ -214,8 +288,17 @@ impl<'s> TrainingRun<'s> {
                 "training {}",
                 inputs.model.dir.display()
             );
+            if let Some(mode) = sync.as_ref().map(|s| s.mode()) {
+                tracing::info!(
+                    wire = mode.wire_name(),
+                    overlap = mode.overlap,
+                    shard_optimizer = mode.shard_optimizer,
+                    "gradient sync"
+                );
+            }
         }
-        let log = RunLog::open(rank == 0, &plan, started)?;
+        let mut log = RunLog::open(rank == 0, &plan, started)?;
+        log.wire = sync.as_ref().map(|s| s.mode().wire_name());
         let progress = Progress { step: 0, epoch: 0, batch_in_epoch: 0 };
         let mut run =
             TrainingRun { cfg: cfg.clone(), sync, rank, world, inputs, plan, engine, evaluator, adam, progress, log };
@@ -252,6 +335,19 @@ impl<'s> TrainingRun<'s> {
             .restore(AdamWState { step: ckpt.meta.adam_step, m: ckpt.m, v: ckpt.v })
             .map_err(|e| TrainError::Other(e.to_string()))?;
         self.progress = ckpt.meta.progress;
+        if ckpt.meta.world != self.world && self.progress.batch_in_epoch > 0 {
+            // Another number of nodes cuts the epoch into other batches: go on from the first
+            // batch whose samples the earlier run had not all taken.
+            let done = self.progress.batch_in_epoch * ckpt.meta.world as u64;
+            let batch_in_epoch = done / self.world as u64;
+            tracing::warn!(
+                from = ckpt.meta.world,
+                to = self.world,
+                "resuming on another number of nodes: epoch {} goes on at batch {batch_in_epoch}",
+                self.progress.epoch + 1
+            );
+            self.progress.batch_in_epoch = batch_in_epoch;
+        }
         self.log.bar.set_position(self.progress.step);
         tracing::info!(checkpoint = %path.display(), step = self.progress.step, "resumed");
         Ok(())
@@ -284,19 +380,34 @@ impl<'s> TrainingRun<'s> {
             Batch::new(&self.inputs.train, rows, Padding::Dynamic, self.inputs.config.pad_token_id)
         };
         let t1 = Instant::now();
+        let overlap = self.sync.as_ref().is_some_and(|s| s.mode().overlap);
+        if overlap {
+            self.begin_sync(&batch.input_ids)?;
+        }
         let out = {
             let _span = tracing::debug_span!("forward_backward").entered();
             self.engine.set_dropout_seed(dropout_seed(self.cfg.seed, self.rank, self.progress.step));
-            self.engine.step(&batch)?
+            self.engine.step(&batch)
         };
+        let out = match out {
+            Ok(out) => out,
+            Err(e) => {
+                if let Some(sync) = self.sync.as_deref_mut() {
+                    sync.abandon(&format!("its forward or backward pass failed: {e}"));
+                }
+                return Err(e);
+            }
+        };
+        if !overlap {
+            self.begin_sync(&batch.input_ids)?;
+        }
         let t2 = Instant::now();
-        let (loss, synced_floats) = self.sync_gradients(out.loss, &batch.input_ids)?;
+        let (loss, synced) = self.finish_sync(out.loss)?;
         let t3 = Instant::now();
         let lr = self.plan.schedule.lr(self.progress.step);
-        let grad_norm = {
+        let (grad_norm, optimizer_sync) = {
             let _span = tracing::debug_span!("optimizer").entered();
-            let (params, grads) = self.engine.params_and_grads();
-            self.adam.clip_and_step(params, grads, self.cfg.max_grad_norm, lr as f32)
+            self.optimize(lr as f32)?
         };
         let t4 = Instant::now();
         if !loss.is_finite() {
@@ -310,7 +421,9 @@ impl<'s> TrainingRun<'s> {
         let step = self.progress.step;
         let samples = batch.rows as u64 * self.world as u64;
         self.log.trained_samples += samples;
-        self.log.window.add(loss as f64, samples, synced_floats, [t1 - t0, t2 - t1, t3 - t2, t4 - t3]);
+        // The optimizer's own exchanges (norms, parameters) are sync the backward pass cannot hide.
+        let phases = [t1 - t0, t2 - t1, t3 - t2 + optimizer_sync, t4 - t3 - optimizer_sync];
+        self.log.window.add(loss as f64, samples, synced, optimizer_sync, phases);
         self.log.bar.set_position(step);
         self.log.bar.set_message(format!("epoch {} loss {loss:.4}", epoch + 1));
         if step.is_multiple_of(self.cfg.log_every.max(1)) || step == self.plan.total {
@@ -324,21 +437,41 @@ impl<'s> TrainingRun<'s> {
         if checkpoint_now || check_now {
             self.check_params()?;
         }
-        if checkpoint_now && self.rank == 0 {
+        if checkpoint_now {
             self.save_checkpoint()?;
         }
         Ok(Continue::Next)
     }
 
-    /// Averages the gradients over the nodes (the mean loss too); one node keeps its own.
-    fn sync_gradients(&mut self, loss: f32, token_ids: &[i64]) -> Result<(f32, usize), TrainError> {
+    fn begin_sync(&mut self, token_ids: &[i64]) -> Result<(), TrainError> {
+        match self.sync.as_deref_mut() {
+            Some(sync) => sync.begin(token_ids),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits for the gradients averaged over the nodes (the mean loss too); one node keeps its own.
+    fn finish_sync(&mut self, loss: f32) -> Result<(f32, Option<Averaged>), TrainError> {
         match self.sync.as_deref_mut() {
             Some(sync) => {
                 let _span = tracing::debug_span!("all_reduce").entered();
-                let averaged = sync.average(self.engine.grads_mut(), loss, token_ids)?;
-                Ok((averaged.loss, averaged.floats))
+                let averaged = sync.finish(loss)?;
+                Ok((averaged.loss, Some(averaged)))
             }
-            None => Ok((loss, 0)),
+            None => Ok((loss, None)),
+        }
+    }
+
+    /// Clips and steps (on several nodes, through the sync); returns the norm before clipping
+    /// and the time spent exchanging with the other nodes.
+    fn optimize(&mut self, lr: f32) -> Result<(f64, Duration), TrainError> {
+        let (max_norm, threads) = (self.cfg.max_grad_norm, self.cfg.threads);
+        match self.sync.as_deref_mut() {
+            Some(sync) => sync.optimize(&mut self.adam, self.engine.params_mut(), max_norm, lr, threads),
+            None => {
+                let (params, grads) = self.engine.params_and_grads();
+                Ok((self.adam.clip_and_step(params, grads, max_norm, lr), Duration::ZERO))
+            }
         }
     }
 
@@ -357,10 +490,10 @@ impl<'s> TrainingRun<'s> {
             self.progress.batch_in_epoch = 0;
         }
         self.check_params()?;
+        self.save_checkpoint()?;
         if self.rank != 0 {
             return Ok(());
         }
-        self.save_checkpoint()?;
         let (Some(dev), Some(evaluator)) = (&self.inputs.dev, self.evaluator.as_mut()) else { return Ok(()) };
         let c = &self.inputs.config;
         let scores =
@@ -390,18 +523,32 @@ impl<'s> TrainingRun<'s> {
         Ok(())
     }
 
-    fn save_checkpoint(&self) -> Result<(), TrainError> {
+    /// Every node calls it at the same step (a sharded optimizer's moments are gathered
+    /// first); the lead writes the checkpoint.
+    fn save_checkpoint(&mut self) -> Result<(), TrainError> {
         let _span = tracing::debug_span!("checkpoint").entered();
+        let gathered = match self.sync.as_deref_mut() {
+            Some(sync) => sync.full_moments(&self.adam)?,
+            None => None,
+        };
+        if self.rank != 0 {
+            return Ok(());
+        }
         let state = self.adam.state();
+        let (m, v) = match &gathered {
+            Some(full) => (full.m.as_slice(), full.v.as_slice()),
+            None => (state.m.as_slice(), state.v.as_slice()),
+        };
         let meta = Meta {
             progress: self.progress.clone(),
             seed: self.cfg.seed,
             layout_hash: self.plan.layout_hash.clone(),
             total_len: self.engine.params().len(),
             adam_step: state.step,
+            world: self.world,
         };
         let path = self.plan.checkpoints.join(checkpoint::file_name(self.progress.step));
-        checkpoint::save(&path, &meta, self.engine.params(), &state.m, &state.v)?;
+        checkpoint::save(&path, &meta, self.engine.params(), m, v)?;
         checkpoint::prune(&self.plan.checkpoints, self.cfg.keep_checkpoints)
     }
 
@@ -500,6 +647,7 @@ fn sessions(
     inputs: &Inputs,
     params: FlatBuffer,
     lead: bool,
+    sink: Option<Arc<dyn GradSink>>,
 ) -> Result<(Engine, Option<Evaluator>), TrainError> {
     let runtime = Runtime::get()?;
     let kernels = cfg.kernels();
@@ -511,7 +659,7 @@ fn sessions(
     let session =
         SessionOptions { threads: cfg.threads, provider: cfg.provider, spinning, ..SessionOptions::default() };
     let (config, layout) = (&inputs.config, &inputs.model.layout);
-    let engine = Engine::new(runtime, config, layout, params, config.has_dropout(), kernels, &session)?;
+    let engine = Engine::new(runtime, config, layout, params, config.has_dropout(), kernels, &session, sink)?;
     let evaluator = if lead { Some(Evaluator::new(runtime, config, layout, kernels, &session)?) } else { None };
     Ok((engine, evaluator))
 }
@@ -522,6 +670,7 @@ impl RunLog {
         let bar = if lead { progress_bar(plan.total) } else { ProgressBar::hidden() };
         Ok(RunLog {
             metrics,
+            wire: None,
             bar,
             window: Window::default(),
             last_dev: None,
@@ -534,7 +683,9 @@ impl RunLog {
     /// Writes the steps since the last metrics line as one, and starts a new window.
     fn write_window(&mut self, rank: usize, step: u64, epoch: u32, lr: f64, grad_norm: f64) -> Result<(), TrainError> {
         if let Some(m) = self.metrics.as_mut() {
-            m.write(&Record::Step(self.window.record(rank, step, epoch, lr, grad_norm, self.started)))?;
+            let mut record = self.window.record(rank, step, epoch, lr, grad_norm, self.started);
+            record.wire = self.wire.map(str::to_string);
+            m.write(&Record::Step(record))?;
         }
         self.window = Window::default();
         Ok(())
@@ -616,20 +767,29 @@ struct Window {
     loss: f64,
     steps: u64,
     samples: u64,
-    synced_floats: usize,
+    synced_bytes: usize,
+    sync_busy: f64,
+    synced_steps: u64,
+    /// The optimizer's exchanges with the other nodes (norms, parameters).
+    exchange: f64,
     phases: [f64; 4],
     started: Option<Instant>,
 }
 
 impl Window {
-    fn add(&mut self, loss: f64, samples: u64, synced_floats: usize, phases: [Duration; 4]) {
+    fn add(&mut self, loss: f64, samples: u64, synced: Option<Averaged>, exchange: Duration, phases: [Duration; 4]) {
         if self.started.is_none() {
             self.started = Some(Instant::now() - phases.iter().sum::<Duration>());
         }
         self.loss += loss;
         self.steps += 1;
         self.samples += samples;
-        self.synced_floats += synced_floats;
+        if let Some(a) = synced {
+            self.synced_bytes += a.bytes;
+            self.sync_busy += a.busy.as_secs_f64();
+            self.synced_steps += 1;
+        }
+        self.exchange += exchange.as_secs_f64();
         for (acc, d) in self.phases.iter_mut().zip(phases) {
             *acc += d.as_secs_f64();
         }
@@ -650,7 +810,10 @@ impl Window {
             data_s: self.phases[0] / n,
             forward_backward_s: self.phases[1] / n,
             sync_s: self.phases[2] / n,
-            sync_mb: self.synced_floats as f64 * 4.0 / 1e6 / n,
+            sync_mb: self.synced_bytes as f64 / 1e6 / n,
+            // Hidden or not: the sync thread's bucket time plus the exposed optimizer exchanges.
+            sync_total_s: (self.synced_steps > 0).then(|| (self.sync_busy + self.exchange) / n),
+            wire: None,
             optimizer_s: self.phases[3] / n,
         }
     }

@@ -1,6 +1,8 @@
 //! Data-parallel training over the QUIC ring on loopback: N nodes with per-node batch b end at
-//! the parameters of one node with batch N x b on the same samples; a killed node makes the
-//! others fail naming it, and restarting every node with --resume finishes the run.
+//! the parameters of one node with batch N x b on the same samples; overlap and a sharded
+//! optimizer change no bit, bf16 on the wire little; a sharded run resumes bit for bit, and on
+//! another number of nodes; a killed node makes the others fail naming it, and restarting every
+//! node with --resume finishes the run.
 
 mod common;
 
@@ -10,9 +12,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{config, small_mrpc, tiny_model};
+use ringtune_collective::Wire;
 use ringtune_quic::Peers;
 use ringtune_trainer::distributed::{ClusterOptions, QuicSync};
-use ringtune_trainer::train::Start;
+use ringtune_trainer::train::{GradSync, Start, SyncMode};
 use ringtune_trainer::TrainConfig;
 
 fn free_ports(n: usize) -> Vec<u16> {
@@ -25,9 +28,26 @@ fn params(output: &Path) -> Vec<f32> {
     t.values().flat_map(|v| v.f32s().expect("f32").to_vec()).collect()
 }
 
-fn train_on_nodes(base: &TrainConfig, world: usize, root: &Path, certs: &Path) -> PathBuf {
+/// The modes compared: overlap and a sharded optimizer in `f32`, neither, and both in bf16.
+const BOTH: SyncMode = SyncMode { wire: Wire::F32, overlap: true, shard_optimizer: true };
+const NEITHER: SyncMode = SyncMode { wire: Wire::F32, overlap: false, shard_optimizer: false };
+const BF16: SyncMode = SyncMode { wire: Wire::Bf16, overlap: true, shard_optimizer: true };
+
+fn train_on_nodes(base: &TrainConfig, world: usize, root: &Path, certs: &Path, mode: SyncMode) -> PathBuf {
+    train_on_nodes_from(base, world, root, certs, mode, Start::Fresh, &format!("world-{world}"))
+}
+
+fn train_on_nodes_from(
+    base: &TrainConfig,
+    world: usize,
+    root: &Path,
+    certs: &Path,
+    mode: SyncMode,
+    start: Start,
+    name: &str,
+) -> PathBuf {
     let ports = free_ports(world);
-    let output = base.output.join(format!("world-{world}"));
+    let output = base.output.join(name);
     let handles: Vec<_> = (0..world)
         .map(|rank| {
             let cfg = TrainConfig { output: output.clone(), ..base.clone() };
@@ -40,13 +60,13 @@ fn train_on_nodes(base: &TrainConfig, world: usize, root: &Path, certs: &Path) -
                 deadline: Duration::from_secs(30),
                 lanes: 1,
                 mtu: None,
+                mode,
             };
             let root = root.to_path_buf();
             std::thread::spawn(move || {
                 let model = ringtune_trainer::model::ModelDir::open(&cfg.model).expect("model");
                 let mut sync = QuicSync::join(&cluster, &model).expect("join");
-                let summary =
-                    ringtune_trainer::train::train(&cfg, &root, Start::Fresh, Some(&mut sync)).expect("train");
+                let summary = ringtune_trainer::train::train(&cfg, &root, start, Some(&mut sync)).expect("train");
                 sync.shutdown();
                 summary.steps
             })
@@ -70,7 +90,7 @@ fn two_and_four_nodes_reach_the_single_node_parameters() {
             TrainConfig { batch_size: world * b, output: base.output.join(format!("single-{world}")), ..base.clone() };
         ringtune_trainer::train::train(&single, dir.path(), Start::Fresh, None).expect("single node");
         let multi = TrainConfig { batch_size: b, ..base.clone() };
-        let out = train_on_nodes(&multi, world, dir.path(), &certs);
+        let out = train_on_nodes(&multi, world, dir.path(), &certs, BOTH);
         let (a, m) = (params(&single.output), params(&out));
         let moved: f64 = a.iter().zip(&init).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>().sqrt();
         let diff: f64 = a.iter().zip(&m).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>().sqrt();
@@ -81,6 +101,150 @@ fn two_and_four_nodes_reach_the_single_node_parameters() {
             diff / moved < 1e-5 && max < 1e-5,
             "{world} nodes: L2 difference {diff:e} of a {moved:e} update, max {max:e}"
         );
+    }
+}
+
+fn l2(a: &[f32], b: &[f32]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>().sqrt()
+}
+
+#[test]
+fn overlap_and_a_sharded_optimizer_change_no_bit_and_bf16_little() {
+    let dir = tempfile::tempdir().expect("dir");
+    let certs = dir.path().join("certs");
+    ringtune_quic::certs::write(&certs, &ringtune_quic::certs::generate(4).expect("certs")).expect("write");
+    // Dropout on: each rank draws its own masks, so ranks hold different gradients.
+    let base = TrainConfig {
+        epochs: 1,
+        stop_after: 20,
+        batch_size: 4,
+        dropout: None,
+        param_check_every: 5,
+        ..config(dir.path(), "runs")
+    };
+    let init = params(&base.model);
+    for world in [2usize, 4] {
+        let run = |mode: SyncMode, name: &str| {
+            let cfg = TrainConfig { output: base.output.join(format!("{name}-{world}")), ..base.clone() };
+            params(&train_on_nodes(&cfg, world, dir.path(), &certs, mode))
+        };
+        let (neither, both, bf16) = (run(NEITHER, "neither"), run(BOTH, "both"), run(BF16, "bf16"));
+        assert!(l2(&neither, &init) > 1e-3, "training moved the parameters");
+        let same = neither.iter().zip(&both).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{world} nodes: overlap and sharding changed the parameters by {:e}", l2(&neither, &both));
+        let (diff, norm, moved) = (l2(&bf16, &neither), l2(&neither, &vec![0.0; neither.len()]), l2(&neither, &init));
+        eprintln!("{world} nodes, bf16 against fp32: {diff:e} of parameters {norm:e} (update {moved:e})");
+        assert!(diff / norm < 1e-3, "{world} nodes: bf16 is {:e} away, relative", diff / norm);
+    }
+}
+
+#[test]
+fn a_sharded_run_resumes_bit_for_bit_and_on_another_number_of_nodes() {
+    let dir = tempfile::tempdir().expect("dir");
+    let certs = dir.path().join("certs");
+    ringtune_quic::certs::write(&certs, &ringtune_quic::certs::generate(4).expect("certs")).expect("write");
+    let base = TrainConfig { epochs: 1, batch_size: 4, checkpoint_every: 4, ..config(dir.path(), "runs") };
+    let whole = TrainConfig { stop_after: 12, ..base.clone() };
+    let straight = params(&train_on_nodes_from(&whole, 4, dir.path(), &certs, BOTH, Start::Fresh, "straight"));
+    let first = TrainConfig { stop_after: 6, ..base.clone() };
+    train_on_nodes_from(&first, 4, dir.path(), &certs, BOTH, Start::Fresh, "split");
+    // The 4-node checkpoint of step 6 is continued on 4 nodes, and (a copy) on 3.
+    let step6 = ringtune_trainer::checkpoint::file_name(6);
+    let three = base.output.join("three/checkpoints");
+    std::fs::create_dir_all(&three).expect("dir");
+    std::fs::copy(base.output.join("split/checkpoints").join(&step6), three.join(&step6)).expect("copy");
+    let resumed = params(&train_on_nodes_from(&whole, 4, dir.path(), &certs, BOTH, Start::Resume, "split"));
+    assert!(straight.iter().zip(&resumed).all(|(a, b)| a.to_bits() == b.to_bits()), "resumed on 4 nodes");
+
+    // On 3 nodes the moments re-shard.
+    let more = TrainConfig { stop_after: 10, ..base.clone() };
+    let out = train_on_nodes_from(&more, 3, dir.path(), &certs, BOTH, Start::Resume, "three");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).expect("summary")).expect("json");
+    assert_eq!(summary["steps"], 10);
+    let after = params(&out);
+    assert!(l2(&after, &straight) > 0.0 && after.iter().all(|p| p.is_finite()));
+}
+
+/// `world` nodes of the tiny model joined over loopback (each joins on its own thread).
+fn join_nodes(model: &Path, certs: &Path, world: usize, deadline: Duration) -> Vec<QuicSync> {
+    let ports = free_ports(world);
+    let handles: Vec<_> = (0..world)
+        .map(|rank| {
+            let cluster = ClusterOptions {
+                rank,
+                world,
+                peers: Peers::List(ports.iter().map(|p| format!("127.0.0.1:{p}")).collect()),
+                certs: certs.to_path_buf(),
+                listen: std::net::SocketAddr::from(([127, 0, 0, 1], ports[rank])),
+                deadline,
+                lanes: 1,
+                mtu: None,
+                mode: BOTH,
+            };
+            let model = ringtune_trainer::model::ModelDir::open(model).expect("model");
+            std::thread::spawn(move || QuicSync::join(&cluster, &model).expect("join"))
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().expect("join thread")).collect()
+}
+
+/// What a node's backward pass would hand over: every gradient, last parameter first, or only
+/// the last `count` of them.
+fn hand_over(sync: &QuicSync, layout: &ringtune_bert::ParamLayout, count: usize) {
+    let sink = sync.sink();
+    for (i, e) in layout.entries().iter().enumerate().rev().take(count) {
+        sink.take(i, &vec![0.25; e.len()]).expect("take");
+    }
+}
+
+/// A node lost while the others' backward passes run (its process died), or one whose own
+/// backward pass failed: every other node's step ends in an error that names it, within the
+/// deadline, and nothing hangs.
+#[test]
+fn a_node_lost_or_failing_mid_backward_stops_the_others_by_name() {
+    let dir = tempfile::tempdir().expect("dir");
+    let certs = dir.path().join("certs");
+    ringtune_quic::certs::write(&certs, &ringtune_quic::certs::generate(3).expect("certs")).expect("write");
+    let model = tiny_model(dir.path());
+    let layout = ringtune_trainer::model::ModelDir::open(&model).expect("model").layout;
+    let deadline = Duration::from_secs(3);
+    for failure in ["vanishes", "fails"] {
+        let mut nodes = join_nodes(&model, &certs, 3, deadline);
+        let mut last = nodes.pop().expect("rank 2");
+        let others: Vec<_> = nodes
+            .into_iter()
+            .map(|mut sync| {
+                let layout = layout.clone();
+                std::thread::spawn(move || {
+                    sync.begin(&[101, 2023, 102]).expect("begin");
+                    hand_over(&sync, &layout, layout.entries().len() / 2);
+                    std::thread::sleep(Duration::from_millis(300));
+                    hand_over(&sync, &layout, layout.entries().len());
+                    let waited = Instant::now();
+                    let error = sync.finish(0.5).expect_err("the step must fail").to_string();
+                    (error, waited.elapsed())
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(100));
+        match failure {
+            "vanishes" => drop(last),
+            _ => {
+                last.begin(&[101, 102]).expect("begin");
+                last.abandon("its forward or backward pass failed: out of memory");
+                drop(last);
+            }
+        }
+        for (rank, h) in others.into_iter().enumerate() {
+            let (error, waited) = h.join().expect("no panic");
+            eprintln!("rank {rank}, rank 2 {failure}: {error} ({waited:?})");
+            assert!(error.contains("rank 2"), "rank {rank} does not name rank 2: {error}");
+            if failure == "fails" {
+                assert!(error.contains("out of memory"), "rank {rank} does not say why: {error}");
+            }
+            assert!(waited < deadline + Duration::from_secs(2), "rank {rank} waited {waited:?}");
+        }
     }
 }
 

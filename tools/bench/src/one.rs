@@ -126,7 +126,7 @@ fn step_fn(one: &One, config: &ModelConfig, kernels: Kernels, batch: Batch) -> R
         Task::Train => {
             let mut adam = AdamW::new(AdamWConfig::default(), &param_groups(&layout, 0.01), layout.total_len())?
                 .with_threads(one.threads);
-            let mut engine = Engine::new(runtime, config, &layout, params, true, kernels, &options)?;
+            let mut engine = Engine::new(runtime, config, &layout, params, true, kernels, &options, None)?;
             Box::new(move || {
                 engine.step(&batch)?;
                 let (params, grads) = engine.params_and_grads();

@@ -58,7 +58,7 @@ fn main() -> Result<()> {
     }
     let runtime = Runtime::get()?;
     let options = SessionOptions { threads: args.threads, ..SessionOptions::default() };
-    let mut engine = Engine::new(runtime, &config, &model.layout, params, false, Kernels::Mlas, &options)?;
+    let mut engine = Engine::new(runtime, &config, &model.layout, params, false, Kernels::Mlas, &options, None)?;
     if let (Some(batches), Some(optim)) = (&args.replay, &args.optim) {
         let trace = Trace::from_file(optim)?;
         let batches =

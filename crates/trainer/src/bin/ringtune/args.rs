@@ -164,6 +164,26 @@ pub(crate) struct ClusterArgs {
     /// loopback, the interface MTU elsewhere).
     #[arg(long)]
     pub(crate) mtu: Option<u16>,
+    /// Gradients' number format on the wire (sums stay fp32 at every hop); every node must
+    /// use the same.
+    #[arg(long, value_enum, default_value_t = WireFormat::Fp32)]
+    pub(crate) wire: WireFormat,
+    /// Reduce gradient buckets while the backward pass runs (false: after it).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub(crate) overlap: bool,
+    /// Each node keeps optimizer state for, and steps, its shard of the parameters only, then
+    /// the nodes all-gather the parameters (default: true); every node must use the same.
+    #[arg(long, action = clap::ArgAction::Set)]
+    pub(crate) shard_optimizer: Option<bool>,
+}
+
+/// `--wire`'s values.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum WireFormat {
+    /// bfloat16: half the bytes.
+    Bf16,
+    /// 32-bit floats.
+    Fp32,
 }
 
 #[derive(Args)]

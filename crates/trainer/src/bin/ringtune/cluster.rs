@@ -4,10 +4,12 @@
 use std::net::SocketAddr;
 
 use anyhow::{bail, Context, Result};
+use ringtune_collective::Wire;
 use ringtune_quic::Peers;
 use ringtune_trainer::distributed::ClusterOptions;
+use ringtune_trainer::train::SyncMode;
 
-use crate::args::ClusterArgs;
+use crate::args::{ClusterArgs, WireFormat};
 
 /// The cluster this node joins (`None`: one node).
 pub(crate) fn cluster_options(args: &ClusterArgs) -> Result<Option<ClusterOptions>> {
@@ -55,6 +57,14 @@ pub(crate) fn cluster_options(args: &ClusterArgs) -> Result<Option<ClusterOption
         deadline: std::time::Duration::from_secs(args.deadline.max(1)),
         lanes: args.lanes.max(1),
         mtu: args.mtu,
+        mode: SyncMode {
+            wire: match args.wire {
+                WireFormat::Bf16 => Wire::Bf16,
+                WireFormat::Fp32 => Wire::F32,
+            },
+            overlap: args.overlap,
+            shard_optimizer: args.shard_optimizer.unwrap_or(true),
+        },
     }))
 }
 

@@ -1,0 +1,169 @@
+//! `GradReady(grad) -> token`: hands one parameter's gradient to the gradient sync the moment
+//! the backward pass has produced it, so the ring can reduce a bucket while ONNX Runtime still
+//! computes the gradients of earlier layers.
+//!
+//! [`place`] puts one node after each gradient, after differentiation; its token is a graph
+//! output only so that the node is kept and run. The kernel calls a [`GradSink`] (the trainer's:
+//! it copies the gradient into the flat gradient buffer and tells the sync thread), on ONNX
+//! Runtime's thread, so a sink must never block.
+
+use std::sync::Arc;
+
+use ringtune_onnx_ir::{shape, Attribute, DType, Graph, InferCtx, IrError, NodeSpec, Value, ValueType};
+use ringtune_runtime::{Attributes, CustomOp, ElementType, Kernel, Port, TensorMut, TensorRef, DOMAIN};
+
+use crate::attributes::AttributeSource;
+
+/// The operator's name in the `ai.ringtune` domain.
+pub const NAME: &str = "GradReady";
+
+/// Where gradients go as they are produced.
+pub trait GradSink: Send + Sync {
+    /// Takes the gradient of parameter `tensor` (its index in the parameter layout). Runs on
+    /// ONNX Runtime's thread in the middle of the backward pass: it must return at once.
+    fn take(&self, tensor: usize, grad: &[f32]) -> Result<(), String>;
+}
+
+/// The attribute: which parameter's gradient a node hands over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ReadyAttrs {
+    tensor: usize,
+}
+
+impl ReadyAttrs {
+    fn read(node: &(impl AttributeSource + ?Sized)) -> Result<Self, String> {
+        match node.int("tensor") {
+            Some(t) if t >= 0 => Ok(ReadyAttrs { tensor: t as usize }),
+            other => Err(format!("the tensor attribute is {other:?}, not a parameter index")),
+        }
+    }
+
+    fn write(self) -> Vec<(&'static str, Attribute)> {
+        vec![("tensor", Attribute::Int(self.tensor as i64))]
+    }
+}
+
+/// Shape rule: a float gradient in, a one-element float token out.
+pub(crate) fn shape_rule(ctx: &InferCtx<'_>) -> Result<Vec<ValueType>, String> {
+    if ctx.dtype(0)? != DType::F32 {
+        return Err("the gradient must be float".into());
+    }
+    Ok(vec![ValueType { dtype: DType::F32, shape: Some(shape(&[1])) }])
+}
+
+/// Adds a `GradReady` node after each of `grads` (`grads[i]` is the gradient of parameter `i`)
+/// and makes its token a graph output named `ready.<i>`; returns the tokens' names. Nodes (and
+/// outputs) are added in parameter order: so placed, ONNX Runtime's default node order runs
+/// each right after its gradient, last parameter first (its profile shows it,
+/// `tests/tests/overlap_profile.rs`); added in the reverse order, it ran them all after the
+/// whole backward pass.
+pub fn place(graph: &mut Graph, grads: &[Value]) -> Result<Vec<String>, IrError> {
+    crate::register_shapes(graph);
+    let mut names = vec![String::new(); grads.len()];
+    for (tensor, grad) in grads.iter().enumerate() {
+        let spec = NodeSpec {
+            op_type: NAME,
+            domain: DOMAIN,
+            inputs: vec![Some(grad)],
+            attributes: ReadyAttrs { tensor }.write(),
+            outputs: 1,
+        };
+        let token = graph.node(spec)?.remove(0);
+        names[tensor] = graph.output_as(&token, &format!("ready.{tensor}"))?.name().to_string();
+    }
+    Ok(names)
+}
+
+/// The operator, bound to the sink its kernels call.
+pub struct GradReady(pub Arc<dyn GradSink>);
+
+impl CustomOp for GradReady {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn inputs(&self) -> Vec<Port> {
+        vec![Port::required(ElementType::F32)]
+    }
+
+    fn outputs(&self) -> Vec<Port> {
+        vec![Port::required(ElementType::F32)]
+    }
+
+    fn kernel(&self, attributes: &dyn Attributes) -> Result<Box<dyn Kernel>, String> {
+        let attrs = ReadyAttrs::read(attributes)?;
+        Ok(Box::new(ReadyKernel { tensor: attrs.tensor, sink: self.0.clone() }))
+    }
+}
+
+struct ReadyKernel {
+    tensor: usize,
+    sink: Arc<dyn GradSink>,
+}
+
+impl Kernel for ReadyKernel {
+    fn output_shapes(&self, _inputs: &[Option<TensorRef<'_>>]) -> Result<Vec<Vec<i64>>, String> {
+        Ok(vec![vec![1]])
+    }
+
+    fn compute(&self, inputs: &[Option<TensorRef<'_>>], outputs: &mut [Option<TensorMut<'_>>]) -> Result<(), String> {
+        let grad = inputs.first().copied().flatten().and_then(|t| t.f32()).ok_or("no float gradient")?;
+        self.sink.take(self.tensor, grad)?;
+        if let Some(Some(TensorMut::F32(token))) = outputs.first_mut() {
+            token.fill(0.0);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    #[derive(Default)]
+    struct Record(Mutex<Vec<(usize, Vec<f32>)>>);
+
+    impl GradSink for Record {
+        fn take(&self, tensor: usize, grad: &[f32]) -> Result<(), String> {
+            self.0.lock().map_err(|e| e.to_string())?.push((tensor, grad.to_vec()));
+            Ok(())
+        }
+    }
+
+    struct Tensor(i64);
+
+    impl Attributes for Tensor {
+        fn int(&self, name: &str) -> Option<i64> {
+            (name == "tensor").then_some(self.0)
+        }
+    }
+
+    #[test]
+    fn the_kernel_hands_the_gradient_to_the_sink() {
+        let sink = Arc::new(Record::default());
+        let op = GradReady(sink.clone());
+        let kernel = op.kernel(&Tensor(3)).expect("kernel");
+        let grad = [1.5f32, -2.0];
+        let inputs = [Some(TensorRef::F32(&[2], &grad))];
+        assert_eq!(kernel.output_shapes(&inputs).expect("shapes"), vec![vec![1]]);
+        let mut token = [7.0f32];
+        kernel.compute(&inputs, &mut [Some(TensorMut::F32(&mut token))]).expect("compute");
+        assert_eq!(token, [0.0]);
+        assert_eq!(*sink.0.lock().expect("lock"), vec![(3, grad.to_vec())]);
+        assert!(op.kernel(&Tensor(-1)).is_err(), "a negative index is refused");
+    }
+
+    #[test]
+    fn one_node_per_gradient_in_parameter_order() {
+        let mut g = Graph::new("ready");
+        let a = g.input("a", DType::F32, shape(&[2])).expect("a");
+        let b = g.input("b", DType::F32, shape(&[3, 1])).expect("b");
+        let names = place(&mut g, &[a, b]).expect("place");
+        assert_eq!(names, vec!["ready.0", "ready.1"]);
+        let tensors: Vec<i64> = g.nodes().iter().filter_map(|n| n.int("tensor")).collect();
+        assert_eq!(tensors, vec![0, 1]);
+        assert_eq!(g.shape(&Value::named("ready.1")).expect("typed"), &shape(&[1]));
+    }
+}
