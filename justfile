@@ -90,6 +90,12 @@ ring-bench *ARGS:
 cluster-bench *ARGS:
     cargo run -q --release -p ringtune-ring-bench -- --cluster netns --ranks 4 --floats 22000000,110000000 --verify {{ARGS}}
 
+# Training steps of 4 emulated hosts (needs root) at 10 and 1 Gbit/s, with the sync behind the backward pass and without; ARGS go to `ringtune train`.
+cluster-scaling *ARGS: data
+    cargo build -q --release -p ringtune-ring-bench
+    cargo build -q --release -p ringtune-trainer --bin ringtune
+    cargo run -q --release -p ringtune-bench -- cluster -- {{ARGS}}
+
 # 1 node x 1 thread against 2 nodes x 1 thread on one global batch, and a 1/2/4-node projection; ARGS go to `ringtune train` (e.g. --kernels mlas).
 bench-scaling *ARGS: data
     cargo build -q --release -p ringtune-trainer --bin ringtune

@@ -10,8 +10,9 @@ use ringtune_ops::grad_ready::GradSink;
 use ringtune_ops::Kernels;
 use ringtune_runtime::{FlatBuffer, SessionOptions};
 use ringtune_tests::{fixtures, minilm_dir, read_batch, runtime};
+use ringtune_trainer::distributed::sync_plan;
 use ringtune_trainer::engine::Engine;
-use ringtune_trainer::sync_plan::SyncPlan;
+use ringtune_trainer::model::ModelDir;
 
 /// Which gradients arrived, in order.
 #[derive(Default)]
@@ -78,7 +79,7 @@ fn every_gradient_is_handed_over_as_the_backward_pass_produces_it() {
     // When each bucket of the sync plan is complete, as a share of the step's time.
     let (t0, t1) = (step[0].start, step.last().map_or(0, |r| r.end));
     let share = |t: u64| (t - t0) as f64 / (t1 - t0).max(1) as f64;
-    let plan = SyncPlan::new(&layout, Some(&ringtune_bert::word_embeddings_name(&config)), 2);
+    let plan = sync_plan(&ModelDir::open(&model).expect("model"), 2);
     let mut complete = Vec::new();
     for bucket in &plan.buckets {
         let last = bucket.tensors.iter().filter_map(|t| order.iter().position(|o| o == t)).max().expect("arrived");

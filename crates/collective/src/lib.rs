@@ -3,7 +3,7 @@
 //! Owns: the ring schedule (chunks, pipeline segments, who sends what at each step), the
 //! all-reduce and gather state machines (in the manner of `quinn-proto`: frames in, frames out,
 //! every frame checked against the schedule; all-reduce, reduce-scatter or all-gather, in `f32` or
-//! bf16 on the wire), gradient buckets, row-sparse averaging of
+//! bf16 on the wire), gradient buckets and which rank owns which piece, row-sparse averaging of
 //! embedding tables, the wire format of frames, the [`Transport`] trait with a blocking driver,
 //! and an in-memory transport for tests.
 //!
@@ -43,7 +43,7 @@ mod sparse;
 mod transport;
 mod wire;
 
-pub use bucket::plan_buckets;
+pub use bucket::{plan_buckets, Bucket, BucketKind, SyncPlan};
 pub use frame::{Header, Hello, Kind, Phase, HEADER_LEN, MAX_PAYLOAD, VERSION};
 pub use memory::{memory_ring, MemoryTransport};
 pub use payload::Payload;

@@ -26,7 +26,7 @@ impl Wire {
     pub fn encode(self, values: &[f32]) -> Bytes {
         match self {
             Wire::F32 => crate::float_payload(values.to_vec()),
-            Wire::Bf16 => values.iter().flat_map(|&v| to_bf16(v).to_le_bytes()).collect::<Vec<u8>>().into(),
+            Wire::Bf16 => Bytes::from_owner(HalfBytes(values.iter().map(|&v| to_bf16(v)).collect())),
         }
     }
 
@@ -36,6 +36,15 @@ impl Wire {
         if self == Wire::Bf16 {
             values.iter_mut().for_each(|v| *v = from_bf16(to_bf16(*v)));
         }
+    }
+}
+
+/// bf16 values handed to a transport without a copy (their in-memory bytes, little endian).
+struct HalfBytes(Vec<u16>);
+
+impl AsRef<[u8]> for HalfBytes {
+    fn as_ref(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.0)
     }
 }
 

@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ringtune_collective::{all_reduce_mean, all_reduce_rows, gather, used_rows, RingMode, Wire};
+use ringtune_collective::{all_reduce_mean, all_reduce_rows, gather, used_rows, BucketKind, RingMode, SyncPlan, Wire};
 use ringtune_ops::grad_ready::GradSink;
 use ringtune_optim::{clip_coefficient, scale, squared_sums, AdamW, AdamWState};
 use ringtune_quic::certs::NodeIdentity;
@@ -20,7 +20,6 @@ use ringtune_quic::{Peers, QuicRing, RingOptions, Tuning};
 
 use crate::handoff::{Handoff, SharedGrads, ToSync};
 use crate::model::ModelDir;
-use crate::sync_plan::{BucketKind, SyncPlan};
 use crate::train::{Averaged, GradSync, SyncMode};
 use crate::TrainError;
 
@@ -68,6 +67,18 @@ pub struct QuicSync {
     in_step: bool,
 }
 
+/// The buckets of `model`'s gradients on `world` nodes, its word-embedding table last.
+pub fn sync_plan(model: &ModelDir, world: usize) -> SyncPlan {
+    let layout = &model.layout;
+    let tensors: Vec<Range<usize>> = layout.entries().iter().map(|e| e.range()).collect();
+    let name = ringtune_bert::word_embeddings_name(&model.config);
+    let table = layout.entries().iter().position(|e| e.name == name).and_then(|i| {
+        let shape = &layout.entries()[i].shape;
+        (shape.len() >= 2).then(|| (i, shape[1..].iter().product()))
+    });
+    SyncPlan::new(&tensors, layout.total_len(), table, world)
+}
+
 /// The layout hash the nodes compare when they connect, with the settings that must agree on
 /// every node (a node reducing in bf16 cannot pair with one expecting `f32`).
 fn handshake_hash(layout: [u8; 32], mode: &SyncMode) -> [u8; 32] {
@@ -96,8 +107,7 @@ impl QuicSync {
             tuning: Tuning { lanes: options.lanes, mtu: options.mtu, ..Tuning::default() },
         })
         .map_err(|e| TrainError::Other(e.to_string()))?;
-        let table_name = ringtune_bert::word_embeddings_name(&model.config);
-        let plan = Arc::new(SyncPlan::new(&model.layout, Some(&table_name), options.world));
+        let plan = Arc::new(sync_plan(model, options.world));
         let table_rows = plan.buckets.iter().find_map(|b| match b.kind {
             BucketKind::Table { width } => Some(b.range.len() / width.max(1)),
             BucketKind::Dense => None,
@@ -374,7 +384,7 @@ impl SyncThread {
                 ToSync::Abandon(_) => self.ready.fill(false),
                 ToSync::Stop => return,
                 ToSync::Begin { used_rows } => {
-                    let _span = tracing::debug_span!("bucket_sync").entered();
+                    let _span = tracing::debug_span!("sync_buckets").entered();
                     let result = self.reduce_step(&used_rows);
                     self.ready.fill(false);
                     if self.report.send(result).is_err() || self.stopped {

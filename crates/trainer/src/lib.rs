@@ -1,9 +1,9 @@
 //! The training loop, evaluation, checkpoints, metrics and the `ringtune` command line.
 //!
 //! Owns: everything a training run does from the outside (configuration, progress, metrics,
-//! checkpoints, outputs); it wires the other crates together. On several nodes: the bucket
-//! plan, the sync thread that reduces buckets while the backward pass runs, and the sharded
-//! optimizer's exchanges.
+//! checkpoints, outputs); it wires the other crates together. On several nodes: the gradient
+//! buffer the backward pass hands gradients into, the sync thread that reduces buckets while
+//! the pass runs, and the sharded optimizer's exchanges.
 //!
 //! Does not own: the model graph (`bert`), gradients (`autodiff`), ONNX Runtime (`runtime`),
 //! the optimizer (`optim`) or the network (`collective`, `quic`).
@@ -26,7 +26,6 @@ mod plot;
 pub mod predict;
 pub mod recipe;
 pub mod replay;
-pub mod sync_plan;
 pub mod train;
 
 pub use config::TrainConfig;

@@ -454,7 +454,7 @@ impl<'s> TrainingRun<'s> {
     fn finish_sync(&mut self, loss: f32) -> Result<(f32, Option<Averaged>), TrainError> {
         match self.sync.as_deref_mut() {
             Some(sync) => {
-                let _span = tracing::debug_span!("all_reduce").entered();
+                let _span = tracing::debug_span!("sync_exposed").entered();
                 let averaged = sync.finish(loss)?;
                 Ok((averaged.loss, Some(averaged)))
             }

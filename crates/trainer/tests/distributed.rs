@@ -33,6 +33,21 @@ const BOTH: SyncMode = SyncMode { wire: Wire::F32, overlap: true, shard_optimize
 const NEITHER: SyncMode = SyncMode { wire: Wire::F32, overlap: false, shard_optimizer: false };
 const BF16: SyncMode = SyncMode { wire: Wire::Bf16, overlap: true, shard_optimizer: true };
 
+/// Rank `rank` of a ring on loopback at `ports` (one per rank).
+fn on_loopback(rank: usize, ports: &[u16], certs: &Path, deadline: Duration, mode: SyncMode) -> ClusterOptions {
+    ClusterOptions {
+        rank,
+        world: ports.len(),
+        peers: Peers::List(ports.iter().map(|p| format!("127.0.0.1:{p}")).collect()),
+        certs: certs.to_path_buf(),
+        listen: std::net::SocketAddr::from(([127, 0, 0, 1], ports[rank])),
+        deadline,
+        lanes: 1,
+        mtu: None,
+        mode,
+    }
+}
+
 fn train_on_nodes(base: &TrainConfig, world: usize, root: &Path, certs: &Path, mode: SyncMode) -> PathBuf {
     train_on_nodes_from(base, world, root, certs, mode, Start::Fresh, &format!("world-{world}"))
 }
@@ -51,17 +66,7 @@ fn train_on_nodes_from(
     let handles: Vec<_> = (0..world)
         .map(|rank| {
             let cfg = TrainConfig { output: output.clone(), ..base.clone() };
-            let cluster = ClusterOptions {
-                rank,
-                world,
-                peers: Peers::List(ports.iter().map(|p| format!("127.0.0.1:{p}")).collect()),
-                certs: certs.to_path_buf(),
-                listen: std::net::SocketAddr::from(([127, 0, 0, 1], ports[rank])),
-                deadline: Duration::from_secs(30),
-                lanes: 1,
-                mtu: None,
-                mode,
-            };
+            let cluster = on_loopback(rank, &ports, certs, Duration::from_secs(30), mode);
             let root = root.to_path_buf();
             std::thread::spawn(move || {
                 let model = ringtune_trainer::model::ModelDir::open(&cfg.model).expect("model");
@@ -171,17 +176,7 @@ fn join_nodes(model: &Path, certs: &Path, world: usize, deadline: Duration) -> V
     let ports = free_ports(world);
     let handles: Vec<_> = (0..world)
         .map(|rank| {
-            let cluster = ClusterOptions {
-                rank,
-                world,
-                peers: Peers::List(ports.iter().map(|p| format!("127.0.0.1:{p}")).collect()),
-                certs: certs.to_path_buf(),
-                listen: std::net::SocketAddr::from(([127, 0, 0, 1], ports[rank])),
-                deadline,
-                lanes: 1,
-                mtu: None,
-                mode: BOTH,
-            };
+            let cluster = on_loopback(rank, &ports, certs, deadline, BOTH);
             let model = ringtune_trainer::model::ModelDir::open(model).expect("model");
             std::thread::spawn(move || QuicSync::join(&cluster, &model).expect("join"))
         })

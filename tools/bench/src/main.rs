@@ -1,6 +1,7 @@
 //! `ringtune-bench`: samples per second of inference and of training steps beside PyTorch's
 //! (`table`, each configuration measured by `one` in its own process so peak memory is that
-//! configuration's), and 1 node against 2 nodes with a cluster projection (`scaling`).
+//! configuration's), 1 node against 2 nodes with a cluster projection (`scaling`), and
+//! training steps on an emulated cluster with and without overlap (`cluster`).
 
 mod one;
 mod scaling;
@@ -27,6 +28,9 @@ enum Cmd {
     /// 1 node x 1 thread against 2 nodes x 1 thread on the same global batch (real MRPC
     /// steps), then a projection to a cluster of 64-vCPU nodes on 25 Gbit/s.
     Scaling(scaling::ScalingArgs),
+    /// Training steps on an emulated cluster (`ring-bench --cluster netns`, needs root): per
+    /// link rate, the step with the sync behind the backward pass and without.
+    Cluster(scaling::ClusterArgs),
 }
 
 fn main() -> Result<()> {
@@ -34,6 +38,7 @@ fn main() -> Result<()> {
         Cmd::One(one) => println!("{}", serde_json::to_string(&one::measure(&one)?)?),
         Cmd::Table(args) => table::table(&args)?,
         Cmd::Scaling(args) => scaling::scaling(&args)?,
+        Cmd::Cluster(args) => scaling::on_cluster(&args)?,
     }
     Ok(())
 }

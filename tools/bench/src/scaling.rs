@@ -66,32 +66,36 @@ fn phases(metrics: &Path) -> Result<Phases> {
     })
 }
 
-fn run_ringtune(ringtune: &Path, args: &[String]) -> Result<()> {
-    let out = Command::new(ringtune).args(args).output().with_context(|| format!("running {}", ringtune.display()))?;
+fn run_program(program: &Path, args: &[String]) -> Result<()> {
+    let out = Command::new(program).args(args).output().with_context(|| format!("running {}", program.display()))?;
     if !out.status.success() {
-        bail!("{} {}: {}", ringtune.display(), args.join(" "), String::from_utf8_lossy(&out.stderr));
+        bail!("{} {}: {}", program.display(), args.join(" "), String::from_utf8_lossy(&out.stderr));
     }
     Ok(())
+}
+
+/// The `ringtune train` settings every run of a comparison shares: `steps` steps logged in four
+/// windows, one thread, the global batch, the caller's settings, output to `out`.
+fn train_settings(steps: u64, batch: usize, extra: &[String], out: &Path) -> Vec<String> {
+    let log_every = (steps / 4).max(1).to_string();
+    ["--max-steps", &steps.to_string(), "--log-every", &log_every, "--threads", "1", "--output"]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([out.display().to_string(), "--global-batch-size".into(), batch.to_string()])
+        .chain(extra.iter().cloned())
+        .collect()
 }
 
 /// Runs both configurations and prints the measured table and the projection.
 pub(crate) fn scaling(args: &ScalingArgs) -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let common = |out: &Path| -> Vec<String> {
-        let log_every = (args.steps / 4).max(1).to_string();
-        ["--max-steps", &args.steps.to_string(), "--log-every", &log_every, "--threads", "1", "--output"]
-            .iter()
-            .map(|s| s.to_string())
-            .chain([out.display().to_string(), "--global-batch-size".into(), args.batch.to_string()])
-            .chain(args.train_args.iter().cloned())
-            .collect()
-    };
+    let common = |out: &Path| train_settings(args.steps, args.batch, &args.train_args, out);
     let one = dir.path().join("one");
-    run_ringtune(&args.ringtune, &[vec!["train".to_string()], common(&one)].concat())?;
+    run_program(&args.ringtune, &[vec!["train".to_string()], common(&one)].concat())?;
     let two_nodes = |out: &Path, extra: &[&str]| -> Result<Phases> {
         let launch = ["launch", "--nodes", "2", "--port", "29731", "--"].map(String::from).to_vec();
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        run_ringtune(&args.ringtune, &[launch, common(out), extra].concat())?;
+        run_program(&args.ringtune, &[launch, common(out), extra].concat())?;
         phases(&out.join("metrics.jsonl"))
     };
     let p1 = phases(&one.join("metrics.jsonl"))?;
@@ -120,6 +124,72 @@ pub(crate) fn scaling(args: &ScalingArgs) -> Result<()> {
         );
     }
     project(p1, p2, args.batch);
+    Ok(())
+}
+
+/// The emulated cluster's settings.
+#[derive(Args)]
+pub(crate) struct ClusterArgs {
+    /// The `ring-bench` binary (it makes the cluster and runs a rank on every host).
+    #[arg(long, default_value = "target/release/ringtune-ring-bench")]
+    ring_bench: PathBuf,
+    /// The `ringtune` binary.
+    #[arg(long, default_value = "target/release/ringtune")]
+    ringtune: PathBuf,
+    /// Hosts.
+    #[arg(long, default_value_t = 4)]
+    hosts: usize,
+    /// Link rates, as tc writes them.
+    #[arg(long, value_delimiter = ',', default_value = "10gbit,1gbit")]
+    rates: Vec<String>,
+    /// Steps per run (the first log window is warm-up and not counted).
+    #[arg(long, default_value_t = 20)]
+    steps: u64,
+    /// Global batch.
+    #[arg(long, default_value_t = 32)]
+    batch: usize,
+    /// Settings passed on to every `ringtune train`.
+    #[arg(last = true)]
+    train_args: Vec<String>,
+}
+
+/// Per link rate, the same steps with the sync overlapping the backward pass and without.
+pub(crate) fn on_cluster(args: &ClusterArgs) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let settings = if args.train_args.is_empty() { "default settings".to_string() } else { args.train_args.join(" ") };
+    println!("CPU: {}", ringtune_runtime::cpu_model());
+    println!(
+        "{} emulated hosts on this machine (1 thread each), MiniLM on MRPC, global batch {}, {} steps, {settings}:",
+        args.hosts, args.batch, args.steps
+    );
+    println!("| link | overlap | step s | forward+backward s | exposed sync s | sync in all s | MB per ring pass | sync hidden |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for rate in &args.rates {
+        let mut serial_exposed = None;
+        for overlap in [false, true] {
+            let out = dir.path().join(format!("{rate}-{overlap}"));
+            let mut command: Vec<String> =
+                ["--cluster", "netns", "--ranks", &args.hosts.to_string(), "--link-rate", rate, "--"]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect();
+            command.push(args.ringtune.display().to_string());
+            command.push("train".into());
+            command.extend(train_settings(args.steps, args.batch, &args.train_args, &out));
+            command.extend(["--overlap".to_string(), overlap.to_string()]);
+            run_program(&args.ring_bench, &command)?;
+            let p = phases(&out.join("metrics.jsonl"))?;
+            let hidden = match serial_exposed {
+                Some(serial) if serial > 0.0 => format!("{:.0}%", 100.0 * (serial - p.sync) / serial),
+                _ => "-".to_string(),
+            };
+            serial_exposed.get_or_insert(p.sync);
+            println!(
+                "| {rate} | {overlap} | {:.3} | {:.3} | {:.3} | {:.3} | {:.1} | {hidden} |",
+                p.step, p.forward_backward, p.sync, p.sync_total, p.sync_mb
+            );
+        }
+    }
     Ok(())
 }
 

@@ -70,6 +70,12 @@ struct Args {
     cluster: ClusterArgs,
     #[command(flatten)]
     child: ChildArgs,
+    /// With `--cluster netns`: instead of the all-reduce benchmark, run this command on every
+    /// emulated host with the variables a torchrun-style launcher sets (RANK, WORLD_SIZE,
+    /// MASTER_ADDR = host 0, MASTER_PORT) and RINGTUNE_CERTS, e.g. `-- target/release/ringtune
+    /// train --max-steps 20`; host 0's output is shown.
+    #[arg(last = true)]
+    exec: Vec<String>,
 }
 
 /// Where the ranks run: loopback, or an emulated cluster.
@@ -198,6 +204,9 @@ fn main() -> Result<()> {
         bail!("--ranks must be between 2 and 253");
     }
     args.cluster.check()?;
+    if !args.exec.is_empty() && args.cluster.cluster.is_none() {
+        bail!("-- COMMAND runs on emulated hosts: give --cluster netns");
+    }
     println!("CPU: {}", ringtune_runtime::cpu_model());
     if args.cluster.cluster == Some(ClusterKind::Netns) {
         return on_cluster(&args);
@@ -254,6 +263,37 @@ fn unless_failed(gloo: Result<Gloo>) -> Gloo {
 /// The run on an emulated cluster: one host per rank, user-space impairment and a link cut
 /// when asked, gloo in the same hosts when a PyTorch is given. The cluster is removed when
 /// this returns, fails, or is interrupted.
+/// Runs `command` on every host of `net` as one rank of a job, and waits for all of them.
+fn exec_on_hosts(command: &[String], net: &cluster::Cluster) -> Result<()> {
+    let certs = tempfile::tempdir()?;
+    write(certs.path(), &generate(net.hosts())?)?;
+    let mut ranks = Processes::default();
+    for h in 0..net.hosts() {
+        let mut cmd = net.command(h, std::path::Path::new(&command[0]));
+        cmd.args(&command[1..])
+            .env("RANK", h.to_string())
+            .env("WORLD_SIZE", net.hosts().to_string())
+            .env("MASTER_ADDR", net.addr(0).to_string())
+            .env("MASTER_PORT", "29500")
+            .env("RINGTUNE_CERTS", certs.path())
+            .stdout(if h == 0 { Stdio::inherit() } else { Stdio::null() })
+            .stderr(if h == 0 { Stdio::inherit() } else { Stdio::piped() });
+        ranks.spawn(&mut cmd)?;
+    }
+    let outputs = ranks.wait_all()?;
+    for (h, out) in outputs.iter().enumerate() {
+        if !out.status.success() {
+            bail!(
+                "host {h}: `{}` failed ({}): {}",
+                command.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    Ok(())
+}
+
 fn on_cluster(args: &Args) -> Result<()> {
     let c = &args.cluster;
     if let Some(&host) = c.cut.first() {
@@ -274,6 +314,9 @@ fn on_cluster(args: &Args) -> Result<()> {
         std::process::exit(130);
     })?;
     let net = cluster::Cluster::create(args.ranks, &link)?;
+    if !args.exec.is_empty() {
+        return exec_on_hosts(&args.exec, &net);
+    }
     let addrs: Vec<SocketAddr> = (0..net.hosts()).map(|h| SocketAddr::new(net.addr(h).into(), 4000)).collect();
     let relays = match c.impair.as_slice() {
         [loss, reorder] => {
