@@ -241,7 +241,9 @@ fn check_hello(
         return Err(QuicError::peer(
             prev,
             addr,
-            "runs a model with another parameter layout; every node must train the same model".into(),
+            "runs a model with another parameter layout, or settings that must match (--wire, \
+             --shard-optimizer); every node must train the same model with the same settings"
+                .into(),
         ));
     }
     Ok(())
