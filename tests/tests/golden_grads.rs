@@ -7,7 +7,7 @@ use ringtune_bert::{load_params, read_tensor_file, ModelConfig};
 use ringtune_ops::{Kernels, Precision};
 use ringtune_runtime::{FlatBuffer, SessionOptions};
 use ringtune_tests::{assert_grad_close, fixtures, max_abs_diff, minilm_dir, mpnet_dir, read_batch, rel_l2, runtime};
-use ringtune_trainer::engine::Engine;
+use ringtune_trainer::engine::{Engine, SyncHooks};
 
 /// Every kernel choice with its gradient and output tolerances; bf16 where the CPU has it.
 fn kernel_cases(test: &str) -> Vec<(Kernels, f64, f32)> {
@@ -23,7 +23,8 @@ fn engine(config: &ModelConfig, weights: &[std::path::PathBuf], kernels: Kernels
     let mut params = FlatBuffer::zeros(layout.total_len());
     let report = load_params(weights, config, &layout, 0, &mut params).expect("weights");
     assert!(report.initialized.is_empty(), "{report:?}");
-    Engine::new(runtime(), config, &layout, params, false, kernels, &SessionOptions::default(), None).expect("engine")
+    Engine::new(runtime(), config, &layout, params, false, kernels, &SessionOptions::default(), SyncHooks::default())
+        .expect("engine")
 }
 
 #[test]

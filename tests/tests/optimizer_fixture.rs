@@ -5,7 +5,7 @@ use ringtune_bert::{load_params, read_tensor_file, ModelConfig};
 use ringtune_ops::Kernels;
 use ringtune_runtime::{FlatBuffer, SessionOptions};
 use ringtune_tests::{fixtures, max_abs_diff, read_batch_prefixed, runtime};
-use ringtune_trainer::engine::Engine;
+use ringtune_trainer::engine::{Engine, SyncHooks};
 use ringtune_trainer::replay::{replay, Trace};
 
 #[test]
@@ -15,9 +15,17 @@ fn adamw_steps_match_pytorch() {
     let layout = ringtune_bert::layout(&config);
     let mut params = FlatBuffer::zeros(layout.total_len());
     load_params(&[dir.join("model.safetensors")], &config, &layout, 0, &mut params).expect("weights");
-    let mut engine =
-        Engine::new(runtime(), &config, &layout, params, false, Kernels::Mlas, &SessionOptions::default(), None)
-            .expect("engine");
+    let mut engine = Engine::new(
+        runtime(),
+        &config,
+        &layout,
+        params,
+        false,
+        Kernels::Mlas,
+        &SessionOptions::default(),
+        SyncHooks::default(),
+    )
+    .expect("engine");
     let trace = Trace::from_file(&dir.join("steps.json")).expect("steps.json");
     let batches: Vec<_> = (0..trace.steps)
         .map(|i| read_batch_prefixed(&dir.join("steps_batches.safetensors"), &format!("step{i}.")))

@@ -1,17 +1,20 @@
-//! Where the gradient hand-over runs, read from ONNX Runtime's own profile of a MiniLM training
+//! Where the sync's operators run, read from ONNX Runtime's own profile of a MiniLM training
 //! step: one `GradReady` per parameter, each as the backward pass produces its gradient (last
 //! layer first), so that the first bucket of the sync plan is complete while most of the
-//! backward pass is still to run and the ring can reduce it meanwhile.
+//! backward pass is still to run and the ring can reduce it meanwhile; and one `ParamReady`
+//! per parameter, each just before the forward pass first reads it (first layer first), so that
+//! the parameters of later layers can still be on the wire while earlier layers compute.
 
 use std::sync::{Arc, Mutex};
 
 use ringtune_bert::{load_params, ModelConfig};
 use ringtune_ops::grad_ready::GradSink;
+use ringtune_ops::param_ready::ParamSource;
 use ringtune_ops::Kernels;
 use ringtune_runtime::{FlatBuffer, SessionOptions};
 use ringtune_tests::{fixtures, minilm_dir, read_batch, runtime};
 use ringtune_trainer::distributed::sync_plan;
-use ringtune_trainer::engine::Engine;
+use ringtune_trainer::engine::{Engine, SyncHooks};
 use ringtune_trainer::model::ModelDir;
 
 /// Which gradients arrived, in order.
@@ -20,6 +23,17 @@ struct Arrivals(Mutex<Vec<usize>>);
 
 impl GradSink for Arrivals {
     fn take(&self, tensor: usize, _grad: &[f32]) -> Result<(), String> {
+        self.0.lock().map_err(|e| e.to_string())?.push(tensor);
+        Ok(())
+    }
+}
+
+/// Which parameters were waited for, in order.
+#[derive(Default)]
+struct Waits(Mutex<Vec<usize>>);
+
+impl ParamSource for Waits {
+    fn wait(&self, tensor: usize) -> Result<(), String> {
         self.0.lock().map_err(|e| e.to_string())?.push(tensor);
         Ok(())
     }
@@ -46,8 +60,9 @@ fn node_events(profile: &str) -> Vec<Ran> {
     ran
 }
 
-#[test]
-fn every_gradient_is_handed_over_as_the_backward_pass_produces_it() {
+/// The profile of MiniLM's second training step (the first warms up) with `hooks`: every
+/// node's run, in order.
+fn profiled_step(hooks: SyncHooks) -> Vec<Ran> {
     let dir = tempfile::tempdir().expect("dir");
     let model = minilm_dir();
     let config = ModelConfig::from_dir(&model).expect("config").with_dropout(0.0);
@@ -55,26 +70,32 @@ fn every_gradient_is_handed_over_as_the_backward_pass_produces_it() {
     let mut params = FlatBuffer::zeros(layout.total_len());
     let weights = [model.join("model.safetensors"), fixtures().join("minilm-mrpc/classifier.safetensors")];
     load_params(&weights, &config, &layout, 0, &mut params).expect("weights");
-    let arrivals = Arc::new(Arrivals::default());
     let options = SessionOptions { threads: 1, profile: Some(dir.path().join("step")), ..SessionOptions::default() };
-    let sink: Arc<dyn GradSink> = arrivals.clone();
     let mut engine =
-        Engine::new(runtime(), &config, &layout, params, false, Kernels::Mlas, &options, Some(sink)).expect("engine");
+        Engine::new(runtime(), &config, &layout, params, false, Kernels::Mlas, &options, hooks).expect("engine");
     let batch = read_batch(&fixtures().join("minilm-mrpc/batch.safetensors"));
     engine.step(&batch).expect("warm-up step");
-    arrivals.0.lock().expect("lock").clear();
     engine.step(&batch).expect("step");
     let file = engine.end_profiling().expect("profile");
     let ran = node_events(&std::fs::read_to_string(&file).expect("profile file"));
-
     // The step's nodes: the second run's, from its first node on.
     let per_run = ran.len() / 2;
-    let step = &ran[ran.len() - per_run..];
+    ran.into_iter().skip(per_run).collect()
+}
+
+#[test]
+fn every_gradient_is_handed_over_as_the_backward_pass_produces_it() {
+    let model = minilm_dir();
+    let layout = ringtune_bert::layout(&ModelConfig::from_dir(&model).expect("config"));
+    let arrivals = Arc::new(Arrivals::default());
+    let sink: Arc<dyn GradSink> = arrivals.clone();
+    let step = profiled_step(SyncHooks { grads: Some(sink), params: None });
     let hand_overs: Vec<&Ran> = step.iter().filter(|r| r.op == "GradReady").collect();
     let entries = layout.entries().len();
     assert_eq!(hand_overs.len(), entries, "one GradReady per parameter ran");
-    let order = arrivals.0.lock().expect("lock").clone();
-    assert_eq!(order.len(), entries, "every gradient reached the sink once");
+    let all = arrivals.0.lock().expect("lock").clone();
+    let order = all[entries..].to_vec();
+    assert_eq!(all.len(), 2 * entries, "every gradient reached the sink once per step");
 
     // When each bucket of the sync plan is complete, as a share of the step's time.
     let (t0, t1) = (step[0].start, step.last().map_or(0, |r| r.end));
@@ -96,4 +117,59 @@ fn every_gradient_is_handed_over_as_the_backward_pass_produces_it() {
     // The hand-overs are spread over the backward pass, not bunched at its end.
     let first = share(hand_overs[0].start);
     assert!(first < 0.6, "the first gradient is handed over only at {first:.2} of the step");
+}
+
+#[test]
+fn every_parameter_waits_just_before_the_forward_pass_first_reads_it() {
+    let model = minilm_dir();
+    let layout = ringtune_bert::layout(&ModelConfig::from_dir(&model).expect("config"));
+    let waits = Arc::new(Waits::default());
+    let source: Arc<dyn ParamSource> = waits.clone();
+    let sink: Arc<dyn GradSink> = Arc::new(Arrivals::default());
+    let step = profiled_step(SyncHooks { grads: Some(sink), params: Some(source) });
+    let entries = layout.entries().len();
+    let gates: Vec<&Ran> = step.iter().filter(|r| r.op == "ParamReady").collect();
+    let all = waits.0.lock().expect("lock").clone();
+    // The graph never reads the key biases (softmax cancels them), so nothing waits for them.
+    let unread: Vec<&str> =
+        layout.entries().iter().enumerate().filter(|(i, _)| !all.contains(i)).map(|(_, e)| e.name.as_str()).collect();
+    assert!(unread.iter().all(|name| name.ends_with("attention.self.key.bias")), "never waited for: {unread:?}");
+    let read = entries - unread.len();
+    assert_eq!(gates.len(), read, "one ParamReady per parameter read ran");
+    assert_eq!(all.len(), 2 * read, "every parameter read was waited for once per step");
+    let order = all[read..].to_vec();
+
+    // When each bucket of the sync plan is first needed, as a share of the step's time; the
+    // gather sends them in the reverse of the plan's order (forward order).
+    let (t0, t1) = (step[0].start, step.last().map_or(0, |r| r.end));
+    let share = |t: u64| (t - t0) as f64 / (t1 - t0).max(1) as f64;
+    let plan = sync_plan(&ModelDir::open(&model).expect("model"), 2);
+    let needed: Vec<f64> = plan
+        .buckets
+        .iter()
+        .rev()
+        .map(|bucket| {
+            let first = bucket.tensors.iter().filter_map(|t| order.iter().position(|o| o == t)).min().expect("waited");
+            share(gates[first].start)
+        })
+        .collect();
+    // The forward pass ends before the first gradient is handed over.
+    let first_gradient = step.iter().find(|r| r.op == "GradReady").map(|r| share(r.start)).expect("a GradReady");
+    eprintln!(
+        "buckets first needed at {needed:.3?} of the step (forward order); first gradient at {first_gradient:.3}"
+    );
+    // The embeddings' buckets are all read by the first nodes; from there on, each bucket is
+    // needed no earlier than the one gathered before it.
+    let at_start = 0.01;
+    assert!(
+        needed.windows(2).all(|w| w[0] <= w[1] || w[0] < at_start),
+        "buckets are needed in gather order: {needed:?}"
+    );
+    // The waits are spread over the forward pass, not bunched at its start: the last bucket is
+    // first read after most of the forward pass.
+    let last = needed.last().copied().unwrap_or(0.0);
+    assert!(
+        last > 0.5 * first_gradient,
+        "the last bucket is needed at {last:.3}, the first gradient at {first_gradient:.3}"
+    );
 }

@@ -7,7 +7,7 @@ use ringtune_bert::{load_params, ModelConfig};
 use ringtune_ops::Kernels;
 use ringtune_runtime::{FlatBuffer, SessionOptions};
 use ringtune_tests::{fixtures, read_batch, runtime};
-use ringtune_trainer::engine::Engine;
+use ringtune_trainer::engine::{Engine, SyncHooks};
 
 fn engine() -> (Engine, ringtune_mrpc::Batch) {
     let dir = fixtures().join("tiny-bert");
@@ -16,7 +16,8 @@ fn engine() -> (Engine, ringtune_mrpc::Batch) {
     let mut params = FlatBuffer::zeros(layout.total_len());
     load_params(&[dir.join("model.safetensors")], &config, &layout, 0, &mut params).expect("weights");
     let options = SessionOptions { threads: 2, ..SessionOptions::default() };
-    let engine = Engine::new(runtime(), &config, &layout, params, true, Kernels::Mlas, &options, None).expect("engine");
+    let engine = Engine::new(runtime(), &config, &layout, params, true, Kernels::Mlas, &options, SyncHooks::default())
+        .expect("engine");
     (engine, read_batch(&dir.join("batch.safetensors")))
 }
 

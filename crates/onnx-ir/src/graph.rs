@@ -358,7 +358,35 @@ impl Graph {
         Ok(outputs)
     }
 
-    /// The types (and shape values) `node` gives its outputs; an error when it names more
+    /// Inserts a fully formed node at position `index` (its inputs must be defined before
+    /// that position, its outputs new), inferring its output types; later nodes move up one.
+    pub fn insert_node(&mut self, index: usize, node: Node) -> Result<Vec<Value>, IrError> {
+        if index > self.nodes.len() {
+            return Err(IrError::Invalid(format!("no position {index} among {} nodes", self.nodes.len())));
+        }
+        for input in node.inputs.iter().filter(|i| !i.is_empty()) {
+            let defined_before = match self.producers.get(input) {
+                Some(&producer) => producer < index,
+                None => self.types.contains_key(input),
+            };
+            if !defined_before {
+                return Err(IrError::UndefinedInput { node: node.name.clone(), input: input.clone() });
+            }
+        }
+        let inferred = self.infer_outputs(&node)?;
+        let mut outputs = Vec::new();
+        for (name, ty) in node.outputs.iter().zip(&inferred.types).filter(|(n, _)| !n.is_empty()) {
+            self.define(name, ty.clone())?;
+            outputs.push(Value::named(name.as_str()));
+        }
+        for producer in self.producers.values_mut().filter(|p| **p >= index) {
+            *producer += 1;
+        }
+        self.nodes.insert(index, node);
+        self.record_outputs(index, inferred);
+        Ok(outputs)
+    }
+
     /// outputs than its operator makes.
     fn infer_outputs(&self, node: &Node) -> Result<ops::Inferred, IrError> {
         let inferred = ops::infer(self, node).map_err(|reason| IrError::Shape {
@@ -591,6 +619,34 @@ impl Graph {
 mod tests {
     use super::*;
     use crate::{shape, Dim};
+
+    #[test]
+    fn a_node_inserted_first_is_read_by_later_ones() {
+        let mut g = Graph::new("t");
+        let x = g.input("x", DType::F32, shape(&[2])).expect("x");
+        let y = g.relu(&x).expect("relu");
+        let z = g.neg(&y).expect("neg");
+        g.output(&z).expect("out");
+        let node = |name: &str, input: &str, output: &str| Node {
+            name: name.into(),
+            op_type: "Neg".into(),
+            domain: String::new(),
+            inputs: vec![input.into()],
+            outputs: vec![output.into()],
+            attributes: Default::default(),
+        };
+        let first = g.insert_node(0, node("first", "x", "x.first")).expect("insert");
+        assert_eq!(first, vec![Value::named("x.first")]);
+        assert_eq!(g.nodes()[0].name, "first");
+        assert_eq!(g.producer(y.name()).map(|n| n.op_type.as_str()), Some("Relu"));
+        assert_eq!(g.producer(z.name()).map(|n| n.op_type.as_str()), Some("Neg"));
+        assert_eq!(g.shape(&first[0]).expect("typed"), &shape(&[2]));
+        g.validate().expect("valid");
+        let late = g.insert_node(0, node("late", y.name(), "y.late"));
+        assert!(matches!(late, Err(IrError::UndefinedInput { .. })), "{late:?}");
+        assert!(g.insert_node(0, node("again", "x", "x.first")).is_err(), "an output name taken");
+        assert!(g.insert_node(9, node("far", "x", "x.far")).is_err());
+    }
 
     #[test]
     fn builds_validates_and_prunes() {

@@ -1,7 +1,8 @@
 //! ringtune's own ONNX operators, in the `ai.ringtune` domain: the matrix products on oneDNN
 //! (`DnnlMatMul`, `DnnlGemm`), seeded dropout (`SeededDropout`), in-order scatter-add
-//! (`ScatterNdAdd`), and the hand-over of each gradient to the gradient sync as the backward
-//! pass produces it (`GradReady`).
+//! (`ScatterNdAdd`), the hand-over of each gradient to the gradient sync as the backward
+//! pass produces it (`GradReady`), and the wait for each parameter's newest values before its
+//! first reader (`ParamReady`).
 //!
 //! Owns: one module per operator, each holding its name, typed attributes, shape rule (taught
 //! to `ringtune-onnx-ir` graphs), gradient rule where the operator exists before
@@ -34,6 +35,7 @@
 mod attributes;
 pub mod dnnl;
 pub mod grad_ready;
+pub mod param_ready;
 pub mod scatter_nd_add;
 pub mod seeded_dropout;
 mod settings;
@@ -66,6 +68,7 @@ pub(crate) fn register_shapes(graph: &mut Graph) {
     graph.register_op(DOMAIN, dnnl::matmul::NAME, dnnl::matmul::shape_rule);
     graph.register_op(DOMAIN, dnnl::gemm::NAME, dnnl::gemm::shape_rule);
     graph.register_op(DOMAIN, grad_ready::NAME, grad_ready::shape_rule);
+    graph.register_op(DOMAIN, param_ready::NAME, param_ready::shape_rule);
 }
 
 /// The gradient rules of the operators that exist before differentiation.
@@ -95,8 +98,9 @@ pub fn lower(graph: &mut Graph, kernels: Kernels) -> Result<Lowered, IrError> {
 
 /// The operators a session running graphs lowered for `kernels` registers; the oneDNN
 /// products run on `threads` threads (0: one per core). Asking for bf16 on a CPU that has no
-/// bf16 products is an error that says so. (`GradReady` needs its sink: a training session that
-/// hands gradients over adds [`grad_ready::GradReady`] itself.)
+/// bf16 products is an error that says so. (`GradReady` and `ParamReady` need their sink and
+/// source: a training session that hands gradients over adds [`grad_ready::GradReady`] and
+/// [`param_ready::ParamReady`] itself.)
 pub fn custom_ops(kernels: Kernels, threads: usize) -> Result<CustomOps, OpsError> {
     let mut ops: Vec<Arc<dyn CustomOp>> =
         vec![Arc::new(seeded_dropout::SeededDropout), Arc::new(scatter_nd_add::ScatterNdAdd)];

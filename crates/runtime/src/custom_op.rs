@@ -9,7 +9,7 @@ use std::sync::Arc;
 use ort::operator::{
     BoxedKernel, ComputeContext, KernelContext, Operator, OperatorDomain, OperatorInput, OperatorOutput,
 };
-use ort::value::TensorElementType;
+use ort::value::{TensorElementType, ValueRef};
 
 use crate::{Result, RuntimeError};
 
@@ -121,6 +121,12 @@ pub trait CustomOp: Send + Sync {
     fn outputs(&self) -> Vec<Port>;
     /// The kernel of a node with these attributes.
     fn kernel(&self, attributes: &dyn Attributes) -> std::result::Result<Box<dyn Kernel>, String>;
+    /// Whether the operator passes its first input through as its first output, unchanged: ONNX
+    /// Runtime then gives both one buffer (no copy), the kernel is handed no outputs and only
+    /// decides when the node ends (a wait, a hand-over).
+    fn passes_through(&self) -> bool {
+        false
+    }
 }
 
 /// The operator domain a session registers, holding `ops`.
@@ -138,12 +144,19 @@ pub(crate) fn domain(ops: &[Arc<dyn CustomOp>]) -> Result<OperatorDomain> {
                 message: "int64 outputs are not supported".into(),
             });
         }
-        domain = domain.add(Adapter(op.clone())).map_err(fail)?;
+        domain = if op.passes_through() {
+            domain.add(PassThrough(Adapter(op.clone()))).map_err(fail)?
+        } else {
+            domain.add(Adapter(op.clone())).map_err(fail)?
+        };
     }
     Ok(domain)
 }
 
 struct Adapter(Arc<dyn CustomOp>);
+
+/// An [`Adapter`] whose first output is its first input, in the same buffer.
+struct PassThrough(Adapter);
 
 fn element_type(e: ElementType) -> TensorElementType {
     match e {
@@ -192,30 +205,61 @@ impl Operator for Adapter {
     }
 }
 
+impl Operator for PassThrough {
+    type Kernel<'attr> = BoxedKernel<'attr>;
+
+    const ALIASES: &[(u32, u32)] = &[(0, 0)];
+
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+
+    fn inputs(&self) -> impl IntoIterator<Item = OperatorInput> {
+        self.0.inputs()
+    }
+
+    fn outputs(&self) -> impl IntoIterator<Item = OperatorOutput> {
+        self.0.outputs()
+    }
+
+    fn create_kernel<'attr>(&self, kctx: &KernelContext<'attr>) -> ort::Result<Self::Kernel<'attr>> {
+        let name = self.0 .0.name();
+        let kernel = self.0 .0.kernel(&NodeAttributes(kctx)).map_err(|e| ort::Error::new(format!("{name}: {e}")))?;
+        let inputs = self.0 .0.inputs();
+        Ok(Box::new(move |ctx: &ComputeContext| {
+            pass_through(&*kernel, &inputs, ctx).map_err(|e| ort::Error::new(format!("{name}: {e}")))
+        }))
+    }
+}
+
+/// Runs a pass-through kernel: it sees the inputs and fills nothing; the first output is then
+/// made over the first input's buffer (ONNX Runtime plans it so, from the operator's alias), or
+/// filled with a copy should a build of ONNX Runtime not honour the alias.
+fn pass_through(kernel: &dyn Kernel, inputs: &[Port], ctx: &ComputeContext) -> ort::Result<()> {
+    let values = input_values(inputs, ctx)?;
+    let (shape, source) = {
+        let views = input_views(inputs, &values)?;
+        let shapes = kernel.output_shapes(&views).map_err(ort::Error::new)?;
+        kernel.compute(&views, &mut []).map_err(ort::Error::new)?;
+        let Some(Some(TensorRef::F32(_, data))) = views.first() else {
+            return Err(ort::Error::new("a pass-through operator takes a float tensor first"));
+        };
+        (shapes.into_iter().next().unwrap_or_default(), data.as_ptr())
+    };
+    let Some(mut output) = ctx.output(0, shape)? else { return Ok(()) };
+    // The input's slices are gone: only its address is compared.
+    let data = output.try_extract_tensor_mut::<f32>()?.1;
+    if data.as_ptr() != source {
+        let first = values.first().and_then(Option::as_ref).ok_or_else(|| ort::Error::new("no first input"))?;
+        data.copy_from_slice(first.try_extract_tensor::<f32>()?.1);
+    }
+    Ok(())
+}
+
 /// Hands ONNX Runtime's tensors to `kernel` as slices.
 fn run(kernel: &dyn Kernel, inputs: &[Port], outputs: &[Port], ctx: &ComputeContext) -> ort::Result<()> {
-    let values = (0..inputs.len()).map(|i| ctx.input(i)).collect::<ort::Result<Vec<_>>>()?;
-    let mut views = Vec::with_capacity(values.len());
-    for (value, port) in values.iter().zip(inputs) {
-        let Some(value) = value else {
-            views.push(None);
-            continue;
-        };
-        views.push(Some(match port.element {
-            ElementType::F32 => {
-                let (shape, data) = value.try_extract_tensor::<f32>()?;
-                TensorRef::F32(shape, data)
-            }
-            ElementType::I64 => {
-                let (shape, data) = value.try_extract_tensor::<i64>()?;
-                TensorRef::I64(shape, data)
-            }
-            ElementType::Bool => {
-                let (shape, data) = value.try_extract_tensor::<bool>()?;
-                TensorRef::Bool(shape, data)
-            }
-        }));
-    }
+    let values = input_values(inputs, ctx)?;
+    let views = input_views(inputs, &values)?;
     let shapes = kernel.output_shapes(&views).map_err(ort::Error::new)?;
     if shapes.len() != outputs.len() {
         return Err(ort::Error::new(format!("{} output shapes for {} outputs", shapes.len(), outputs.len())));
@@ -237,4 +281,34 @@ fn run(kernel: &dyn Kernel, inputs: &[Port], outputs: &[Port], ctx: &ComputeCont
         });
     }
     kernel.compute(&views, &mut slots).map_err(ort::Error::new)
+}
+
+/// The inputs of a node as slices over ONNX Runtime's tensors (`values`: [`ComputeContext::input`]'s).
+fn input_views<'v>(inputs: &[Port], values: &'v [Option<ValueRef<'_>>]) -> ort::Result<Vec<Option<TensorRef<'v>>>> {
+    let mut views = Vec::with_capacity(inputs.len());
+    for (value, port) in values.iter().zip(inputs) {
+        let Some(value) = value else {
+            views.push(None);
+            continue;
+        };
+        views.push(Some(match port.element {
+            ElementType::F32 => {
+                let (shape, data) = value.try_extract_tensor::<f32>()?;
+                TensorRef::F32(shape, data)
+            }
+            ElementType::I64 => {
+                let (shape, data) = value.try_extract_tensor::<i64>()?;
+                TensorRef::I64(shape, data)
+            }
+            ElementType::Bool => {
+                let (shape, data) = value.try_extract_tensor::<bool>()?;
+                TensorRef::Bool(shape, data)
+            }
+        }));
+    }
+    Ok(views)
+}
+
+fn input_values<'c>(inputs: &[Port], ctx: &'c ComputeContext) -> ort::Result<Vec<Option<ValueRef<'c>>>> {
+    (0..inputs.len()).map(|i| ctx.input(i)).collect()
 }

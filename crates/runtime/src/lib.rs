@@ -5,7 +5,8 @@
 //! sessions with the options training needs (threads, graph optimisation, arena, execution
 //! provider), running them on borrowed tensors, binding flat `f32` buffers to a session so
 //! that parameters go in and gradients come out without a copy per step, the CPU features that
-//! decide which kernels are fast, and the [`Kernel`] trait that custom operators plug into.
+//! decide which kernels are fast, and the [`Kernel`] trait that custom operators plug into
+//! (including operators that pass their input through in its own buffer).
 //!
 //! Does not own: building graphs (`ringtune-onnx-ir`, `ringtune-bert`, `ringtune-autodiff`),
 //! our custom operators themselves (`ringtune-ops`), or deciding what the buffers hold (the

@@ -98,3 +98,82 @@ fn a_kernel_error_names_the_operator() {
     let msg = err.to_string();
     assert!(msg.contains("Scale: negative input"), "{msg}");
 }
+
+/// Records the address of its first input: `Hold` passes it through, `Peek` copies it out.
+struct Recorder {
+    name: &'static str,
+    passes: bool,
+    seen: Arc<std::sync::Mutex<Vec<(&'static str, usize)>>>,
+}
+
+impl CustomOp for Recorder {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn inputs(&self) -> Vec<Port> {
+        vec![Port::required(ElementType::F32)]
+    }
+
+    fn outputs(&self) -> Vec<Port> {
+        vec![Port::required(ElementType::F32)]
+    }
+
+    fn kernel(&self, _attributes: &dyn Attributes) -> Result<Box<dyn Kernel>, String> {
+        Ok(Box::new(RecorderKernel { name: self.name, seen: self.seen.clone() }))
+    }
+
+    fn passes_through(&self) -> bool {
+        self.passes
+    }
+}
+
+struct RecorderKernel {
+    name: &'static str,
+    seen: Arc<std::sync::Mutex<Vec<(&'static str, usize)>>>,
+}
+
+impl Kernel for RecorderKernel {
+    fn output_shapes(&self, inputs: &[Option<TensorRef<'_>>]) -> Result<Vec<Vec<i64>>, String> {
+        Ok(vec![inputs[0].ok_or("no x")?.shape().to_vec()])
+    }
+
+    fn compute(&self, inputs: &[Option<TensorRef<'_>>], outputs: &mut [Option<TensorMut<'_>>]) -> Result<(), String> {
+        let x = inputs[0].and_then(|x| x.f32()).ok_or("no x")?;
+        self.seen.lock().map_err(|e| e.to_string())?.push((self.name, x.as_ptr() as usize));
+        if let Some(Some(TensorMut::F32(y))) = outputs.first_mut() {
+            y.copy_from_slice(x);
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn a_pass_through_operator_hands_on_its_input_buffer_itself() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let op = |name, passes| -> Arc<dyn CustomOp> { Arc::new(Recorder { name, passes, seen: seen.clone() }) };
+    let mut g = Graph::new("hold");
+    let same = |ctx: &InferCtx<'_>| Ok(vec![ValueType::new(DType::F32, ctx.ranked(0)?.clone())]);
+    g.register_op(DOMAIN, "Hold", same);
+    g.register_op(DOMAIN, "Peek", same);
+    let x = g.input("x", DType::F32, shape(&[4])).expect("x");
+    let node = |g: &mut Graph, op_type, x| {
+        let spec = NodeSpec { op_type, domain: DOMAIN, inputs: vec![Some(x)], attributes: vec![], outputs: 1 };
+        g.node(spec).expect("node").remove(0)
+    };
+    let held = node(&mut g, "Hold", &x);
+    let peeked = node(&mut g, "Peek", &held);
+    g.output_as(&peeked, "y").expect("y");
+    let runtime = Runtime::get().expect("ONNX Runtime (`just setup`)");
+    let options = SessionOptions {
+        custom_ops: CustomOps(vec![op("Hold", true), op("Peek", false)]),
+        ..SessionOptions::default()
+    };
+    let mut session = Session::from_bytes(runtime, &g.to_bytes().expect("bytes"), &options).expect("session");
+    let x = [1.0f32, -2.0, 3.5, 0.0];
+    let out = session.run(&[("x", ringtune_runtime::TensorView::f32(&[4], &x))], &["y"]).expect("run");
+    assert_eq!(out[0].as_f32(), Some(&x[..]));
+    let seen = seen.lock().expect("lock").clone();
+    assert_eq!(seen.iter().map(|(n, _)| *n).collect::<Vec<_>>(), vec!["Hold", "Peek"]);
+    assert_eq!(seen[0].1, seen[1].1, "Peek reads the buffer Hold was given: no copy between them");
+}

@@ -1,7 +1,8 @@
 //! Training on several nodes over the QUIC ring: a sync thread that reduces gradient buckets as
 //! the backward pass hands them over (or after it, without overlap), in bf16 or `f32` on the
 //! wire; the optimizer phase (clipping by the global norm, AdamW on all parameters or on this
-//! node's shard, then the all-gather of updated parameters); parameter checks.
+//! node's shard, then the all-gather of updated parameters, which with overlap the sync thread
+//! runs behind the next step's forward pass); parameter checks.
 
 use std::net::SocketAddr;
 use std::ops::Range;
@@ -14,12 +15,15 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use ringtune_collective::{all_reduce_mean, all_reduce_rows, gather, used_rows, BucketKind, RingMode, SyncPlan, Wire};
 use ringtune_ops::grad_ready::GradSink;
+use ringtune_ops::param_ready::ParamSource;
 use ringtune_optim::{clip_coefficient, scale, squared_sums, AdamW, AdamWState};
 use ringtune_quic::certs::NodeIdentity;
 use ringtune_quic::{Peers, QuicRing, RingOptions, Tuning};
 
+use crate::engine::SyncHooks;
 use crate::handoff::{Handoff, SharedGrads, ToSync};
 use crate::model::ModelDir;
+use crate::param_gather::{ParamGather, ParamsPtr};
 use crate::train::{Averaged, GradSync, SyncMode};
 use crate::TrainError;
 
@@ -60,6 +64,8 @@ pub struct QuicSync {
     tensors: Vec<Range<usize>>,
     worker: Worker,
     reduced: Receiver<Result<Reduced, String>>,
+    /// The parameters' all-gather behind the next forward pass (sharded, overlapping runs).
+    gather: Option<Arc<ParamGather>>,
     mode: SyncMode,
     rank: usize,
     table_rows: Option<usize>,
@@ -113,6 +119,17 @@ impl QuicSync {
             BucketKind::Dense => None,
         });
         let grads = Arc::new(SharedGrads::zeros(model.layout.total_len()));
+        let gather = (options.mode.shard_optimizer && options.mode.overlap).then(|| {
+            let mut bucket_of = vec![0; model.layout.entries().len()];
+            for (index, bucket) in plan.buckets.iter().enumerate() {
+                for &tensor in &bucket.tensors {
+                    bucket_of[tensor] = index;
+                }
+            }
+            // Each of the ring's operations gives up after the deadline; a reader waits a
+            // little longer, so the ring's error (naming the peer) is the one reported.
+            Arc::new(ParamGather::new(bucket_of, plan.buckets.len(), options.deadline * 2))
+        });
         let ring = Arc::new(Mutex::new(ring));
         let (to_sync, from_loop) = mpsc::channel();
         let (report, reduced) = mpsc::channel();
@@ -120,6 +137,7 @@ impl QuicSync {
             ring: ring.clone(),
             plan: plan.clone(),
             grads: grads.clone(),
+            gather: gather.clone(),
             mode: options.mode,
             from_loop,
             report,
@@ -137,6 +155,7 @@ impl QuicSync {
             tensors: model.layout.entries().iter().map(|e| e.range()).collect(),
             worker: Worker { to_sync, thread: Some(thread) },
             reduced,
+            gather,
             mode: options.mode,
             rank: options.rank,
             table_rows,
@@ -208,8 +227,9 @@ impl QuicSync {
         Ok(out)
     }
 
-    /// Leaves the ring cleanly.
-    pub fn shutdown(self) {
+    /// Leaves the ring cleanly (once the parameters' gather, if one is under way, has ended).
+    pub fn shutdown(mut self) {
+        let _ = self.settle();
         let QuicSync { ring, worker, .. } = self;
         // The sync thread holds the ring too: stop it first.
         drop(worker);
@@ -249,12 +269,14 @@ impl GradSync for QuicSync {
         self.mode
     }
 
-    fn sink(&self) -> Arc<dyn GradSink> {
-        Arc::new(Handoff {
+    fn hooks(&self) -> SyncHooks {
+        let sink: Arc<dyn GradSink> = Arc::new(Handoff {
             grads: self.grads.clone(),
             tensors: self.tensors.clone(),
             to_sync: self.worker.to_sync.clone(),
-        })
+        });
+        let params = self.gather.clone().map(|g| g as Arc<dyn ParamSource>);
+        SyncHooks { grads: Some(sink), params }
     }
 
     fn optimizer_pieces(&self) -> Option<Vec<Range<usize>>> {
@@ -296,7 +318,8 @@ impl GradSync for QuicSync {
         drop(ring);
         averaged.map_err(|e| self.fail(e))?;
         let bytes = reduced.floats * self.mode.wire.bytes_per_value();
-        Ok(Averaged { loss: mean_loss[0], bytes, busy: reduced.busy })
+        let (params_wait, gathering) = self.gather.as_ref().map(|g| g.take_times()).unwrap_or_default();
+        Ok(Averaged { loss: mean_loss[0], bytes, busy: reduced.busy + gathering, params_wait })
     }
 
     #[allow(unsafe_code)]
@@ -320,7 +343,11 @@ impl GradSync for QuicSync {
             scale(&mut grads[piece.clone()], coef, threads);
         }
         adam.step(params, grads, lr);
-        if self.mode.shard_optimizer {
+        if let Some(gather) = &self.gather {
+            gather.begin();
+            let params = ToSync::Gather(ParamsPtr::new(params));
+            self.worker.to_sync.send(params).map_err(|_| self.fail("the sync thread has stopped"))?;
+        } else if self.mode.shard_optimizer {
             let gathering = Instant::now();
             self.all_gather(params)?;
             exchange += gathering.elapsed();
@@ -328,10 +355,19 @@ impl GradSync for QuicSync {
         Ok((norm, exchange))
     }
 
+    fn settle(&mut self) -> Result<(), TrainError> {
+        match &self.gather {
+            Some(gather) => gather.settle().map_err(|reason| self.fail(reason)),
+            None => Ok(()),
+        }
+    }
+
     fn full_moments(&mut self, adam: &AdamW) -> Result<Option<AdamWState>, TrainError> {
         if !self.mode.shard_optimizer {
             return Ok(None);
         }
+        // The ring's operations must come in one order on every node: the gather first.
+        self.settle()?;
         let len = self.grads.len();
         let (mut m, mut v) = (vec![0.0f32; len], vec![0.0f32; len]);
         adam.place_moments(&mut m, &mut v);
@@ -341,6 +377,7 @@ impl GradSync for QuicSync {
     }
 
     fn check_params(&mut self, hash: [u8; 32]) -> Result<(), TrainError> {
+        self.settle()?;
         let hashes = {
             let mut ring = self.lock()?;
             let op = ring.next_op();
@@ -364,6 +401,7 @@ struct SyncThread {
     ring: Arc<Mutex<QuicRing>>,
     plan: Arc<SyncPlan>,
     grads: Arc<SharedGrads>,
+    gather: Option<Arc<ParamGather>>,
     mode: SyncMode,
     from_loop: Receiver<ToSync>,
     report: Sender<Result<Reduced, String>>,
@@ -383,6 +421,7 @@ impl SyncThread {
                 // Nothing was in flight: the step had not begun here.
                 ToSync::Abandon(_) => self.ready.fill(false),
                 ToSync::Stop => return,
+                ToSync::Gather(params) => self.gather_params(&params),
                 ToSync::Begin { used_rows } => {
                     let _span = tracing::debug_span!("sync_buckets").entered();
                     let result = self.reduce_step(&used_rows);
@@ -408,6 +447,37 @@ impl SyncThread {
         reason.to_string()
     }
 
+    /// All-gathers the parameters bucket by bucket in forward order (the reverse of the plan's),
+    /// marking each in as it lands, while the next step's forward pass waits for them.
+    #[allow(unsafe_code)]
+    fn gather_params(&mut self, params: &ParamsPtr) {
+        let Some(gather) = self.gather.clone() else { return };
+        let _span = tracing::debug_span!("param_gather").entered();
+        let started = Instant::now();
+        let plan = self.plan.clone();
+        let mut result = Ok(());
+        for (index, bucket) in plan.buckets.iter().enumerate().rev() {
+            let Ok(mut ring) = self.ring.lock() else {
+                result = Err("the ring's lock is poisoned".to_string());
+                break;
+            };
+            let (op, segment) = (ring.next_op(), ring.segment());
+            // SAFETY: the training loop sent this buffer after its optimizer step and reads or
+            // writes the parameters again only after `settle`; the session's readers of this
+            // bucket wait until it is marked in below.
+            let slice = unsafe { params.range_mut(bucket.range.clone()) };
+            if let Err(e) = ringtune_collective::ring(&mut *ring, op, slice, segment, RingMode::AllGather, Wire::F32) {
+                let reason = e.to_string();
+                ring.abort(&reason);
+                result = Err(reason);
+                break;
+            }
+            drop(ring);
+            gather.arrive(index);
+        }
+        gather.end(started.elapsed(), result);
+    }
+
     /// Reduces every bucket in plan order, each as soon as all its gradients have arrived.
     #[allow(unsafe_code)]
     fn reduce_step(&mut self, used_rows: &[u32]) -> Result<Reduced, String> {
@@ -418,7 +488,7 @@ impl SyncThread {
                 match self.from_loop.recv() {
                     Ok(ToSync::Ready(t)) => self.mark(t),
                     Ok(ToSync::Abandon(reason)) => return Err(self.abort(&reason)),
-                    Ok(ToSync::Begin { .. }) | Ok(ToSync::Stop) | Err(_) => {
+                    Ok(ToSync::Begin { .. }) | Ok(ToSync::Gather(_)) | Ok(ToSync::Stop) | Err(_) => {
                         self.stopped = true;
                         return Err(self.abort("the training loop left a step unfinished"));
                     }

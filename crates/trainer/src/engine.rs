@@ -6,10 +6,11 @@ use std::sync::Arc;
 use ringtune_bert::{ModelConfig, ParamLayout};
 use ringtune_mrpc::Batch;
 use ringtune_ops::grad_ready::{GradReady, GradSink};
+use ringtune_ops::param_ready::{ParamReady, ParamSource};
 use ringtune_ops::{Kernels, SEED_INPUT};
 use ringtune_runtime::{BoundTensor, FlatBinding, FlatBuffer, Runtime, Session, SessionOptions, TensorView};
 
-use crate::model::{eval_graph, grad_name, training_graph};
+use crate::model::{eval_graph, grad_name, training_graph, SyncNodes};
 use crate::TrainError;
 
 /// What one forward and backward run returns (gradients stay in the engine's buffer).
@@ -21,16 +22,30 @@ pub struct StepOutput {
     pub logits: Vec<f32>,
 }
 
+/// What a multi-node training session exchanges with the gradient sync while it runs.
+#[derive(Clone, Default)]
+pub struct SyncHooks {
+    /// Takes each gradient as the backward pass produces it (`GradReady`).
+    pub grads: Option<Arc<dyn GradSink>>,
+    /// Holds back each parameter's first reader until its newest values are in (`ParamReady`).
+    pub params: Option<Arc<dyn ParamSource>>,
+}
+
+impl SyncHooks {
+    fn nodes(&self) -> SyncNodes {
+        SyncNodes { grad_ready: self.grads.is_some(), param_ready: self.params.is_some() }
+    }
+}
+
 /// `options` with the operators of `kernels` registered, their oneDNN products on the
-/// session's threads (and `GradReady`, handing gradients to `sink`, when there is one).
-fn with_ops(
-    options: &SessionOptions,
-    kernels: Kernels,
-    sink: Option<Arc<dyn GradSink>>,
-) -> Result<SessionOptions, TrainError> {
+/// session's threads (and `GradReady` and `ParamReady`, bound to the hooks there are).
+fn with_ops(options: &SessionOptions, kernels: Kernels, hooks: &SyncHooks) -> Result<SessionOptions, TrainError> {
     let mut custom_ops = ringtune_ops::custom_ops(kernels, options.threads)?;
-    if let Some(sink) = sink {
-        custom_ops.0.push(Arc::new(GradReady(sink)));
+    if let Some(sink) = &hooks.grads {
+        custom_ops.0.push(Arc::new(GradReady(sink.clone())));
+    }
+    if let Some(source) = &hooks.params {
+        custom_ops.0.push(Arc::new(ParamReady(source.clone())));
     }
     Ok(SessionOptions { custom_ops, ..options.clone() })
 }
@@ -77,10 +92,11 @@ pub struct Engine {
 
 impl Engine {
     /// Builds the training graph of `config` for `kernels` and binds `params` (the layout's
-    /// flat buffer); the session registers the operators `kernels` needs. With a `sink`, the
-    /// backward pass hands each gradient to it as soon as it is computed (see
-    /// `ringtune_ops::grad_ready`) and [`Engine::grads`] is empty; else gradients land in a
-    /// buffer of the engine's.
+    /// flat buffer); the session registers the operators `kernels` needs. With a gradient
+    /// sink in `hooks`, the backward pass hands each gradient to it as soon as it is computed
+    /// (see `ringtune_ops::grad_ready`) and [`Engine::grads`] is empty; else gradients land in
+    /// a buffer of the engine's. With a parameter source, each parameter's first reader waits
+    /// for it (see `ringtune_ops::param_ready`).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         runtime: &Runtime,
@@ -90,12 +106,12 @@ impl Engine {
         dropout: bool,
         kernels: Kernels,
         options: &SessionOptions,
-        sink: Option<Arc<dyn GradSink>>,
+        hooks: SyncHooks,
     ) -> Result<Self, TrainError> {
         layout.check_len(params.len())?;
-        let handoff = sink.is_some();
-        let (bytes, tokens) = training_graph(config, layout, dropout, kernels, handoff)?;
-        let session = Session::from_bytes(runtime, &bytes, &with_ops(options, kernels, sink)?)?;
+        let handoff = hooks.grads.is_some();
+        let (bytes, tokens) = training_graph(config, layout, dropout, kernels, hooks.nodes())?;
+        let session = Session::from_bytes(runtime, &bytes, &with_ops(options, kernels, &hooks)?)?;
         let (grads, bound) = if handoff {
             (FlatBuffer::zeros(0), Vec::new())
         } else {
@@ -182,8 +198,11 @@ impl Evaluator {
         kernels: Kernels,
         options: &SessionOptions,
     ) -> Result<Self, TrainError> {
-        let session =
-            Session::from_bytes(runtime, &eval_graph(config, layout, kernels)?, &with_ops(options, kernels, None)?)?;
+        let session = Session::from_bytes(
+            runtime,
+            &eval_graph(config, layout, kernels)?,
+            &with_ops(options, kernels, &SyncHooks::default())?,
+        )?;
         let shapes = layout.entries().iter().map(|e| e.dims_i64()).collect();
         Ok(Evaluator { session, layout: layout.clone(), shapes })
     }

@@ -13,6 +13,8 @@ use std::sync::mpsc::Sender;
 
 use ringtune_ops::grad_ready::GradSink;
 
+use crate::param_gather::ParamsPtr;
+
 /// A flat `f32` buffer written from several threads, each range by one at a time.
 pub(crate) struct SharedGrads {
     cells: Box<[UnsafeCell<f32>]>,
@@ -46,7 +48,6 @@ impl SharedGrads {
 }
 
 /// What the training loop and ONNX Runtime's thread tell the sync thread.
-#[derive(Debug)]
 pub(crate) enum ToSync {
     /// Parameter `i`'s gradient is in the buffer.
     Ready(usize),
@@ -55,6 +56,9 @@ pub(crate) enum ToSync {
     Begin { used_rows: Vec<u32> },
     /// The step's forward or backward pass failed: stop, and tell the other nodes why.
     Abandon(String),
+    /// The optimizer has stepped this node's shard: all-gather the parameters into this
+    /// buffer, bucket by bucket in forward order (see `crate::param_gather`).
+    Gather(ParamsPtr),
     /// The run is over.
     Stop,
 }

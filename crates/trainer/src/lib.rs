@@ -22,6 +22,7 @@ mod handoff;
 pub mod info;
 pub mod metrics;
 pub mod model;
+mod param_gather;
 mod plot;
 pub mod predict;
 pub mod recipe;

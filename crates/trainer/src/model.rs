@@ -38,17 +38,27 @@ impl ModelDir {
     }
 }
 
+/// Which of our sync operators a training graph holds (see [`training_graph`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SyncNodes {
+    /// Each gradient goes to a `GradReady` node instead of a graph output.
+    pub grad_ready: bool,
+    /// Each parameter's readers wait behind a `ParamReady` node.
+    pub param_ready: bool,
+}
+
 /// The forward and backward graph as ONNX bytes: inputs are the batch, every parameter and (with
 /// dropout) the step's dropout seed, outputs `loss`, `logits` and one `grad.<name>` per
-/// parameter; matrix products on oneDNN when `kernels` asks. With `handoff`, each gradient goes
-/// to a `GradReady` node instead of a graph output, and the outputs are `loss`, `logits` and
-/// the nodes' tokens; the names of the tokens come back with the bytes.
+/// parameter; matrix products on oneDNN when `kernels` asks. With `sync.grad_ready`, each
+/// gradient goes to a `GradReady` node instead of a graph output, and the outputs are `loss`,
+/// `logits` and the nodes' tokens; the names of the tokens come back with the bytes. With
+/// `sync.param_ready`, every reader of a parameter waits behind its `ParamReady` node.
 pub fn training_graph(
     config: &ModelConfig,
     layout: &ParamLayout,
     dropout: bool,
     kernels: Kernels,
-    handoff: bool,
+    sync: SyncNodes,
 ) -> Result<(Vec<u8>, Vec<String>), TrainError> {
     let options = GraphOptions { params: Params::Inputs, with_loss: true, dropout };
     let mut forward = forward_graph(config, layout, &options)?;
@@ -56,7 +66,7 @@ pub fn training_graph(
     let sites = ringtune_ops::seed_dropouts(&mut forward.graph)?;
     let rules = ringtune_ops::gradient_rules();
     let grads = ringtune_autodiff::backward_with(&mut forward.graph, &loss, &forward.params, &rules)?;
-    let tokens = if handoff {
+    let tokens = if sync.grad_ready {
         ringtune_ops::grad_ready::place(&mut forward.graph, &grads)?
     } else {
         let names: Vec<String> = layout.entries().iter().map(|e| grad_name(&e.name)).collect();
@@ -64,7 +74,11 @@ pub fn training_graph(
         Vec::new()
     };
     let lowered = ringtune_ops::lower(&mut forward.graph, kernels)?;
-    tracing::debug!(dropout_sites = sites, ?lowered, %kernels, handoff, "training graph lowered");
+    // After lowering: the products see plain parameter inputs, as on one node.
+    if sync.param_ready {
+        ringtune_ops::param_ready::place(&mut forward.graph, &forward.params)?;
+    }
+    tracing::debug!(dropout_sites = sites, ?lowered, %kernels, ?sync, "training graph lowered");
     Ok((forward.graph.to_bytes()?, tokens))
 }
 

@@ -6,7 +6,6 @@
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -15,13 +14,12 @@ use ringtune_collective::{RingMode, Wire};
 use ringtune_mrpc::{
     epoch_order, shard, steps_per_epoch, Batch, Example, Padding, PairTokenizer, ReadOptions, ShardMode,
 };
-use ringtune_ops::grad_ready::GradSink;
 use ringtune_optim::{AdamW, AdamWConfig, AdamWState, LinearWarmupDecay};
 use ringtune_runtime::{FlatBuffer, Runtime, SessionOptions};
 use serde::Serialize;
 
 use crate::checkpoint::{self, Meta, Progress};
-use crate::engine::{Engine, Evaluator};
+use crate::engine::{Engine, Evaluator, SyncHooks};
 use crate::metrics::{scores, EvalRecord, MetricsFile, Record, Scores, StepRecord};
 use crate::model::ModelDir;
 use crate::recipe::{param_groups, warmup_steps};
@@ -63,8 +61,10 @@ impl SyncMode {
 /// that keep nodes in step. A single node trains with no `GradSync`.
 ///
 /// A step goes: [`GradSync::begin`] (before the forward and backward run when overlapping,
-/// after it otherwise), the run (whose `GradReady` nodes hand each gradient to
-/// [`GradSync::sink`]), [`GradSync::finish`], [`GradSync::optimize`].
+/// after it otherwise), the run (whose `GradReady` nodes hand each gradient to the sink of
+/// [`GradSync::hooks`], and whose `ParamReady` nodes wait for the parameters the last
+/// [`GradSync::optimize`] is still gathering), [`GradSync::finish`], [`GradSync::optimize`].
+/// Whatever reads the parameters outside a step calls [`GradSync::settle`] first.
 pub trait GradSync {
     /// This node's rank.
     fn rank(&self) -> usize;
@@ -72,9 +72,10 @@ pub trait GradSync {
     fn world(&self) -> usize;
     /// How this node syncs.
     fn mode(&self) -> SyncMode;
-    /// Where the training session hands each gradient as the backward pass produces it; the
-    /// gradients live in the sync's buffer.
-    fn sink(&self) -> Arc<dyn GradSink>;
+    /// Where the training session hands each gradient as the backward pass produces it (the
+    /// gradients live in the sync's buffer), and where its parameters' readers wait for the
+    /// values still being gathered (when the gather runs behind the next forward pass).
+    fn hooks(&self) -> SyncHooks;
     /// The pieces of the flat buffer this node's optimizer steps (`None`: all of it).
     fn optimizer_pieces(&self) -> Option<Vec<Range<usize>>>;
     /// A step begins: buckets are reduced as their gradients arrive. `token_ids` are this
@@ -85,8 +86,9 @@ pub trait GradSync {
     /// Waits for every bucket, and returns the mean of `loss` over the nodes.
     fn finish(&mut self, loss: f32) -> Result<Averaged, TrainError>;
     /// Clips the averaged gradients by their global norm `max_grad_norm` and steps `adam` at
-    /// `lr` (on this node's shard, then shares the parameters); returns the norm before
-    /// clipping and the time spent exchanging with the other nodes.
+    /// `lr` (on this node's shard, then shares the parameters: at once, or behind the next
+    /// step's forward pass when overlapping); returns the norm before clipping and the time
+    /// spent exchanging with the other nodes.
     fn optimize(
         &mut self,
         adam: &mut AdamW,
@@ -100,6 +102,9 @@ pub trait GradSync {
     fn full_moments(&mut self, adam: &AdamW) -> Result<Option<AdamWState>, TrainError>;
     /// Fails unless every node holds parameters with this hash.
     fn check_params(&mut self, hash: [u8; 32]) -> Result<(), TrainError>;
+    /// Returns once the parameters of the last step are all in place on this node (the
+    /// all-gather behind the forward pass has ended), or with the reason they never will be.
+    fn settle(&mut self) -> Result<(), TrainError>;
 }
 
 /// What one step's gradient sync did.
@@ -110,8 +115,10 @@ pub struct Averaged {
     /// Bytes of gradients this node sent per ring pass (the embedding table counts only the
     /// rows some node used).
     pub bytes: usize,
-    /// Time the sync thread spent reducing buckets, hidden or not.
+    /// Time the sync thread spent reducing buckets and gathering parameters, hidden or not.
     pub busy: Duration,
+    /// Time the forward pass waited for parameters still being gathered (exposed sync).
+    pub params_wait: Duration,
 }
 
 /// How a run ended.
@@ -275,8 +282,8 @@ impl<'s> TrainingRun<'s> {
         if let Some(pieces) = sync.as_ref().and_then(|s| s.optimizer_pieces()) {
             adam = adam.owning(pieces).map_err(|e| TrainError::Other(e.to_string()))?;
         }
-        let sink = sync.as_ref().map(|s| s.sink());
-        let (engine, evaluator) = sessions(cfg, &inputs, params, rank == 0, sink)?;
+        let hooks = sync.as_ref().map(|s| s.hooks()).unwrap_or_default();
+        let (engine, evaluator) = sessions(cfg, &inputs, params, rank == 0, hooks)?;
         if rank == 0 {
             tracing::info!(
                 steps = plan.total,
@@ -394,6 +401,8 @@ impl<'s> TrainingRun<'s> {
             Err(e) => {
                 if let Some(sync) = self.sync.as_deref_mut() {
                     sync.abandon(&format!("its forward or backward pass failed: {e}"));
+                    // A pass that failed waiting for parameters failed for the sync's reason.
+                    sync.settle()?;
                 }
                 return Err(e);
             }
@@ -421,8 +430,10 @@ impl<'s> TrainingRun<'s> {
         let step = self.progress.step;
         let samples = batch.rows as u64 * self.world as u64;
         self.log.trained_samples += samples;
-        // The optimizer's own exchanges (norms, parameters) are sync the backward pass cannot hide.
-        let phases = [t1 - t0, t2 - t1, t3 - t2 + optimizer_sync, t4 - t3 - optimizer_sync];
+        // The optimizer's own exchanges (norms, parameters) are sync the backward pass cannot
+        // hide, and so is the forward pass's wait for parameters still on their way.
+        let params_wait = synced.map_or(Duration::ZERO, |s| s.params_wait.min(t2 - t1));
+        let phases = [t1 - t0, t2 - t1 - params_wait, t3 - t2 + optimizer_sync + params_wait, t4 - t3 - optimizer_sync];
         self.log.window.add(loss as f64, samples, synced, optimizer_sync, phases);
         self.log.bar.set_position(step);
         self.log.bar.set_message(format!("epoch {} loss {loss:.4}", epoch + 1));
@@ -477,9 +488,17 @@ impl<'s> TrainingRun<'s> {
 
     fn check_params(&mut self) -> Result<(), TrainError> {
         match self.sync.as_deref_mut() {
-            Some(sync) => sync.check_params(params_hash(self.engine.params())),
+            Some(sync) => {
+                sync.settle()?;
+                sync.check_params(params_hash(self.engine.params()))
+            }
             None => Ok(()),
         }
+    }
+
+    /// Waits until the parameters of the last step are all in place (see [`GradSync::settle`]).
+    fn settle(&mut self) -> Result<(), TrainError> {
+        self.sync.as_deref_mut().map_or(Ok(()), |sync| sync.settle())
     }
 
     /// The end of an epoch, or of the run when `--max-steps` stops it inside one: the nodes
@@ -527,6 +546,7 @@ impl<'s> TrainingRun<'s> {
     /// first); the lead writes the checkpoint.
     fn save_checkpoint(&mut self) -> Result<(), TrainError> {
         let _span = tracing::debug_span!("checkpoint").entered();
+        self.settle()?;
         let gathered = match self.sync.as_deref_mut() {
             Some(sync) => sync.full_moments(&self.adam)?,
             None => None,
@@ -554,7 +574,8 @@ impl<'s> TrainingRun<'s> {
 
     /// Writes the trained model, the plot and `summary.json` (the lead), and says how the run
     /// went.
-    pub fn finish(self) -> Result<Summary, TrainError> {
+    pub fn finish(mut self) -> Result<Summary, TrainError> {
+        self.settle()?;
         self.log.bar.finish_and_clear();
         let train_s = self.log.train_started.elapsed().as_secs_f64();
         let output = &self.plan.output;
@@ -573,6 +594,14 @@ impl<'s> TrainingRun<'s> {
             ringtune_files::write_atomically(&output.join("summary.json"), json.as_bytes())?;
         }
         Ok(summary)
+    }
+}
+
+impl Drop for TrainingRun<'_> {
+    fn drop(&mut self) {
+        // The sync thread may still be gathering into the parameters, which the engine owns:
+        // a run left on an error path waits for that to end (the ring's deadline bounds it).
+        let _ = self.settle();
     }
 }
 
@@ -647,7 +676,7 @@ fn sessions(
     inputs: &Inputs,
     params: FlatBuffer,
     lead: bool,
-    sink: Option<Arc<dyn GradSink>>,
+    hooks: SyncHooks,
 ) -> Result<(Engine, Option<Evaluator>), TrainError> {
     let runtime = Runtime::get()?;
     let kernels = cfg.kernels();
@@ -659,7 +688,7 @@ fn sessions(
     let session =
         SessionOptions { threads: cfg.threads, provider: cfg.provider, spinning, ..SessionOptions::default() };
     let (config, layout) = (&inputs.config, &inputs.model.layout);
-    let engine = Engine::new(runtime, config, layout, params, config.has_dropout(), kernels, &session, sink)?;
+    let engine = Engine::new(runtime, config, layout, params, config.has_dropout(), kernels, &session, hooks)?;
     let evaluator = if lead { Some(Evaluator::new(runtime, config, layout, kernels, &session)?) } else { None };
     Ok((engine, evaluator))
 }

@@ -187,7 +187,7 @@ fn join_nodes(model: &Path, certs: &Path, world: usize, deadline: Duration) -> V
 /// What a node's backward pass would hand over: every gradient, last parameter first, or only
 /// the last `count` of them.
 fn hand_over(sync: &QuicSync, layout: &ringtune_bert::ParamLayout, count: usize) {
-    let sink = sync.sink();
+    let sink = sync.hooks().grads.expect("a gradient sink");
     for (i, e) in layout.entries().iter().enumerate().rev().take(count) {
         sink.take(i, &vec![0.25; e.len()]).expect("take");
     }

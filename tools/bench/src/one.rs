@@ -12,7 +12,7 @@ use ringtune_mrpc::Batch;
 use ringtune_ops::{KernelChoice, Kernels, PrecisionChoice};
 use ringtune_optim::{AdamW, AdamWConfig};
 use ringtune_runtime::{FlatBuffer, Runtime, SessionOptions};
-use ringtune_trainer::engine::{Engine, Evaluator};
+use ringtune_trainer::engine::{Engine, Evaluator, SyncHooks};
 use ringtune_trainer::recipe::param_groups;
 use serde::{Deserialize, Serialize};
 
@@ -126,7 +126,8 @@ fn step_fn(one: &One, config: &ModelConfig, kernels: Kernels, batch: Batch) -> R
         Task::Train => {
             let mut adam = AdamW::new(AdamWConfig::default(), &param_groups(&layout, 0.01), layout.total_len())?
                 .with_threads(one.threads);
-            let mut engine = Engine::new(runtime, config, &layout, params, true, kernels, &options, None)?;
+            let mut engine =
+                Engine::new(runtime, config, &layout, params, true, kernels, &options, SyncHooks::default())?;
             Box::new(move || {
                 engine.step(&batch)?;
                 let (params, grads) = engine.params_and_grads();
