@@ -387,6 +387,31 @@ impl Graph {
         Ok(outputs)
     }
 
+    /// Makes every node that reads `old`, except `old`'s readers listed in `keep`, read `new`
+    /// instead. `new` must have `old`'s type and be defined before each of those readers, so
+    /// nothing downstream changes type (no type is inferred again). Returns how many nodes now
+    /// read `new`.
+    pub fn reroute(&mut self, old: &str, new: &str, keep: &[usize]) -> Result<usize, IrError> {
+        let (old_ty, new_ty) = (self.type_of(old)?, self.type_of(new)?);
+        if old_ty != new_ty {
+            return Err(IrError::Invalid(format!("`{new}` is {new_ty}, not {old_ty} like `{old}`")));
+        }
+        let readers: Vec<usize> = self.consumers(old).into_iter().filter(|i| !keep.contains(i)).collect();
+        if let Some(&first) = readers.first() {
+            if self.producers.get(new).is_some_and(|&producer| producer >= first) {
+                let reader = &self.nodes[first].name;
+                return Err(IrError::UndefinedInput { node: reader.clone(), input: new.to_string() });
+            }
+        }
+        for &i in &readers {
+            for input in self.nodes[i].inputs.iter_mut().filter(|input| *input == old) {
+                *input = new.to_string();
+            }
+        }
+        Ok(readers.len())
+    }
+
+    /// The types (and shape values) `node` gives its outputs; an error when it names more
     /// outputs than its operator makes.
     fn infer_outputs(&self, node: &Node) -> Result<ops::Inferred, IrError> {
         let inferred = ops::infer(self, node).map_err(|reason| IrError::Shape {
@@ -646,6 +671,14 @@ mod tests {
         assert!(matches!(late, Err(IrError::UndefinedInput { .. })), "{late:?}");
         assert!(g.insert_node(0, node("again", "x", "x.first")).is_err(), "an output name taken");
         assert!(g.insert_node(9, node("far", "x", "x.far")).is_err());
+
+        assert_eq!(g.reroute(x.name(), "x.first", &[0]).expect("reroute"), 1);
+        assert_eq!(g.consumers(x.name()), vec![0], "only the kept reader still reads x");
+        assert_eq!(g.consumers("x.first"), vec![1]);
+        g.validate().expect("valid");
+        assert!(g.reroute("x.first", y.name(), &[]).is_err(), "y comes after x.first's reader");
+        let other = g.input("other", DType::F32, shape(&[3])).expect("other");
+        assert!(g.reroute("x.first", other.name(), &[]).is_err(), "another shape");
     }
 
     #[test]

@@ -121,9 +121,9 @@ pub trait CustomOp: Send + Sync {
     fn outputs(&self) -> Vec<Port>;
     /// The kernel of a node with these attributes.
     fn kernel(&self, attributes: &dyn Attributes) -> std::result::Result<Box<dyn Kernel>, String>;
-    /// Whether the operator passes its first input through as its first output, unchanged: ONNX
-    /// Runtime then gives both one buffer (no copy), the kernel is handed no outputs and only
-    /// decides when the node ends (a wait, a hand-over).
+    /// Whether the operator passes its first input (`float`) through as its first output,
+    /// unchanged: ONNX Runtime then gives both one buffer (no copy), and the kernel only decides
+    /// when the node ends (a wait): its `compute` is handed neither inputs nor outputs.
     fn passes_through(&self) -> bool {
         false
     }
@@ -226,32 +226,36 @@ impl Operator for PassThrough {
         let name = self.0 .0.name();
         let kernel = self.0 .0.kernel(&NodeAttributes(kctx)).map_err(|e| ort::Error::new(format!("{name}: {e}")))?;
         let inputs = self.0 .0.inputs();
+        if inputs.first().map(|p| p.element) != Some(ElementType::F32) {
+            return Err(ort::Error::new(format!("{name}: a pass-through operator takes a float tensor first")));
+        }
         Ok(Box::new(move |ctx: &ComputeContext| {
             pass_through(&*kernel, &inputs, ctx).map_err(|e| ort::Error::new(format!("{name}: {e}")))
         }))
     }
 }
 
-/// Runs a pass-through kernel: it sees the inputs and fills nothing; the first output is then
-/// made over the first input's buffer (ONNX Runtime plans it so, from the operator's alias), or
-/// filled with a copy should a build of ONNX Runtime not honour the alias.
+/// Runs a pass-through kernel: it is handed neither inputs nor outputs (while it waits, another
+/// thread may still be writing the input), then the first output is made over the first
+/// input's buffer (ONNX Runtime plans it so, from the operator's alias), or filled with a copy
+/// should a build of ONNX Runtime not honour the alias.
 fn pass_through(kernel: &dyn Kernel, inputs: &[Port], ctx: &ComputeContext) -> ort::Result<()> {
+    kernel.compute(&[], &mut []).map_err(ort::Error::new)?;
     let values = input_values(inputs, ctx)?;
+    let first = values.first().and_then(Option::as_ref).ok_or_else(|| ort::Error::new("no first input"))?;
     let (shape, source) = {
-        let views = input_views(inputs, &values)?;
-        let shapes = kernel.output_shapes(&views).map_err(ort::Error::new)?;
-        kernel.compute(&views, &mut []).map_err(ort::Error::new)?;
-        let Some(Some(TensorRef::F32(_, data))) = views.first() else {
-            return Err(ort::Error::new("a pass-through operator takes a float tensor first"));
-        };
-        (shapes.into_iter().next().unwrap_or_default(), data.as_ptr())
+        let (shape, data) = first.try_extract_tensor::<f32>()?;
+        (shape.to_vec(), data.as_ptr())
     };
     let Some(mut output) = ctx.output(0, shape)? else { return Ok(()) };
-    // The input's slices are gone: only its address is compared.
+    // The input's slice is gone: only its address is compared.
     let data = output.try_extract_tensor_mut::<f32>()?.1;
     if data.as_ptr() != source {
-        let first = values.first().and_then(Option::as_ref).ok_or_else(|| ort::Error::new("no first input"))?;
-        data.copy_from_slice(first.try_extract_tensor::<f32>()?.1);
+        let input = first.try_extract_tensor::<f32>()?.1;
+        if input.len() != data.len() {
+            return Err(ort::Error::new(format!("{} floats in, {} out", input.len(), data.len())));
+        }
+        data.copy_from_slice(input);
     }
     Ok(())
 }

@@ -86,12 +86,14 @@ pub fn sync_plan(model: &ModelDir, world: usize) -> SyncPlan {
 }
 
 /// The layout hash the nodes compare when they connect, with the settings that must agree on
-/// every node (a node reducing in bf16 cannot pair with one expecting `f32`).
+/// every node (a node reducing in bf16 cannot pair with one expecting `f32`; with a sharded
+/// optimizer, overlap decides the order of the parameters' all-gather).
 fn handshake_hash(layout: [u8; 32], mode: &SyncMode) -> [u8; 32] {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
     h.update(layout);
-    h.update([u8::from(mode.wire == Wire::Bf16), u8::from(mode.shard_optimizer)]);
+    let gather_behind = mode.shard_optimizer && mode.overlap;
+    h.update([u8::from(mode.wire == Wire::Bf16), u8::from(mode.shard_optimizer), u8::from(gather_behind)]);
     h.finalize().into()
 }
 
@@ -119,17 +121,8 @@ impl QuicSync {
             BucketKind::Dense => None,
         });
         let grads = Arc::new(SharedGrads::zeros(model.layout.total_len()));
-        let gather = (options.mode.shard_optimizer && options.mode.overlap).then(|| {
-            let mut bucket_of = vec![0; model.layout.entries().len()];
-            for (index, bucket) in plan.buckets.iter().enumerate() {
-                for &tensor in &bucket.tensors {
-                    bucket_of[tensor] = index;
-                }
-            }
-            // Each of the ring's operations gives up after the deadline; a reader waits a
-            // little longer, so the ring's error (naming the peer) is the one reported.
-            Arc::new(ParamGather::new(bucket_of, plan.buckets.len(), options.deadline * 2))
-        });
+        let gather = (options.mode.shard_optimizer && options.mode.overlap)
+            .then(|| Arc::new(ParamGather::new(&plan, model.layout.entries().len())));
         let ring = Arc::new(Mutex::new(ring));
         let (to_sync, from_loop) = mpsc::channel();
         let (report, reduced) = mpsc::channel();
@@ -296,7 +289,8 @@ impl GradSync for QuicSync {
     fn abandon(&mut self, reason: &str) {
         if self.in_step {
             let _ = self.worker.to_sync.send(ToSync::Abandon(reason.to_string()));
-            // The sync thread answers the step it was in with the reason; nothing to wait for.
+            // The sync thread answers the step it was in with the reason (once a gather under
+            // way has ended); the reason is known, so the answer is only waited for briefly.
             let _ = self.reduced.recv_timeout(Duration::from_secs(5));
             self.in_step = false;
         } else {
@@ -318,6 +312,8 @@ impl GradSync for QuicSync {
         drop(ring);
         averaged.map_err(|e| self.fail(e))?;
         let bytes = reduced.floats * self.mode.wire.bytes_per_value();
+        // The gather measured here is the one behind this step's forward pass (the last
+        // step's parameters).
         let (params_wait, gathering) = self.gather.as_ref().map(|g| g.take_times()).unwrap_or_default();
         Ok(Averaged { loss: mean_loss[0], bytes, busy: reduced.busy + gathering, params_wait })
     }
@@ -345,8 +341,11 @@ impl GradSync for QuicSync {
         adam.step(params, grads, lr);
         if let Some(gather) = &self.gather {
             gather.begin();
-            let params = ToSync::Gather(ParamsPtr::new(params));
-            self.worker.to_sync.send(params).map_err(|_| self.fail("the sync thread has stopped"))?;
+            if self.worker.to_sync.send(ToSync::Gather(ParamsPtr::new(params))).is_err() {
+                // Nobody will gather: end it here, so that nothing waits for it.
+                gather.gathering().end(Err("the sync thread has stopped".into()));
+                return Err(self.fail("the sync thread has stopped"));
+            }
         } else if self.mode.shard_optimizer {
             let gathering = Instant::now();
             self.all_gather(params)?;
@@ -359,6 +358,16 @@ impl GradSync for QuicSync {
         match &self.gather {
             Some(gather) => gather.settle().map_err(|reason| self.fail(reason)),
             None => Ok(()),
+        }
+    }
+
+    fn release(&mut self) {
+        if let Some(gather) = self.gather.clone() {
+            if gather.in_flight() {
+                // The ring's next operation fails at once; the one under way, by its deadline.
+                let _ = self.fail("the training run ended while parameters were being gathered");
+                let _ = gather.settle();
+            }
         }
     }
 
@@ -453,29 +462,26 @@ impl SyncThread {
     fn gather_params(&mut self, params: &ParamsPtr) {
         let Some(gather) = self.gather.clone() else { return };
         let _span = tracing::debug_span!("param_gather").entered();
-        let started = Instant::now();
+        let gathering = gather.gathering();
         let plan = self.plan.clone();
-        let mut result = Ok(());
         for (index, bucket) in plan.buckets.iter().enumerate().rev() {
             let Ok(mut ring) = self.ring.lock() else {
-                result = Err("the ring's lock is poisoned".to_string());
-                break;
+                return gathering.end(Err("the ring's lock is poisoned".to_string()));
             };
             let (op, segment) = (ring.next_op(), ring.segment());
             // SAFETY: the training loop sent this buffer after its optimizer step and reads or
-            // writes the parameters again only after `settle`; the session's readers of this
-            // bucket wait until it is marked in below.
+            // writes the parameters again only after `settle` (or `release`); the session's
+            // readers of this bucket wait until it is marked in below.
             let slice = unsafe { params.range_mut(bucket.range.clone()) };
             if let Err(e) = ringtune_collective::ring(&mut *ring, op, slice, segment, RingMode::AllGather, Wire::F32) {
                 let reason = e.to_string();
                 ring.abort(&reason);
-                result = Err(reason);
-                break;
+                return gathering.end(Err(reason));
             }
             drop(ring);
-            gather.arrive(index);
+            gathering.arrive(index);
         }
-        gather.end(started.elapsed(), result);
+        gathering.end(Ok(()));
     }
 
     /// Reduces every bucket in plan order, each as soon as all its gradients have arrived.

@@ -105,6 +105,10 @@ pub trait GradSync {
     /// Returns once the parameters of the last step are all in place on this node (the
     /// all-gather behind the forward pass has ended), or with the reason they never will be.
     fn settle(&mut self) -> Result<(), TrainError>;
+    /// The run is over or left on an error path: a gather still under way is cut short (the
+    /// ring is closed with the reason) and has ended when this returns, so the parameters'
+    /// buffer is written no more.
+    fn release(&mut self);
 }
 
 /// What one step's gradient sync did.
@@ -115,7 +119,8 @@ pub struct Averaged {
     /// Bytes of gradients this node sent per ring pass (the embedding table counts only the
     /// rows some node used).
     pub bytes: usize,
-    /// Time the sync thread spent reducing buckets and gathering parameters, hidden or not.
+    /// Time the sync thread spent reducing buckets and gathering parameters (the gather behind
+    /// this step's forward pass: the last step's), hidden or not.
     pub busy: Duration,
     /// Time the forward pass waited for parameters still being gathered (exposed sync).
     pub params_wait: Duration,
@@ -600,8 +605,10 @@ impl<'s> TrainingRun<'s> {
 impl Drop for TrainingRun<'_> {
     fn drop(&mut self) {
         // The sync thread may still be gathering into the parameters, which the engine owns:
-        // a run left on an error path waits for that to end (the ring's deadline bounds it).
-        let _ = self.settle();
+        // a run left on an error path stops that before the engine goes.
+        if let Some(sync) = self.sync.as_deref_mut() {
+            sync.release();
+        }
     }
 }
 

@@ -193,27 +193,31 @@ fn hand_over(sync: &QuicSync, layout: &ringtune_bert::ParamLayout, count: usize)
     }
 }
 
-/// A node started with another `--wire` is refused when it connects, by a message that names
-/// the settings, not left to corrupt the sums.
+/// A node started with another `--wire`, or (with a sharded optimizer) another `--overlap`, is
+/// refused when it connects, by a message that names the settings, not left to corrupt the
+/// sums or the order of the ring's operations.
 #[test]
 fn nodes_with_other_sync_settings_are_refused_by_name() {
     let dir = tempfile::tempdir().expect("dir");
     let certs = dir.path().join("certs");
     ringtune_quic::certs::write(&certs, &ringtune_quic::certs::generate(2).expect("certs")).expect("write");
     let model = tiny_model(dir.path());
-    let ports = free_ports(2);
-    let handles: Vec<_> = [BOTH, BF16]
-        .into_iter()
-        .enumerate()
-        .map(|(rank, mode)| {
-            let cluster = on_loopback(rank, &ports, &certs, Duration::from_secs(3), mode);
-            let model = ringtune_trainer::model::ModelDir::open(&model).expect("model");
-            std::thread::spawn(move || QuicSync::join(&cluster, &model).err().map(|e| e.to_string()))
-        })
-        .collect();
-    let errors: Vec<String> = handles.into_iter().filter_map(|h| h.join().expect("no panic")).collect();
-    assert!(!errors.is_empty(), "a node with another --wire joined");
-    assert!(errors.iter().any(|e| e.contains("--wire")), "{errors:?}");
+    let gather_after = SyncMode { overlap: false, ..BOTH };
+    for (other, flag) in [(BF16, "--wire"), (gather_after, "--overlap")] {
+        let ports = free_ports(2);
+        let handles: Vec<_> = [BOTH, other]
+            .into_iter()
+            .enumerate()
+            .map(|(rank, mode)| {
+                let cluster = on_loopback(rank, &ports, &certs, Duration::from_secs(3), mode);
+                let model = ringtune_trainer::model::ModelDir::open(&model).expect("model");
+                std::thread::spawn(move || QuicSync::join(&cluster, &model).err().map(|e| e.to_string()))
+            })
+            .collect();
+        let errors: Vec<String> = handles.into_iter().filter_map(|h| h.join().expect("no panic")).collect();
+        assert!(!errors.is_empty(), "a node with another {flag} joined");
+        assert!(errors.iter().any(|e| e.contains(flag)), "{errors:?}");
+    }
 }
 
 /// A node lost while the others' backward passes run (its process died), or one whose own

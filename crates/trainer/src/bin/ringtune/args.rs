@@ -169,7 +169,9 @@ pub(crate) struct ClusterArgs {
     /// accuracy (README, "MRPC on several nodes").
     #[arg(long, value_enum, default_value_t = WireFormat::Fp32)]
     pub(crate) wire: WireFormat,
-    /// Reduce gradient buckets while the backward pass runs (false: after it).
+    /// Reduce gradient buckets while the backward pass runs, and with a sharded optimizer
+    /// gather the parameters while the next forward pass runs (false: after each pass); every
+    /// node must use the same.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub(crate) overlap: bool,
     /// Each node keeps optimizer state for, and steps, its shard of the parameters only, then
