@@ -342,20 +342,15 @@ impl Graph {
 
     /// Appends a fully formed node (inputs must already be defined), inferring its output types.
     pub fn push_node(&mut self, node: Node) -> Result<Vec<Value>, IrError> {
-        for input in node.inputs.iter().filter(|i| !i.is_empty()) {
-            if !self.types.contains_key(input) {
-                return Err(IrError::UndefinedInput { node: node.name.clone(), input: input.clone() });
-            }
+        self.insert_node(self.nodes.len(), node)
+    }
+
+    /// Whether `input` is a graph input, an initialiser, or made by a node before `index`.
+    fn defined_before(&self, input: &str, index: usize) -> bool {
+        match self.producers.get(input) {
+            Some(&producer) => producer < index,
+            None => self.types.contains_key(input),
         }
-        let inferred = self.infer_outputs(&node)?;
-        let mut outputs = Vec::new();
-        for (name, ty) in node.outputs.iter().zip(&inferred.types).filter(|(n, _)| !n.is_empty()) {
-            self.define(name, ty.clone())?;
-            outputs.push(Value::named(name.as_str()));
-        }
-        self.nodes.push(node);
-        self.record_outputs(self.nodes.len() - 1, inferred);
-        Ok(outputs)
     }
 
     /// Inserts a fully formed node at position `index` (its inputs must be defined before
@@ -364,14 +359,8 @@ impl Graph {
         if index > self.nodes.len() {
             return Err(IrError::Invalid(format!("no position {index} among {} nodes", self.nodes.len())));
         }
-        for input in node.inputs.iter().filter(|i| !i.is_empty()) {
-            let defined_before = match self.producers.get(input) {
-                Some(&producer) => producer < index,
-                None => self.types.contains_key(input),
-            };
-            if !defined_before {
-                return Err(IrError::UndefinedInput { node: node.name.clone(), input: input.clone() });
-            }
+        if let Some(input) = node.inputs.iter().find(|i| !i.is_empty() && !self.defined_before(i, index)) {
+            return Err(IrError::UndefinedInput { node: node.name.clone(), input: input.clone() });
         }
         let inferred = self.infer_outputs(&node)?;
         let mut outputs = Vec::new();
@@ -469,14 +458,8 @@ impl Graph {
     /// producer index, recorded types, shape values and constants stay consistent.
     pub fn replace_node(&mut self, index: usize, node: Node) -> Result<(), IrError> {
         let old = self.nodes.get(index).ok_or_else(|| IrError::Invalid(format!("no node at index {index}")))?;
-        for input in node.inputs.iter().filter(|i| !i.is_empty()) {
-            let defined_before = match self.producers.get(input) {
-                Some(&producer) => producer < index,
-                None => self.types.contains_key(input),
-            };
-            if !defined_before {
-                return Err(IrError::UndefinedInput { node: node.name.clone(), input: input.clone() });
-            }
+        if let Some(input) = node.inputs.iter().find(|i| !i.is_empty() && !self.defined_before(i, index)) {
+            return Err(IrError::UndefinedInput { node: node.name.clone(), input: input.clone() });
         }
         for dropped in old.outputs.iter().filter(|o| !o.is_empty() && !node.outputs.contains(o)) {
             if self.is_read(dropped) {

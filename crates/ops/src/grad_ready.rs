@@ -9,10 +9,10 @@
 
 use std::sync::Arc;
 
-use ringtune_onnx_ir::{shape, Attribute, DType, Graph, InferCtx, IrError, NodeSpec, Value, ValueType};
+use ringtune_onnx_ir::{shape, DType, Graph, InferCtx, IrError, NodeSpec, Value, ValueType};
 use ringtune_runtime::{Attributes, CustomOp, ElementType, Kernel, Port, TensorMut, TensorRef, DOMAIN};
 
-use crate::attributes::AttributeSource;
+use crate::attributes::TensorIndex;
 
 /// The operator's name in the `ai.ringtune` domain.
 pub const NAME: &str = "GradReady";
@@ -22,25 +22,6 @@ pub trait GradSink: Send + Sync {
     /// Takes the gradient of parameter `tensor` (its index in the parameter layout). Runs on
     /// ONNX Runtime's thread in the middle of the backward pass: it must return at once.
     fn take(&self, tensor: usize, grad: &[f32]) -> Result<(), String>;
-}
-
-/// The attribute: which parameter's gradient a node hands over.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct ReadyAttrs {
-    tensor: usize,
-}
-
-impl ReadyAttrs {
-    fn read(node: &(impl AttributeSource + ?Sized)) -> Result<Self, String> {
-        match node.int("tensor") {
-            Some(t) if t >= 0 => Ok(ReadyAttrs { tensor: t as usize }),
-            other => Err(format!("the tensor attribute is {other:?}, not a parameter index")),
-        }
-    }
-
-    fn write(self) -> Vec<(&'static str, Attribute)> {
-        vec![("tensor", Attribute::Int(self.tensor as i64))]
-    }
 }
 
 /// Shape rule: a float gradient in, a one-element float token out.
@@ -65,7 +46,7 @@ pub fn place(graph: &mut Graph, grads: &[Value]) -> Result<Vec<String>, IrError>
             op_type: NAME,
             domain: DOMAIN,
             inputs: vec![Some(grad)],
-            attributes: ReadyAttrs { tensor }.write(),
+            attributes: vec![TensorIndex(tensor).write()],
             outputs: 1,
         };
         let token = graph.node(spec)?.remove(0);
@@ -91,8 +72,8 @@ impl CustomOp for GradReady {
     }
 
     fn kernel(&self, attributes: &dyn Attributes) -> Result<Box<dyn Kernel>, String> {
-        let attrs = ReadyAttrs::read(attributes)?;
-        Ok(Box::new(ReadyKernel { tensor: attrs.tensor, sink: self.0.clone() }))
+        let TensorIndex(tensor) = TensorIndex::read(attributes)?;
+        Ok(Box::new(ReadyKernel { tensor, sink: self.0.clone() }))
     }
 }
 

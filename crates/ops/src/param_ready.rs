@@ -10,10 +10,10 @@
 
 use std::sync::Arc;
 
-use ringtune_onnx_ir::{Attribute, Graph, InferCtx, IrError, Node, Value, ValueType};
+use ringtune_onnx_ir::{Graph, InferCtx, IrError, Node, Value, ValueType};
 use ringtune_runtime::{Attributes, CustomOp, ElementType, Kernel, Port, TensorMut, TensorRef, DOMAIN};
 
-use crate::attributes::AttributeSource;
+use crate::attributes::TensorIndex;
 
 /// The operator's name in the `ai.ringtune` domain.
 pub const NAME: &str = "ParamReady";
@@ -24,21 +24,6 @@ pub trait ParamSource: Send + Sync {
     /// values, or with the reason it never will. Runs on ONNX Runtime's thread: it may block,
     /// but must not wait on the session.
     fn wait(&self, tensor: usize) -> Result<(), String>;
-}
-
-/// The attribute: which parameter a node holds back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct ReadyAttrs {
-    tensor: usize,
-}
-
-impl ReadyAttrs {
-    fn read(node: &(impl AttributeSource + ?Sized)) -> Result<Self, String> {
-        match node.int("tensor") {
-            Some(t) if t >= 0 => Ok(ReadyAttrs { tensor: t as usize }),
-            other => Err(format!("the tensor attribute is {other:?}, not a parameter index")),
-        }
-    }
 }
 
 /// Shape rule: the output has the input's type.
@@ -58,13 +43,14 @@ pub fn place(graph: &mut Graph, params: &[Value]) -> Result<usize, IrError> {
             continue;
         }
         let output = graph.fresh_name(&format!("{}.ready", param.name()));
+        let (key, value) = TensorIndex(tensor).write();
         let node = Node {
             name: graph.fresh_name(NAME),
             op_type: NAME.into(),
             domain: DOMAIN.into(),
             inputs: vec![param.name().to_string()],
             outputs: vec![output.clone()],
-            attributes: std::iter::once(("tensor".to_string(), Attribute::Int(tensor as i64))).collect(),
+            attributes: [(key.to_string(), value)].into_iter().collect(),
         };
         graph.insert_node(0, node)?;
         // The node just inserted is the one reader that keeps the parameter itself.
@@ -91,8 +77,8 @@ impl CustomOp for ParamReady {
     }
 
     fn kernel(&self, attributes: &dyn Attributes) -> Result<Box<dyn Kernel>, String> {
-        let attrs = ReadyAttrs::read(attributes)?;
-        Ok(Box::new(ReadyKernel { tensor: attrs.tensor, source: self.0.clone() }))
+        let TensorIndex(tensor) = TensorIndex::read(attributes)?;
+        Ok(Box::new(ReadyKernel { tensor, source: self.0.clone() }))
     }
 
     fn passes_through(&self) -> bool {

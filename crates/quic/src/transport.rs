@@ -57,8 +57,8 @@ pub struct RingOptions {
     /// Nodes in the ring.
     pub world: usize,
     /// Hash of the parameter layout, and of any setting every node must share (the trainer
-    /// folds in its wire format and optimizer sharding): nodes that disagree fail before the
-    /// first step.
+    /// folds in its wire format, optimizer sharding and, when sharded, overlap): nodes that
+    /// disagree fail before the first step.
     pub layout: [u8; 32],
     /// This node's certificate and the cluster CA.
     pub identity: NodeIdentity,
