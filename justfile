@@ -40,7 +40,9 @@ publish-check:
     cargo publish -q --workspace --dry-run --allow-dirty
 
 # Runs every library crate's example (each shows the crate used on its own).
-examples: data
+examples: (data "dev")
+    # The data is prepared by a debug build, which the tests have already compiled: a release
+    # build of the tokenizer stack for this alone took CI two minutes.
     cargo build -q --workspace --examples
     for example in atomic_write tokenize_pairs build_graph differentiate forward_graph adamw memory_ring two_nodes \
         matmul run_from_bytes seeded_dropout train_a_few_steps; do echo "== $example"; target/debug/examples/$example; done
@@ -56,6 +58,8 @@ embed-check:
     cp "{{root}}/crates/mrpc/examples/tokenize_pairs.rs" "$dir/src/main.rs"
     cp "{{root}}/Cargo.lock" "$dir/Cargo.lock"
     cd "$dir"
+    # The workspace's target folder: the dependencies the tests built are not compiled again.
+    export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-{{root}}/target}"
     if cargo tree -q --offline -e normal --prefix none | grep -E '^(ort|ort-sys|quinn|quinn-proto|tokio) '; then
         echo "ringtune-mrpc pulls in ONNX Runtime or the QUIC stack (above)"; exit 1
     fi
@@ -65,10 +69,10 @@ embed-check:
 info: setup
     cargo run -q --release -p ringtune-trainer --bin ringtune -- info
 
-# Finds MRPC (MRPC_DIR, data/mrpc, ../shared/data/mrpc) or downloads it, checks it, and tokenizes it into the cache.
-data: setup
-    cargo run -q --release -p ringtune-mrpc-prep -- fetch
-    cargo run -q --release -p ringtune-mrpc-prep
+# Finds MRPC (MRPC_DIR, data/mrpc, ../shared/data/mrpc) or downloads it, checks it, and tokenizes it into the cache (PROFILE: the cargo profile that builds the tool).
+data PROFILE="release": setup
+    cargo run -q --profile {{PROFILE}} -p ringtune-mrpc-prep -- fetch
+    cargo run -q --profile {{PROFILE}} -p ringtune-mrpc-prep
 
 # Fine-tunes all-MiniLM-L6-v2 on MRPC with the standard recipe (runs/minilm-mrpc); prints dev accuracy and F1.
 train *ARGS: data

@@ -8,6 +8,7 @@ use ringtune_ops::{Kernels, Precision};
 use ringtune_runtime::{FlatBuffer, SessionOptions};
 use ringtune_tests::{assert_grad_close, fixtures, max_abs_diff, minilm_dir, mpnet_dir, read_batch, rel_l2, runtime};
 use ringtune_trainer::engine::{Engine, SyncHooks};
+use ringtune_trainer::model::GraphChoices;
 
 /// Every kernel choice with its gradient and output tolerances; bf16 where the CPU has it.
 fn kernel_cases(test: &str) -> Vec<(Kernels, f64, f32)> {
@@ -23,8 +24,16 @@ fn engine(config: &ModelConfig, weights: &[std::path::PathBuf], kernels: Kernels
     let mut params = FlatBuffer::zeros(layout.total_len());
     let report = load_params(weights, config, &layout, 0, &mut params).expect("weights");
     assert!(report.initialized.is_empty(), "{report:?}");
-    Engine::new(runtime(), config, &layout, params, false, kernels, &SessionOptions::default(), SyncHooks::default())
-        .expect("engine")
+    Engine::new(
+        runtime(),
+        config,
+        &layout,
+        params,
+        GraphChoices { kernels, ..GraphChoices::default() },
+        &SessionOptions::default(),
+        SyncHooks::default(),
+    )
+    .expect("engine")
 }
 
 #[test]

@@ -2,10 +2,10 @@
 //! before each step and every parameter after them within 1e-4.
 
 use ringtune_bert::{load_params, read_tensor_file, ModelConfig};
-use ringtune_ops::Kernels;
 use ringtune_runtime::{FlatBuffer, SessionOptions};
 use ringtune_tests::{fixtures, max_abs_diff, read_batch_prefixed, runtime};
 use ringtune_trainer::engine::{Engine, SyncHooks};
+use ringtune_trainer::model::GraphChoices;
 use ringtune_trainer::replay::{replay, Trace};
 
 #[test]
@@ -20,8 +20,7 @@ fn adamw_steps_match_pytorch() {
         &config,
         &layout,
         params,
-        false,
-        Kernels::Mlas,
+        GraphChoices::default(),
         &SessionOptions::default(),
         SyncHooks::default(),
     )

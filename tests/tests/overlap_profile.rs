@@ -10,11 +10,11 @@ use std::sync::{Arc, Mutex};
 use ringtune_bert::{load_params, ModelConfig};
 use ringtune_ops::grad_ready::GradSink;
 use ringtune_ops::param_ready::ParamSource;
-use ringtune_ops::Kernels;
 use ringtune_runtime::{FlatBuffer, SessionOptions};
 use ringtune_tests::{fixtures, minilm_dir, read_batch, runtime};
 use ringtune_trainer::distributed::sync_plan;
 use ringtune_trainer::engine::{Engine, SyncHooks};
+use ringtune_trainer::model::GraphChoices;
 use ringtune_trainer::model::ModelDir;
 
 /// Which gradients arrived, in order.
@@ -72,7 +72,7 @@ fn profiled_step(hooks: SyncHooks) -> Vec<Ran> {
     load_params(&weights, &config, &layout, 0, &mut params).expect("weights");
     let options = SessionOptions { threads: 1, profile: Some(dir.path().join("step")), ..SessionOptions::default() };
     let mut engine =
-        Engine::new(runtime(), &config, &layout, params, false, Kernels::Mlas, &options, hooks).expect("engine");
+        Engine::new(runtime(), &config, &layout, params, GraphChoices::default(), &options, hooks).expect("engine");
     let batch = read_batch(&fixtures().join("minilm-mrpc/batch.safetensors"));
     engine.step(&batch).expect("warm-up step");
     engine.step(&batch).expect("step");

@@ -4,10 +4,10 @@
 //! by finite differences.
 
 use ringtune_bert::{load_params, ModelConfig};
-use ringtune_ops::Kernels;
 use ringtune_runtime::{FlatBuffer, SessionOptions};
 use ringtune_tests::{fixtures, read_batch, runtime};
 use ringtune_trainer::engine::{Engine, SyncHooks};
+use ringtune_trainer::model::GraphChoices;
 
 fn engine() -> (Engine, ringtune_mrpc::Batch) {
     let dir = fixtures().join("tiny-bert");
@@ -16,8 +16,16 @@ fn engine() -> (Engine, ringtune_mrpc::Batch) {
     let mut params = FlatBuffer::zeros(layout.total_len());
     load_params(&[dir.join("model.safetensors")], &config, &layout, 0, &mut params).expect("weights");
     let options = SessionOptions { threads: 2, ..SessionOptions::default() };
-    let engine = Engine::new(runtime(), &config, &layout, params, true, Kernels::Mlas, &options, SyncHooks::default())
-        .expect("engine");
+    let engine = Engine::new(
+        runtime(),
+        &config,
+        &layout,
+        params,
+        GraphChoices { dropout: true, ..GraphChoices::default() },
+        &options,
+        SyncHooks::default(),
+    )
+    .expect("engine");
     (engine, read_batch(&dir.join("batch.safetensors")))
 }
 

@@ -149,7 +149,7 @@ impl Builder<'_> {
         let heads = self.g.const_i64(&[c.num_heads as i64, c.head_size() as i64])?;
         let split_heads = self.g.concat(&[&dims, &heads], 0)?;
         for layer in 0..c.num_layers {
-            self.g.push_scope(&format!("layer{layer}"));
+            self.g.push_scope(&layer_scope(layer));
             let names = match c.family {
                 Family::Bert => bert_layer(layer),
                 Family::MPNet => crate::mpnet::layer_names(layer),
@@ -299,4 +299,14 @@ pub fn export_inference(config: &ModelConfig, layout: &ParamLayout, params: &[f3
     let mut forward = forward_graph(config, layout, &options)?;
     forward.graph.prune();
     Ok(forward.graph.to_bytes()?)
+}
+
+/// The scope that names the nodes of encoder layer `layer` (`layer3` makes `layer3/MatMul_12`).
+pub fn layer_scope(layer: usize) -> String {
+    format!("layer{layer}")
+}
+
+/// The name prefix of every node of each encoder layer, in layer order.
+pub fn layer_prefixes(config: &ModelConfig) -> Vec<String> {
+    (0..config.num_layers).map(|layer| format!("{}/", layer_scope(layer))).collect()
 }

@@ -36,8 +36,8 @@ pub use checkpoint::{load_params, save_params, LoadReport};
 pub use config::{Family, ModelConfig};
 pub use error::ModelError;
 pub use forward::{
-    export_inference, forward_graph, ForwardGraph, GraphOptions, Params, ATTENTION_MASK, INPUT_IDS, LABELS, LOGITS,
-    LOSS, TOKEN_TYPE_IDS,
+    export_inference, forward_graph, layer_prefixes, layer_scope, ForwardGraph, GraphOptions, Params, ATTENTION_MASK,
+    INPUT_IDS, LABELS, LOGITS, LOSS, TOKEN_TYPE_IDS,
 };
 pub use layout::{ParamEntry, ParamLayout, ALIGN_FLOATS};
 pub use params::{init_all, init_param, is_head, layout, param_shapes, word_embeddings_name};

@@ -236,6 +236,12 @@ impl Graph {
         self.producers.get(name).map(|&i| &self.nodes[i])
     }
 
+    /// Where the node that makes `name` sits in the node list (`None` for inputs and
+    /// initialisers).
+    pub fn producer_index(&self, name: &str) -> Option<usize> {
+        self.producers.get(name).copied()
+    }
+
     /// Whether `name` is defined (input, initialiser or node output).
     pub fn has_value(&self, name: &str) -> bool {
         self.types.contains_key(name)

@@ -1,8 +1,9 @@
 //! ringtune's own ONNX operators, in the `ai.ringtune` domain: the matrix products on oneDNN
 //! (`DnnlMatMul`, `DnnlGemm`), seeded dropout (`SeededDropout`), in-order scatter-add
 //! (`ScatterNdAdd`), the hand-over of each gradient to the gradient sync as the backward
-//! pass produces it (`GradReady`), and the wait for each parameter's newest values before its
-//! first reader (`ParamReady`).
+//! pass produces it (`GradReady`), the wait for each parameter's newest values before its
+//! first reader (`ParamReady`), and an ordering of two nodes (`RunAfter`) that makes ONNX
+//! Runtime compute each gradient as the backward pass passes its layer.
 //!
 //! Owns: one module per operator, each holding its name, typed attributes, shape rule (taught
 //! to `ringtune-onnx-ir` graphs), gradient rule where the operator exists before
@@ -36,6 +37,8 @@ mod attributes;
 pub mod dnnl;
 pub mod grad_ready;
 pub mod param_ready;
+pub mod recompute;
+pub mod run_after;
 pub mod scatter_nd_add;
 pub mod seeded_dropout;
 mod settings;
@@ -47,6 +50,7 @@ pub use ringtune_onednn::Precision;
 use ringtune_onnx_ir::{Graph, IrError};
 use ringtune_runtime::{CustomOp, CustomOps, DOMAIN};
 
+pub use recompute::Recompute;
 pub use seeded_dropout::{seed_dropouts, SEED_INPUT};
 pub use settings::{KernelChoice, Kernels, PrecisionChoice};
 
@@ -69,6 +73,7 @@ pub(crate) fn register_shapes(graph: &mut Graph) {
     graph.register_op(DOMAIN, dnnl::gemm::NAME, dnnl::gemm::shape_rule);
     graph.register_op(DOMAIN, grad_ready::NAME, grad_ready::shape_rule);
     graph.register_op(DOMAIN, param_ready::NAME, param_ready::shape_rule);
+    graph.register_op(DOMAIN, run_after::NAME, run_after::shape_rule);
 }
 
 /// The gradient rules of the operators that exist before differentiation.
@@ -102,8 +107,11 @@ pub fn lower(graph: &mut Graph, kernels: Kernels) -> Result<Lowered, IrError> {
 /// source: a training session that hands gradients over adds [`grad_ready::GradReady`] and
 /// [`param_ready::ParamReady`] itself.)
 pub fn custom_ops(kernels: Kernels, threads: usize) -> Result<CustomOps, OpsError> {
-    let mut ops: Vec<Arc<dyn CustomOp>> =
-        vec![Arc::new(seeded_dropout::SeededDropout), Arc::new(scatter_nd_add::ScatterNdAdd)];
+    let mut ops: Vec<Arc<dyn CustomOp>> = vec![
+        Arc::new(seeded_dropout::SeededDropout),
+        Arc::new(scatter_nd_add::ScatterNdAdd),
+        Arc::new(run_after::RunAfter),
+    ];
     if let Kernels::OneDnn(precision) = kernels {
         let engine = dnnl::engine(threads)?;
         if !engine.supports(precision) {

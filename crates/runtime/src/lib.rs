@@ -22,6 +22,7 @@
 //! assert_eq!(opts.provider, Provider::Cpu);
 //! ```
 
+mod arena;
 mod binding;
 mod cpu;
 mod custom_op;
@@ -31,13 +32,14 @@ mod library;
 mod session;
 mod tensor;
 
+pub use arena::ArenaStats;
 pub use binding::{BoundTensor, FlatBinding};
 pub use cpu::{cpu_model, CpuFeatures};
 pub use custom_op::{Attributes, CustomOp, ElementType, Kernel, Port, TensorMut, TensorRef, DOMAIN};
 pub use error::RuntimeError;
 pub use flat::FlatBuffer;
 pub use library::{default_library_path, LibraryChoice, Runtime, ORT_VERSION};
-pub use session::{CustomOps, GraphOptimization, Provider, Session, SessionOptions};
+pub use session::{Arena, CustomOps, GraphOptimization, Provider, Session, SessionOptions};
 pub use tensor::{OwnedTensor, TensorData, TensorView};
 
 /// Result with this crate's error.

@@ -44,6 +44,8 @@ pub struct Runtime {
     library: PathBuf,
     version: String,
     providers: Vec<String>,
+    /// Whether the environment's shared CPU arena is registered (or why it could not be).
+    pub(crate) shared_arena: OnceLock<std::result::Result<(), String>>,
 }
 
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
@@ -88,6 +90,7 @@ impl Runtime {
             version: version_of(&requested)?,
             providers: crate::session::available_providers()?,
             library: requested,
+            shared_arena: OnceLock::new(),
         };
         tracing::debug!(library = %runtime.library.display(), version = %runtime.version, "loaded ONNX Runtime");
         Ok(RUNTIME.get_or_init(|| runtime))

@@ -58,6 +58,23 @@ impl std::fmt::Display for Provider {
     }
 }
 
+/// Where a session's tensors get their memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
+pub enum Arena {
+    /// One arena for every session of the process (training and evaluation share it), grown
+    /// by what each allocation needs: a bert-base training step's arena holds 3 % more than
+    /// its tensors' peak.
+    #[default]
+    Shared,
+    /// ONNX Runtime's arena of each session, grown by powers of two: the same step reserved
+    /// 4 GiB for a 3.4 GiB peak, and touched all of it.
+    Session,
+    /// No arena: every tensor from the C library's allocator.
+    Off,
+}
+
 /// How much ONNX Runtime rewrites the graph before running it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum GraphOptimization {
@@ -79,8 +96,12 @@ pub struct SessionOptions {
     pub threads: usize,
     /// Graph optimisation level.
     pub optimization: GraphOptimization,
-    /// Whether the CPU memory arena is on.
-    pub arena: bool,
+    /// Where tensors' memory comes from.
+    pub arena: Arena,
+    /// Whether ONNX Runtime plans each input shape's tensors as one block after its first run
+    /// (the memory pattern). Off by default: the block sits on top of what the first run left
+    /// in the arena, which doubled a bert-base training step's memory (9.0 against 5.5 GiB).
+    pub memory_pattern: bool,
     /// Whether idle intra-op threads spin (faster steps, but they steal a core from other work).
     pub spinning: bool,
     /// The execution provider.
@@ -107,7 +128,8 @@ impl Default for SessionOptions {
         SessionOptions {
             threads: 0,
             optimization: GraphOptimization::All,
-            arena: true,
+            arena: Arena::Shared,
+            memory_pattern: false,
             spinning: true,
             provider: Provider::Cpu,
             profile: None,
@@ -208,9 +230,9 @@ fn configure(runtime: &Runtime, options: &SessionOptions) -> Result<(SessionBuil
     };
     let provider = choose_provider(runtime, options.provider)?;
     let dispatch: ExecutionProviderDispatch = match provider {
-        DNNL => ep::OneDNN::default().with_arena_allocator(options.arena).build(),
+        DNNL => ep::OneDNN::default().with_arena_allocator(options.arena != Arena::Off).build(),
         OPENVINO => ep::OpenVINO::default().with_device_type("CPU").build(),
-        _ => ep::CPU::default().with_arena_allocator(options.arena).build(),
+        _ => ep::CPU::default().with_arena_allocator(options.arena != Arena::Off).build(),
     };
     let mut builder = ort::session::Session::builder(&runtime.env)
         .map_err(RuntimeError::ort(context))?
@@ -220,12 +242,18 @@ fn configure(runtime: &Runtime, options: &SessionOptions) -> Result<(SessionBuil
         .map_err(RuntimeError::ort(context))?
         .with_intra_op_spinning(options.spinning)
         .map_err(RuntimeError::ort(context))?
+        .with_memory_pattern(options.memory_pattern)
+        .map_err(RuntimeError::ort(context))?
         .with_execution_providers([dispatch.error_on_failure()])
         .map_err(RuntimeError::ort(format!("registering {provider}")))?;
+    if options.arena == Arena::Shared {
+        runtime.register_shared_arena()?;
+        builder = builder.with_env_allocators().map_err(RuntimeError::ort(context))?;
+    }
     if provider != CPU {
         // Nodes the provider does not take fall back to the CPU provider; keep its arena setting.
         builder = builder
-            .with_execution_providers([ep::CPU::default().with_arena_allocator(options.arena).build()])
+            .with_execution_providers([ep::CPU::default().with_arena_allocator(options.arena != Arena::Off).build()])
             .map_err(RuntimeError::ort(context))?;
     }
     if !options.custom_ops.0.is_empty() {

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ringtune_ops::{KernelChoice, Kernels, PrecisionChoice};
+use ringtune_ops::{KernelChoice, Kernels, PrecisionChoice, Recompute};
 use ringtune_runtime::Provider;
 use serde::{Deserialize, Serialize};
 
@@ -49,6 +49,10 @@ pub struct TrainConfig {
     /// Precision of the oneDNN products: fp32, bf16, or auto (bf16 where the CPU has
     /// AVX512-BF16 or AMX, else fp32).
     pub precision: PrecisionChoice,
+    /// Forward values the backward pass recomputes instead of keeping: none, cheap (GELU
+    /// outputs and dropped-out attention probabilities, the default), or layer (each encoder
+    /// layer from its input: least memory, one more forward pass).
+    pub recompute: Recompute,
     /// Global gradient-norm clip.
     pub max_grad_norm: f64,
     /// Steps between metric lines.
@@ -87,6 +91,7 @@ impl Default for TrainConfig {
             provider: Provider::Cpu,
             kernels: KernelChoice::Onednn,
             precision: PrecisionChoice::Auto,
+            recompute: Recompute::Cheap,
             max_grad_norm: 1.0,
             log_every: 10,
             checkpoint_every: 0,

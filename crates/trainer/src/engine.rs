@@ -8,9 +8,11 @@ use ringtune_mrpc::Batch;
 use ringtune_ops::grad_ready::{GradReady, GradSink};
 use ringtune_ops::param_ready::{ParamReady, ParamSource};
 use ringtune_ops::{Kernels, SEED_INPUT};
-use ringtune_runtime::{BoundTensor, FlatBinding, FlatBuffer, Runtime, Session, SessionOptions, TensorView};
+use ringtune_runtime::{
+    ArenaStats, BoundTensor, FlatBinding, FlatBuffer, Runtime, Session, SessionOptions, TensorView,
+};
 
-use crate::model::{eval_graph, grad_name, training_graph, SyncNodes};
+use crate::model::{eval_graph, grad_name, training_graph, GraphChoices, SyncNodes};
 use crate::TrainError;
 
 /// What one forward and backward run returns (gradients stay in the engine's buffer).
@@ -91,27 +93,25 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Builds the training graph of `config` for `kernels` and binds `params` (the layout's
-    /// flat buffer); the session registers the operators `kernels` needs. With a gradient
+    /// Builds the training graph of `config` as `choices` say and binds `params` (the layout's
+    /// flat buffer); the session registers the operators its kernels need. With a gradient
     /// sink in `hooks`, the backward pass hands each gradient to it as soon as it is computed
     /// (see `ringtune_ops::grad_ready`) and [`Engine::grads`] is empty; else gradients land in
     /// a buffer of the engine's. With a parameter source, each parameter's first reader waits
     /// for it (see `ringtune_ops::param_ready`).
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         runtime: &Runtime,
         config: &ModelConfig,
         layout: &ParamLayout,
         params: FlatBuffer,
-        dropout: bool,
-        kernels: Kernels,
+        choices: GraphChoices,
         options: &SessionOptions,
         hooks: SyncHooks,
     ) -> Result<Self, TrainError> {
         layout.check_len(params.len())?;
         let handoff = hooks.grads.is_some();
-        let (bytes, tokens) = training_graph(config, layout, dropout, kernels, hooks.nodes())?;
-        let session = Session::from_bytes(runtime, &bytes, &with_ops(options, kernels, &hooks)?)?;
+        let (bytes, tokens) = training_graph(config, layout, choices, hooks.nodes())?;
+        let session = Session::from_bytes(runtime, &bytes, &with_ops(options, choices.kernels, &hooks)?)?;
         let (grads, bound) = if handoff {
             (FlatBuffer::zeros(0), Vec::new())
         } else {
@@ -149,6 +149,11 @@ impl Engine {
     /// file.
     pub fn end_profiling(&mut self) -> Result<String, TrainError> {
         Ok(self.session.end_profiling()?)
+    }
+
+    /// The counters of the session's CPU arena (`None` with the arena off).
+    pub fn arena_stats(&self) -> Result<Option<ArenaStats>, TrainError> {
+        Ok(self.session.arena_stats()?)
     }
 
     /// The parameter layout.

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use ringtune_bert::{forward_graph, GraphOptions, ModelConfig, ParamLayout, Params};
-use ringtune_ops::Kernels;
+use ringtune_ops::{Kernels, Recompute};
 
 use crate::TrainError;
 
@@ -47,38 +47,57 @@ pub struct SyncNodes {
     pub param_ready: bool,
 }
 
+/// How a training graph is built: dropout on or off, the kernels of its products, and what
+/// its backward pass recomputes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GraphChoices {
+    /// Dropout as the model config sets it (else none).
+    pub dropout: bool,
+    /// The matrix products' kernels.
+    pub kernels: Kernels,
+    /// Forward values the backward pass recomputes instead of keeping.
+    pub recompute: Recompute,
+}
+
 /// The forward and backward graph as ONNX bytes: inputs are the batch, every parameter and (with
 /// dropout) the step's dropout seed, outputs `loss`, `logits` and one `grad.<name>` per
-/// parameter; matrix products on oneDNN when `kernels` asks. With `sync.grad_ready`, each
+/// parameter; matrix products on oneDNN when `choices.kernels` asks. With `sync.grad_ready`, each
 /// gradient goes to a `GradReady` node instead of a graph output, and the outputs are `loss`,
 /// `logits` and the nodes' tokens; the names of the tokens come back with the bytes. With
 /// `sync.param_ready`, every reader of a parameter waits behind its `ParamReady` node.
 pub fn training_graph(
     config: &ModelConfig,
     layout: &ParamLayout,
-    dropout: bool,
-    kernels: Kernels,
+    choices: GraphChoices,
     sync: SyncNodes,
 ) -> Result<(Vec<u8>, Vec<String>), TrainError> {
+    let GraphChoices { dropout, kernels, recompute } = choices;
     let options = GraphOptions { params: Params::Inputs, with_loss: true, dropout };
     let mut forward = forward_graph(config, layout, &options)?;
     let loss = forward.loss.clone().ok_or_else(|| TrainError::Other("the forward graph has no loss".into()))?;
     let sites = ringtune_ops::seed_dropouts(&mut forward.graph)?;
     let rules = ringtune_ops::gradient_rules();
     let grads = ringtune_autodiff::backward_with(&mut forward.graph, &loss, &forward.params, &rules)?;
-    let tokens = if sync.grad_ready {
-        ringtune_ops::grad_ready::place(&mut forward.graph, &grads)?
+    let (tokens, grads) = if sync.grad_ready {
+        (ringtune_ops::grad_ready::place(&mut forward.graph, &grads)?, grads)
     } else {
         let names: Vec<String> = layout.entries().iter().map(|e| grad_name(&e.name)).collect();
-        ringtune_autodiff::name_gradients(&mut forward.graph, &grads, &names)?;
-        Vec::new()
+        (Vec::new(), ringtune_autodiff::name_gradients(&mut forward.graph, &grads, &names)?)
     };
+    let recomputed = ringtune_ops::recompute::recompute(
+        &mut forward.graph,
+        &loss,
+        recompute,
+        &ringtune_bert::layer_prefixes(config),
+    )?;
     let lowered = ringtune_ops::lower(&mut forward.graph, kernels)?;
+    // After lowering, so no ordering node sits between a transpose and the product it folds into.
+    let ordered = ringtune_ops::run_after::order_gradients(&mut forward.graph, &grads)?;
     // After lowering: the products see plain parameter inputs, as on one node.
     if sync.param_ready {
         ringtune_ops::param_ready::place(&mut forward.graph, &forward.params)?;
     }
-    tracing::debug!(dropout_sites = sites, ?lowered, %kernels, ?sync, "training graph lowered");
+    tracing::debug!(dropout_sites = sites, recomputed, ?lowered, ordered, %kernels, ?sync, "training graph lowered");
     Ok((forward.graph.to_bytes()?, tokens))
 }
 

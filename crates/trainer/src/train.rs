@@ -21,7 +21,7 @@ use serde::Serialize;
 use crate::checkpoint::{self, Meta, Progress};
 use crate::engine::{Engine, Evaluator, SyncHooks};
 use crate::metrics::{scores, EvalRecord, MetricsFile, Record, Scores, StepRecord};
-use crate::model::ModelDir;
+use crate::model::{GraphChoices, ModelDir};
 use crate::recipe::{param_groups, warmup_steps};
 use crate::{TrainConfig, TrainError};
 
@@ -688,14 +688,15 @@ fn sessions(
     let runtime = Runtime::get()?;
     let kernels = cfg.kernels();
     if lead {
-        tracing::info!(%kernels, "matrix-product kernels");
+        tracing::info!(%kernels, recompute = %cfg.recompute, "matrix-product kernels; forward values recomputed");
     }
     // oneDNN's OpenMP threads run the products; ONNX Runtime's own spinning would steal their cores.
     let spinning = kernels == ringtune_ops::Kernels::Mlas;
     let session =
         SessionOptions { threads: cfg.threads, provider: cfg.provider, spinning, ..SessionOptions::default() };
     let (config, layout) = (&inputs.config, &inputs.model.layout);
-    let engine = Engine::new(runtime, config, layout, params, config.has_dropout(), kernels, &session, hooks)?;
+    let choices = GraphChoices { dropout: config.has_dropout(), kernels, recompute: cfg.recompute };
+    let engine = Engine::new(runtime, config, layout, params, choices, &session, hooks)?;
     let evaluator = if lead { Some(Evaluator::new(runtime, config, layout, kernels, &session)?) } else { None };
     Ok((engine, evaluator))
 }

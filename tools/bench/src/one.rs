@@ -1,6 +1,8 @@
 //! `ringtune-bench one`: one configuration (model, task, kernels) timed in this process.
 
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -9,10 +11,11 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use ringtune_bert::ModelConfig;
 use ringtune_mrpc::Batch;
-use ringtune_ops::{KernelChoice, Kernels, PrecisionChoice};
+use ringtune_ops::{KernelChoice, Kernels, PrecisionChoice, Recompute};
 use ringtune_optim::{AdamW, AdamWConfig};
-use ringtune_runtime::{FlatBuffer, Runtime, SessionOptions};
+use ringtune_runtime::{Arena, FlatBuffer, Runtime, SessionOptions};
 use ringtune_trainer::engine::{Engine, Evaluator, SyncHooks};
+use ringtune_trainer::model::GraphChoices;
 use ringtune_trainer::recipe::param_groups;
 use serde::{Deserialize, Serialize};
 
@@ -52,6 +55,15 @@ pub(crate) struct One {
     /// oneDNN precision.
     #[arg(long, value_enum, default_value = "fp32")]
     precision: PrecisionChoice,
+    /// Forward values the backward pass recomputes instead of keeping.
+    #[arg(long, value_enum, default_value = "cheap")]
+    recompute: Recompute,
+    /// Where tensors get their memory.
+    #[arg(long, value_enum, default_value = "shared")]
+    arena: Arena,
+    /// ONNX Runtime's memory pattern (one planned block per input shape).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    memory_pattern: bool,
 }
 
 /// What to time.
@@ -75,8 +87,27 @@ pub(crate) struct Measurement {
     pub(crate) median_samples_per_s: f64,
     pub(crate) repeats: Vec<f64>,
     pub(crate) peak_rss_mib: f64,
+    /// Where a training step's memory goes.
+    pub(crate) memory: Option<MemoryBreakdown>,
 }
 
+/// Where the memory of a training process goes, in MiB: the buffers we own, what ONNX
+/// Runtime's arena handed to tensors at its peak, what it reserved beyond that, and the rest
+/// of the peak RSS (libraries, oneDNN's scratch and converted operands, the graph).
+#[derive(Serialize, Deserialize, Default)]
+pub(crate) struct MemoryBreakdown {
+    pub(crate) params_mib: f64,
+    pub(crate) grads_mib: f64,
+    pub(crate) optimizer_mib: f64,
+    /// Peak of ONNX Runtime's tensors (activations, saved values, temporaries).
+    pub(crate) tensors_peak_mib: f64,
+    /// The arena's reserve beyond its peak use.
+    pub(crate) arena_slack_mib: f64,
+    /// Peak RSS less all of the above.
+    pub(crate) other_mib: f64,
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
 fn config_of(model: &str) -> Result<ModelConfig> {
     let path = match model {
         "bert-base" => crate::root().join("models/bert-base.json"),
@@ -110,8 +141,14 @@ fn synthetic_batch(rows: usize, seq: usize, vocab: usize, seed: u64) -> Batch {
     b
 }
 
+/// What `one` runs: the step, and (training) where its memory went once it has run.
+struct Stepper {
+    step: Box<dyn FnMut() -> Result<()>>,
+    memory: Box<dyn Fn(f64) -> Result<Option<MemoryBreakdown>>>,
+}
+
 /// The step `one` times: a training step (forward, backward, clipping, AdamW) or a forward.
-fn step_fn(one: &One, config: &ModelConfig, kernels: Kernels, batch: Batch) -> Result<Box<dyn FnMut() -> Result<()>>> {
+fn step_fn(one: &One, config: &ModelConfig, kernels: Kernels, batch: Batch) -> Result<Stepper> {
     let layout = ringtune_bert::layout(config);
     let mut params = FlatBuffer::zeros(layout.total_len());
     ringtune_bert::init_all(config, &layout, 0, &mut params);
@@ -120,27 +157,57 @@ fn step_fn(one: &One, config: &ModelConfig, kernels: Kernels, batch: Batch) -> R
         threads: one.threads,
         profile: one.profile.clone(),
         spinning: kernels == Kernels::Mlas,
+        arena: one.arena,
+        memory_pattern: one.memory_pattern,
         ..SessionOptions::default()
     };
     Ok(match one.task {
         Task::Train => {
             let mut adam = AdamW::new(AdamWConfig::default(), &param_groups(&layout, 0.01), layout.total_len())?
                 .with_threads(one.threads);
-            let mut engine =
-                Engine::new(runtime, config, &layout, params, true, kernels, &options, SyncHooks::default())?;
-            Box::new(move || {
-                engine.step(&batch)?;
-                let (params, grads) = engine.params_and_grads();
-                adam.clip_and_step(params, grads, 1.0, 2e-5);
-                Ok(())
-            })
+            let engine = Rc::new(RefCell::new(Engine::new(
+                runtime,
+                config,
+                &layout,
+                params,
+                GraphChoices { dropout: true, kernels, recompute: one.recompute },
+                &options,
+                SyncHooks::default(),
+            )?));
+            let stepped = engine.clone();
+            let floats_mib = layout.total_len() as f64 * 4.0 / MIB;
+            Stepper {
+                step: Box::new(move || {
+                    let mut engine = stepped.borrow_mut();
+                    engine.step(&batch)?;
+                    let (params, grads) = engine.params_and_grads();
+                    adam.clip_and_step(params, grads, 1.0, 2e-5);
+                    Ok(())
+                }),
+                memory: Box::new(move |peak_rss_mib| {
+                    let arena = engine.borrow().arena_stats()?.unwrap_or_default();
+                    let tensors_peak_mib = arena.peak_in_use as f64 / MIB;
+                    let arena_slack_mib = arena.reserved.saturating_sub(arena.peak_in_use) as f64 / MIB;
+                    Ok(Some(MemoryBreakdown {
+                        params_mib: floats_mib,
+                        grads_mib: floats_mib,
+                        optimizer_mib: 2.0 * floats_mib,
+                        tensors_peak_mib,
+                        arena_slack_mib,
+                        other_mib: peak_rss_mib - 4.0 * floats_mib - tensors_peak_mib - arena_slack_mib,
+                    }))
+                }),
+            }
         }
         Task::Eval => {
             let mut evaluator = Evaluator::new(runtime, config, &layout, kernels, &options)?;
-            Box::new(move || {
-                evaluator.logits(&params, &batch)?;
-                Ok(())
-            })
+            Stepper {
+                step: Box::new(move || {
+                    evaluator.logits(&params, &batch)?;
+                    Ok(())
+                }),
+                memory: Box::new(|_| Ok(None)),
+            }
         }
     })
 }
@@ -151,7 +218,7 @@ pub(crate) fn measure(one: &One) -> Result<Measurement> {
     let rows = one.batch.unwrap_or(if one.task == Task::Train { 32 } else { 64 });
     let batch = synthetic_batch(rows, one.seq, config.vocab_size, 0);
     let kernels = Kernels::resolve(one.kernels, one.precision);
-    let mut step = step_fn(one, &config, kernels, batch)?;
+    let Stepper { mut step, memory } = step_fn(one, &config, kernels, batch)?;
     for _ in 0..one.warmup {
         step()?;
     }
@@ -165,6 +232,7 @@ pub(crate) fn measure(one: &One) -> Result<Measurement> {
     }
     let mut sorted = repeats.clone();
     sorted.sort_by(f64::total_cmp);
+    let peak_rss_mib = peak_rss_mib();
     Ok(Measurement {
         model: one.model.clone(),
         task: format!("{:?}", one.task).to_lowercase(),
@@ -174,7 +242,8 @@ pub(crate) fn measure(one: &One) -> Result<Measurement> {
         params: ringtune_bert::layout(&config).num_params(),
         median_samples_per_s: sorted[sorted.len() / 2],
         repeats,
-        peak_rss_mib: peak_rss_mib(),
+        peak_rss_mib,
+        memory: memory(peak_rss_mib)?,
     })
 }
 

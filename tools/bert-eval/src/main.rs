@@ -7,10 +7,9 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use ringtune_bert::{load_params, read_tensor_file, write_tensor_file, HostTensor};
-use ringtune_ops::Kernels;
 use ringtune_runtime::{FlatBuffer, Runtime, SessionOptions};
 use ringtune_trainer::engine::{Engine, SyncHooks};
-use ringtune_trainer::model::ModelDir;
+use ringtune_trainer::model::{GraphChoices, ModelDir};
 use ringtune_trainer::replay::{replay, Trace};
 
 /// Runs forward (and backward) on one batch and writes the outputs.
@@ -59,7 +58,7 @@ fn main() -> Result<()> {
     let runtime = Runtime::get()?;
     let options = SessionOptions { threads: args.threads, ..SessionOptions::default() };
     let mut engine =
-        Engine::new(runtime, &config, &model.layout, params, false, Kernels::Mlas, &options, SyncHooks::default())?;
+        Engine::new(runtime, &config, &model.layout, params, GraphChoices::default(), &options, SyncHooks::default())?;
     if let (Some(batches), Some(optim)) = (&args.replay, &args.optim) {
         let trace = Trace::from_file(optim)?;
         let batches =

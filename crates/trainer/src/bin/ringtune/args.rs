@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
-use ringtune_ops::{KernelChoice, PrecisionChoice};
+use ringtune_ops::{KernelChoice, PrecisionChoice, Recompute};
 use ringtune_runtime::Provider;
 use ringtune_trainer::TrainConfig;
 
@@ -107,6 +107,10 @@ pub(crate) struct TrainArgs {
     /// oneDNN precision.
     #[arg(long, value_enum)]
     precision: Option<PrecisionChoice>,
+    /// Forward values the backward pass recomputes instead of keeping (layer: least memory,
+    /// one more forward pass).
+    #[arg(long, value_enum)]
+    recompute: Option<Recompute>,
     /// Gradient-norm clip.
     #[arg(long, allow_negative_numbers = true)]
     max_grad_norm: Option<f64>,
@@ -249,6 +253,7 @@ pub(crate) fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
             provider,
             kernels,
             precision,
+            recompute,
             max_grad_norm,
             log_every,
             checkpoint_every,
