@@ -3,7 +3,9 @@
 //! layer first), so that the first bucket of the sync plan is complete while most of the
 //! backward pass is still to run and the ring can reduce it meanwhile; and one `ParamReady`
 //! per parameter, each just before the forward pass first reads it (first layer first), so that
-//! the parameters of later layers can still be on the wire while earlier layers compute.
+//! the parameters of later layers can still be on the wire while earlier layers compute. On one
+//! node (no sync), each layer's gradients are computed as the backward pass passes the layer,
+//! so its saved values die there.
 
 use std::sync::{Arc, Mutex};
 
@@ -39,8 +41,9 @@ impl ParamSource for Waits {
     }
 }
 
-/// A node's run in the profile: its operator, start and duration (microseconds).
+/// A node's run in the profile: its node, operator, start and duration (microseconds).
 struct Ran {
+    node: String,
     op: String,
     start: u64,
     end: u64,
@@ -50,10 +53,11 @@ fn node_events(profile: &str) -> Vec<Ran> {
     let events: Vec<serde_json::Value> = serde_json::from_str(profile).expect("the profile is a JSON array");
     let mut ran: Vec<Ran> = events
         .iter()
-        .filter(|e| e["cat"] == "Node" && e["name"].as_str().is_some_and(|n| n.ends_with("_kernel_time")))
+        .filter(|e| e["cat"] == "Node")
         .filter_map(|e| {
+            let node = e["name"].as_str()?.strip_suffix("_kernel_time")?.to_string();
             let (start, dur) = (e["ts"].as_u64()?, e["dur"].as_u64()?);
-            Some(Ran { op: e["args"]["op_name"].as_str()?.to_string(), start, end: start + dur })
+            Some(Ran { node, op: e["args"]["op_name"].as_str()?.to_string(), start, end: start + dur })
         })
         .collect();
     ran.sort_by_key(|r| r.start);
@@ -172,4 +176,26 @@ fn every_parameter_waits_just_before_the_forward_pass_first_reads_it() {
         last > 0.5 * first_gradient,
         "the last bucket is needed at {last:.3}, the first gradient at {first_gradient:.3}"
     );
+}
+
+#[test]
+fn each_layer_is_done_before_most_of_the_layer_below_runs() {
+    let step = profiled_step(SyncHooks::default());
+    let layers = ModelConfig::from_dir(&minilm_dir()).expect("config").num_layers;
+    // A layer's backward nodes: when the last one ends, and when the median one starts (a few,
+    // which read only forward values, run during the forward pass).
+    let backward = |layer: usize| {
+        let scope = format!("grad/{}/", ringtune_bert::layer_scope(layer));
+        let mut starts: Vec<u64> = step.iter().filter(|r| r.node.starts_with(&scope)).map(|r| r.start).collect();
+        starts.sort_unstable();
+        let done = step.iter().filter(|r| r.node.starts_with(&scope)).map(|r| r.end).max();
+        (done.expect("the layer's backward nodes ran"), starts[starts.len() / 2])
+    };
+    for layer in 1..layers {
+        let (done, _) = backward(layer);
+        let (_, below) = backward(layer - 1);
+        // ONNX Runtime's own order ran every layer's weight gradients after the whole chain of
+        // input gradients, the first layer's first.
+        assert!(done <= below, "layer {layer}'s backward pass ends after most of layer {}'s ran", layer - 1);
+    }
 }

@@ -9,7 +9,8 @@
 //! to `ringtune-onnx-ir` graphs), gradient rule where the operator exists before
 //! differentiation (handed to `ringtune-autodiff`), the graph rewrite that puts it in place,
 //! and its kernel (plugged into `ringtune-runtime`'s [`Kernel`](ringtune_runtime::Kernel)
-//! trait); the kernel settings (`mlas` or `onednn`, `fp32`, `bf16` or `auto`).
+//! trait); the recompute pass ([`recompute`]); the kernel settings (`mlas` or `onednn`, `fp32`,
+//! `bf16` or `auto`) and what to recompute (`none`, `cheap` or `layer`).
 //!
 //! Does not own: which graphs exist (`ringtune-bert`), differentiation itself
 //! (`ringtune-autodiff`), sessions (`ringtune-runtime`) or oneDNN's C API (`ringtune-onednn`).

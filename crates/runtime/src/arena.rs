@@ -1,5 +1,6 @@
-//! What ONNX Runtime's CPU arena of a session holds: the allocator's own counters, so memory
-//! can be split into what tensors use and what the arena keeps around them.
+//! ONNX Runtime's CPU arena: the one that sessions share by default (registered in the
+//! environment once per process), and the allocator's own counters, so that memory can be split
+//! into what tensors use and what the arena keeps around them.
 
 use std::collections::BTreeMap;
 use std::ffi::{c_char, CStr};

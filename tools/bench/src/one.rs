@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 /// What `one` measures.
 #[derive(Parser, Clone, Serialize, Deserialize)]
 pub(crate) struct One {
-    /// bert-base, minilm, bert-mini, or a folder with config.json.
+    /// bert-base, bert-large, minilm, bert-mini, or a folder with config.json.
     #[arg(long)]
     pub(crate) model: String,
     /// What to time.
@@ -107,10 +107,27 @@ pub(crate) struct MemoryBreakdown {
     pub(crate) other_mib: f64,
 }
 
+impl MemoryBreakdown {
+    /// The breakdown's cells of a markdown table row, then the peak RSS.
+    pub(crate) fn row(&self, peak_rss_mib: f64) -> String {
+        let cells = [
+            self.params_mib,
+            self.grads_mib,
+            self.optimizer_mib,
+            self.tensors_peak_mib,
+            self.arena_slack_mib,
+            self.other_mib,
+            peak_rss_mib,
+        ];
+        cells.iter().map(|c| format!(" {c:.0} |")).collect()
+    }
+}
+
 const MIB: f64 = 1024.0 * 1024.0;
 fn config_of(model: &str) -> Result<ModelConfig> {
     let path = match model {
         "bert-base" => crate::root().join("models/bert-base.json"),
+        "bert-large" => crate::root().join("models/bert-large.json"),
         "bert-mini" => crate::root().join("models/bert-mini.json"),
         "minilm" => crate::root().join("models/all-MiniLM-L6-v2/config.json"),
         dir => Path::new(dir).join("config.json"),

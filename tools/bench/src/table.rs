@@ -22,6 +22,9 @@ pub(crate) struct TableArgs {
     /// Only these models (bert-base, minilm, bert-mini).
     #[arg(long)]
     only: Vec<String>,
+    /// Forward values the training rows recompute (none, cheap, layer).
+    #[arg(long, value_enum, default_value = "cheap")]
+    recompute: ringtune_ops::Recompute,
     /// A Python with torch and transformers: PyTorch is then measured in this run, with the
     /// reference's own script, instead of quoted from the reference data file.
     #[arg(long, env = "RINGTUNE_PYTORCH")]
@@ -98,6 +101,7 @@ fn measure_child(model: &str, task: &str, kernels: &str, precision: &str, args: 
     let out = Command::new(std::env::current_exe()?)
         .args(["one", "--model", model, "--task", task, "--steps", &args.steps.to_string()])
         .args(["--repeats", &args.repeats.to_string(), "--kernels", kernels, "--precision", precision])
+        .args(["--recompute", &args.recompute.to_string()])
         .output()?;
     if !out.status.success() {
         bail!("{model} {task} {kernels} {precision}: {}", String::from_utf8_lossy(&out.stderr));
@@ -124,6 +128,7 @@ pub(crate) fn table(args: &TableArgs) -> Result<()> {
         "| model | task | batch x seq | kernels | ringtune samples/s | PyTorch fp32 | PyTorch bf16 | vs fp32 | vs bf16 | peak RSS MiB |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
+    let mut breakdowns = Vec::new();
     for model in ["minilm", "bert-base", "bert-mini"]
         .iter()
         .filter(|m| args.only.is_empty() || args.only.iter().any(|o| o == *m))
@@ -148,8 +153,23 @@ pub(crate) fn table(args: &TableArgs) -> Result<()> {
                     m.median_samples_per_s / bf16,
                     m.peak_rss_mib
                 );
+                if let Some(memory) = &m.memory {
+                    breakdowns.push((format!("| {model} | {} |", m.kernels), memory.row(m.peak_rss_mib)));
+                }
             }
         }
+    }
+    println!(
+        "\nWhere a training step's memory goes (MiB; recompute {}): ours (parameters, gradients, AdamW moments), \
+         ONNX Runtime's tensors at their peak, what its arena holds beyond that, the rest (libraries, oneDNN):\n",
+        args.recompute
+    );
+    println!(
+        "| model | kernels | parameters | gradients | moments | tensors at peak | arena beyond | rest | peak RSS |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (head, row) in &breakdowns {
+        println!("{head}{row}");
     }
     println!(
         "\ntrain = forward + backward (dropout on) + optimizer step on both sides: ringtune runs forward and backward \
