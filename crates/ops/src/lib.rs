@@ -48,7 +48,7 @@ use std::sync::Arc;
 
 use ringtune_autodiff::CustomRule;
 pub use ringtune_onednn::Precision;
-use ringtune_onnx_ir::{Graph, IrError};
+use ringtune_onnx_ir::{Graph, InferCtx, IrError, ValueType};
 use ringtune_runtime::{CustomOp, CustomOps, DOMAIN};
 
 pub use recompute::Recompute;
@@ -73,8 +73,14 @@ pub(crate) fn register_shapes(graph: &mut Graph) {
     graph.register_op(DOMAIN, dnnl::matmul::NAME, dnnl::matmul::shape_rule);
     graph.register_op(DOMAIN, dnnl::gemm::NAME, dnnl::gemm::shape_rule);
     graph.register_op(DOMAIN, grad_ready::NAME, grad_ready::shape_rule);
-    graph.register_op(DOMAIN, param_ready::NAME, param_ready::shape_rule);
-    graph.register_op(DOMAIN, run_after::NAME, run_after::shape_rule);
+    graph.register_op(DOMAIN, param_ready::NAME, passed_through);
+    graph.register_op(DOMAIN, run_after::NAME, passed_through);
+}
+
+/// Shape rule of the pass-through operators (`ParamReady`, `RunAfter`): the output has the
+/// first input's type.
+fn passed_through(ctx: &InferCtx<'_>) -> Result<Vec<ValueType>, String> {
+    Ok(vec![ValueType { dtype: ctx.dtype(0)?, shape: ctx.shape(0)?.cloned() }])
 }
 
 /// The gradient rules of the operators that exist before differentiation.

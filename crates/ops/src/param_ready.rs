@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use ringtune_onnx_ir::{Graph, InferCtx, IrError, Node, Value, ValueType};
+use ringtune_onnx_ir::{Graph, IrError, Node, Value};
 use ringtune_runtime::{Attributes, CustomOp, ElementType, Kernel, Port, TensorMut, TensorRef, DOMAIN};
 
 use crate::attributes::TensorIndex;
@@ -24,11 +24,6 @@ pub trait ParamSource: Send + Sync {
     /// values, or with the reason it never will. Runs on ONNX Runtime's thread: it may block,
     /// but must not wait on the session.
     fn wait(&self, tensor: usize) -> Result<(), String>;
-}
-
-/// Shape rule: the output has the input's type.
-pub(crate) fn shape_rule(ctx: &InferCtx<'_>) -> Result<Vec<ValueType>, String> {
-    Ok(vec![ValueType { dtype: ctx.dtype(0)?, shape: ctx.shape(0)?.cloned() }])
 }
 
 /// Puts a `ParamReady` node before the readers of each of `params` (graph inputs; `params[i]`

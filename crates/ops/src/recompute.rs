@@ -16,7 +16,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use ringtune_onnx_ir::{DType, Graph, IrError, Node, Value};
+use ringtune_onnx_ir::{Graph, IrError, Node, Value};
 use ringtune_runtime::DOMAIN;
 
 use crate::{run_after, seeded_dropout};
@@ -117,17 +117,9 @@ fn recompute_segment(graph: &mut Graph, segment: &[String], boundary: usize) -> 
         for input in copy.inputs.iter_mut().filter(|i| !i.is_empty()) {
             if let Some(new) = renamed.get(input.as_str()) {
                 *input = new.clone();
-            } else if is_made_float(graph, input) {
+            } else if run_after::is_made_float(graph, input) {
                 // A value from before the segment: wait for the backward pass to get here.
-                let held = graph.fresh_name(&format!("{input}.held"));
-                let hold = Node {
-                    name: graph.fresh_name(run_after::NAME),
-                    op_type: run_after::NAME.into(),
-                    domain: DOMAIN.into(),
-                    inputs: vec![input.clone(), gradient.clone()],
-                    outputs: vec![held.clone()],
-                    attributes: Default::default(),
-                };
+                let (hold, held) = run_after::node(graph, input, &gradient, "held");
                 graph.insert_node(at, hold)?;
                 at += 1;
                 renamed.insert(input.clone(), held.clone());
@@ -155,23 +147,16 @@ fn latest_gradient_input(graph: &Graph, index: usize, boundary: usize) -> Option
     graph.nodes()[index]
         .inputs
         .iter()
-        .filter(|i| is_made_float(graph, i))
+        .filter(|i| run_after::is_made_float(graph, i))
         .filter_map(|i| Some((graph.producer_index(i)?, i)))
         .max_by_key(|(made_at, _)| *made_at)
         .filter(|(made_at, _)| *made_at > boundary)
         .map(|(_, i)| i.clone())
 }
 
-/// A `float` value made by a node (not a graph input or initialiser).
-fn is_made_float(graph: &Graph, name: &str) -> bool {
-    !name.is_empty()
-        && graph.producer(name).is_some_and(|p| p.op_type != "Constant")
-        && graph.dtype(&Value::named(name)).is_ok_and(|t| t == DType::F32)
-}
-
 #[cfg(test)]
 mod tests {
-    use ringtune_onnx_ir::shape;
+    use ringtune_onnx_ir::{shape, DType};
 
     use super::*;
 

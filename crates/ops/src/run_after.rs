@@ -11,15 +11,31 @@
 //! differentiation emitted, layer by layer) wait for it, so the walk computes each gradient as
 //! the backward pass passes its layer, and the values it needs die there.
 
-use ringtune_onnx_ir::{DType, Graph, InferCtx, IrError, Node, Value, ValueType};
+use ringtune_onnx_ir::{DType, Graph, IrError, Node, Value};
 use ringtune_runtime::{Attributes, CustomOp, ElementType, Kernel, Port, TensorMut, TensorRef, DOMAIN};
 
 /// The operator's name in the `ai.ringtune` domain.
 pub const NAME: &str = "RunAfter";
 
-/// Shape rule: the output has the first input's type.
-pub(crate) fn shape_rule(ctx: &InferCtx<'_>) -> Result<Vec<ValueType>, String> {
-    Ok(vec![ValueType { dtype: ctx.dtype(0)?, shape: ctx.shape(0)?.cloned() }])
+/// A `RunAfter` node passing `value` through once `done` exists, and the name of its output.
+pub(crate) fn node(graph: &mut Graph, value: &str, done: &str, output_hint: &str) -> (Node, String) {
+    let output = graph.fresh_name(&format!("{value}.{output_hint}"));
+    let node = Node {
+        name: graph.fresh_name(NAME),
+        op_type: NAME.into(),
+        domain: DOMAIN.into(),
+        inputs: vec![value.to_string(), done.to_string()],
+        outputs: vec![output.clone()],
+        attributes: Default::default(),
+    };
+    (node, output)
+}
+
+/// A `float` value made by a node other than a `Constant` (what a `RunAfter` can hold back).
+pub(crate) fn is_made_float(graph: &Graph, name: &str) -> bool {
+    !name.is_empty()
+        && graph.producer(name).is_some_and(|p| p.op_type != "Constant")
+        && graph.dtype(&Value::named(name)).is_ok_and(|t| t == DType::F32)
 }
 
 /// Makes the node that follows each of `grads`' producers in the file wait for that gradient
@@ -35,15 +51,7 @@ pub fn order_gradients(graph: &mut Graph, grads: &[Value]) -> Result<usize, IrEr
             continue;
         }
         let Some((next, input)) = next_float_reader(graph, produced_at) else { continue };
-        let output = graph.fresh_name(&format!("{input}.after"));
-        let node = Node {
-            name: graph.fresh_name(NAME),
-            op_type: NAME.into(),
-            domain: DOMAIN.into(),
-            inputs: vec![input.clone(), grad.name().to_string()],
-            outputs: vec![output.clone()],
-            attributes: Default::default(),
-        };
+        let (node, output) = node(graph, &input, grad.name(), "after");
         graph.insert_node(next, node)?;
         // Only the following node waits: the value's other readers keep their order.
         let others: Vec<usize> = graph.consumers(&input).into_iter().filter(|&i| i != next + 1).collect();
@@ -53,15 +61,15 @@ pub fn order_gradients(graph: &mut Graph, grads: &[Value]) -> Result<usize, IrEr
     Ok(placed)
 }
 
-/// The first node after position `after` that reads a `float` value made by a node (not a
-/// graph input), with the earliest-made such input: a value made long before is the least
-/// likely to sit inside a pattern ONNX Runtime fuses.
+/// The first node after position `after` that reads a `float` value made by a node (see
+/// [`is_made_float`]), with the earliest-made such input: a value made long before is the
+/// least likely to sit inside a pattern ONNX Runtime fuses.
 fn next_float_reader(graph: &Graph, after: usize) -> Option<(usize, String)> {
     (after + 1..graph.nodes().len()).find_map(|i| {
         let node = &graph.nodes()[i];
         node.inputs
             .iter()
-            .filter(|input| graph.dtype(&Value::named(input.as_str())).is_ok_and(|t| t == DType::F32))
+            .filter(|input| is_made_float(graph, input))
             .filter_map(|input| Some((graph.producer_index(input)?, input)))
             .min_by_key(|(made_at, _)| *made_at)
             .map(|(_, input)| input)

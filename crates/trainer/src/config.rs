@@ -204,9 +204,12 @@ mod tests {
         std::fs::write(&path, "kernels = \"mlas\"\nprecision = \"bf16\"\nprovider = \"auto\"\n").expect("write");
         let c = TrainConfig::from_toml_file(&path).expect("settings");
         assert_eq!((c.kernels, c.precision, c.provider), (KernelChoice::Mlas, PrecisionChoice::Bf16, Provider::Auto));
-        for (line, named) in
-            [("kernels = \"cublas\"", "cublas"), ("precision = \"fp8\"", "fp8"), ("provider = \"cuda\"", "cuda")]
-        {
+        for (line, named) in [
+            ("kernels = \"cublas\"", "cublas"),
+            ("precision = \"fp8\"", "fp8"),
+            ("provider = \"cuda\"", "cuda"),
+            ("recompute = \"everything\"", "everything"),
+        ] {
             std::fs::write(&path, line).expect("write");
             let msg = TrainConfig::from_toml_file(&path).expect_err(named).to_string();
             assert!(msg.contains("run.toml") && msg.contains(named), "{msg}");
