@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use ringtune_onnx_ir::{shape, DType, Graph, InferCtx, IrError, NodeSpec, Value, ValueType};
-use ringtune_runtime::{Attributes, CustomOp, ElementType, Kernel, Port, TensorMut, TensorRef, DOMAIN};
+use ringtune_runtime::{Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef, DOMAIN};
 
 use crate::attributes::TensorIndex;
 
@@ -87,7 +87,12 @@ impl Kernel for ReadyKernel {
         Ok(vec![vec![1]])
     }
 
-    fn compute(&self, inputs: &[Option<TensorRef<'_>>], outputs: &mut [Option<TensorMut<'_>>]) -> Result<(), String> {
+    fn compute(
+        &self,
+        inputs: &[Option<TensorRef<'_>>],
+        outputs: &mut [Option<TensorMut<'_>>],
+        _threads: &dyn Parallel,
+    ) -> Result<(), String> {
         let grad = inputs.first().copied().flatten().and_then(|t| t.f32()).ok_or("no float gradient")?;
         self.sink.take(self.tensor, grad)?;
         if let Some(Some(TensorMut::F32(token))) = outputs.first_mut() {
@@ -102,6 +107,7 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
+    use ringtune_runtime::Serial;
 
     #[derive(Default)]
     struct Record(Mutex<Vec<(usize, Vec<f32>)>>);
@@ -130,7 +136,7 @@ mod tests {
         let inputs = [Some(TensorRef::F32(&[2], &grad))];
         assert_eq!(kernel.output_shapes(&inputs).expect("shapes"), vec![vec![1]]);
         let mut token = [7.0f32];
-        kernel.compute(&inputs, &mut [Some(TensorMut::F32(&mut token))]).expect("compute");
+        kernel.compute(&inputs, &mut [Some(TensorMut::F32(&mut token))], &Serial).expect("compute");
         assert_eq!(token, [0.0]);
         assert_eq!(*sink.0.lock().expect("lock"), vec![(3, grad.to_vec())]);
         assert!(op.kernel(&Tensor(-1)).is_err(), "a negative index is refused");

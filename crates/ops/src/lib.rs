@@ -1,9 +1,11 @@
 //! ringtune's own ONNX operators, in the `ai.ringtune` domain: the matrix products on oneDNN
-//! (`DnnlMatMul`, `DnnlGemm`), seeded dropout (`SeededDropout`), in-order scatter-add
-//! (`ScatterNdAdd`), the hand-over of each gradient to the gradient sync as the backward
-//! pass produces it (`GradReady`), the wait for each parameter's newest values before its
-//! first reader (`ParamReady`), and an ordering of two nodes (`RunAfter`) that makes ONNX
-//! Runtime compute each gradient as the backward pass passes its layer.
+//! (`DnnlMatMul`, `DnnlGemm`), the attention core fused into one operator with its backward
+//! operator (`Attention`, `AttentionGrad`), sums over rows (`SumRows`), seeded dropout
+//! (`SeededDropout`), in-order scatter-add (`ScatterNdAdd`), the hand-over of each gradient to
+//! the gradient sync as the backward pass produces it (`GradReady`), the wait for each
+//! parameter's newest values before its first reader (`ParamReady`), and an ordering of two
+//! nodes (`RunAfter`) that makes ONNX Runtime compute each gradient as the backward pass
+//! passes its layer.
 //!
 //! Owns: one module per operator, each holding its name, typed attributes, shape rule (taught
 //! to `ringtune-onnx-ir` graphs), gradient rule where the operator exists before
@@ -15,7 +17,7 @@
 //! Does not own: which graphs exist (`ringtune-bert`), differentiation itself
 //! (`ringtune-autodiff`), sessions (`ringtune-runtime`) or oneDNN's C API (`ringtune-onednn`).
 //!
-//! A training graph goes: forward graph, [`seed_dropouts`], differentiation with
+//! A training graph goes: forward graph, [`seed_dropouts`], [`fuse`], differentiation with
 //! [`gradient_rules`], [`lower`]; its session registers [`custom_ops`].
 //!
 //! ```
@@ -34,6 +36,7 @@
 //! assert_eq!(ringtune_ops::lower(&mut g, kernels).unwrap().products, 2);
 //! ```
 
+pub mod attention;
 mod attributes;
 pub mod dnnl;
 pub mod grad_ready;
@@ -43,6 +46,7 @@ pub mod run_after;
 pub mod scatter_nd_add;
 pub mod seeded_dropout;
 mod settings;
+pub mod sum_rows;
 
 use std::sync::Arc;
 
@@ -75,6 +79,9 @@ pub(crate) fn register_shapes(graph: &mut Graph) {
     graph.register_op(DOMAIN, grad_ready::NAME, grad_ready::shape_rule);
     graph.register_op(DOMAIN, param_ready::NAME, passed_through);
     graph.register_op(DOMAIN, run_after::NAME, passed_through);
+    graph.register_op(DOMAIN, attention::NAME, attention::shape_rule);
+    graph.register_op(DOMAIN, attention::GRAD_NAME, attention::grad_shape_rule);
+    graph.register_op(DOMAIN, sum_rows::NAME, sum_rows::shape_rule);
 }
 
 /// Shape rule of the pass-through operators (`ParamReady`, `RunAfter`): the output has the
@@ -85,7 +92,20 @@ fn passed_through(ctx: &InferCtx<'_>) -> Result<Vec<ValueType>, String> {
 
 /// The gradient rules of the operators that exist before differentiation.
 pub fn gradient_rules() -> Vec<CustomRule> {
-    vec![CustomRule { domain: DOMAIN, op_type: seeded_dropout::NAME, rule: seeded_dropout::gradient_rule }]
+    vec![
+        CustomRule { domain: DOMAIN, op_type: seeded_dropout::NAME, rule: seeded_dropout::gradient_rule },
+        CustomRule { domain: DOMAIN, op_type: attention::NAME, rule: attention::gradient_rule },
+    ]
+}
+
+/// The fusions of a forward graph for `kernels`, before differentiation: with oneDNN, each
+/// attention core becomes one `Attention` node; with MLAS the graph stays plain ONNX (the
+/// reference path). Returns how many nodes were fused.
+pub fn fuse(graph: &mut Graph, kernels: Kernels) -> Result<usize, IrError> {
+    match kernels {
+        Kernels::OneDnn(_) => attention::fuse(graph),
+        Kernels::Mlas => Ok(0),
+    }
 }
 
 /// What [`lower`] did.
@@ -95,17 +115,19 @@ pub struct Lowered {
     pub scatters: usize,
     /// Products moved onto oneDNN.
     pub products: usize,
+    /// Sums over all axes but the last made `SumRows`.
+    pub row_sums: usize,
 }
 
-/// The passes over a finished graph (forward and backward): ordered scatter-adds, and the
-/// products on oneDNN when `kernels` says so.
+/// The passes over a finished graph (forward and backward): ordered scatter-adds, and when
+/// `kernels` says oneDNN, the products on oneDNN and the sums over rows on `SumRows`.
 pub fn lower(graph: &mut Graph, kernels: Kernels) -> Result<Lowered, IrError> {
     let scatters = scatter_nd_add::ordered_scatters(graph)?;
-    let products = match kernels {
-        Kernels::OneDnn(precision) => dnnl::lower_products(graph, precision)?,
-        Kernels::Mlas => 0,
+    let (products, row_sums) = match kernels {
+        Kernels::OneDnn(precision) => (dnnl::lower_products(graph, precision)?, sum_rows::lower(graph)?),
+        Kernels::Mlas => (0, 0),
     };
-    Ok(Lowered { scatters, products })
+    Ok(Lowered { scatters, products, row_sums })
 }
 
 /// The operators a session running graphs lowered for `kernels` registers; the oneDNN
@@ -126,6 +148,9 @@ pub fn custom_ops(kernels: Kernels, threads: usize) -> Result<CustomOps, OpsErro
         }
         ops.push(Arc::new(dnnl::matmul::DnnlMatMul(engine.clone())));
         ops.push(Arc::new(dnnl::gemm::DnnlGemm(engine)));
+        ops.push(Arc::new(attention::AttentionOp));
+        ops.push(Arc::new(attention::AttentionGradOp));
+        ops.push(Arc::new(sum_rows::SumRows));
     }
     Ok(CustomOps(ops))
 }

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use ringtune_onnx_ir::{Graph, IrError, Node, Value};
-use ringtune_runtime::{Attributes, CustomOp, ElementType, Kernel, Port, TensorMut, TensorRef, DOMAIN};
+use ringtune_runtime::{Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef, DOMAIN};
 
 use crate::attributes::TensorIndex;
 
@@ -92,7 +92,12 @@ impl Kernel for ReadyKernel {
         Ok(vec![param.shape().to_vec()])
     }
 
-    fn compute(&self, _inputs: &[Option<TensorRef<'_>>], _outputs: &mut [Option<TensorMut<'_>>]) -> Result<(), String> {
+    fn compute(
+        &self,
+        _inputs: &[Option<TensorRef<'_>>],
+        _outputs: &mut [Option<TensorMut<'_>>],
+        _threads: &dyn Parallel,
+    ) -> Result<(), String> {
         self.source.wait(self.tensor)
     }
 }
@@ -104,6 +109,7 @@ mod tests {
     use ringtune_onnx_ir::{shape, DType};
 
     use super::*;
+    use ringtune_runtime::Serial;
 
     #[derive(Default)]
     struct Record(Mutex<Vec<usize>>);
@@ -135,10 +141,10 @@ mod tests {
         let inputs = [Some(TensorRef::F32(&[3], &w))];
         let kernel = op.kernel(&Tensor(3)).expect("kernel");
         assert_eq!(kernel.output_shapes(&inputs).expect("shapes"), vec![vec![3]]);
-        kernel.compute(&[], &mut []).expect("compute");
+        kernel.compute(&[], &mut [], &Serial).expect("compute");
         assert_eq!(*source.0.lock().expect("lock"), vec![3]);
         let failing = op.kernel(&Tensor(7)).expect("kernel");
-        assert_eq!(failing.compute(&[], &mut []).expect_err("lost"), "rank 2 vanished");
+        assert_eq!(failing.compute(&[], &mut [], &Serial).expect_err("lost"), "rank 2 vanished");
         assert!(op.kernel(&Tensor(-1)).is_err(), "a negative index is refused");
     }
 

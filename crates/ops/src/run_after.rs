@@ -12,7 +12,7 @@
 //! the backward pass passes its layer, and the values it needs die there.
 
 use ringtune_onnx_ir::{DType, Graph, IrError, Node, Value};
-use ringtune_runtime::{Attributes, CustomOp, ElementType, Kernel, Port, TensorMut, TensorRef, DOMAIN};
+use ringtune_runtime::{Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef, DOMAIN};
 
 /// The operator's name in the `ai.ringtune` domain.
 pub const NAME: &str = "RunAfter";
@@ -110,7 +110,12 @@ impl Kernel for PassKernel {
         Ok(vec![value.shape().to_vec()])
     }
 
-    fn compute(&self, _inputs: &[Option<TensorRef<'_>>], _outputs: &mut [Option<TensorMut<'_>>]) -> Result<(), String> {
+    fn compute(
+        &self,
+        _inputs: &[Option<TensorRef<'_>>],
+        _outputs: &mut [Option<TensorMut<'_>>],
+        _threads: &dyn Parallel,
+    ) -> Result<(), String> {
         Ok(())
     }
 }
@@ -120,6 +125,7 @@ mod tests {
     use ringtune_onnx_ir::shape;
 
     use super::*;
+    use ringtune_runtime::Serial;
 
     /// Two layers, differentiated: x @ w1 -> Gelu -> @ w2 -> sum.
     fn two_layers() -> (Graph, Vec<Value>) {
@@ -177,7 +183,7 @@ mod tests {
         let (v, d) = ([1.0f32, 2.0], [3.0f32]);
         let inputs = [Some(TensorRef::F32(&[2], &v)), Some(TensorRef::F32(&[1], &d))];
         assert_eq!(kernel.output_shapes(&inputs).expect("shapes"), vec![vec![2]]);
-        kernel.compute(&[], &mut []).expect("compute");
+        kernel.compute(&[], &mut [], &Serial).expect("compute");
     }
 
     struct NoAttributes;

@@ -12,7 +12,7 @@
 //! error that names it.
 
 use ringtune_onnx_ir::{DType, Graph, InferCtx, IrError, Value, ValueType};
-use ringtune_runtime::{Attributes, CustomOp, ElementType, Kernel, Port, TensorMut, TensorRef, DOMAIN};
+use ringtune_runtime::{Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef, DOMAIN};
 
 /// The operator's name in the `ai.ringtune` domain.
 pub const NAME: &str = "ScatterNdAdd";
@@ -116,7 +116,12 @@ impl Kernel for ScatterKernel {
         Ok(vec![inputs.first().copied().flatten().ok_or("missing data")?.shape().to_vec()])
     }
 
-    fn compute(&self, inputs: &[Option<TensorRef<'_>>], outputs: &mut [Option<TensorMut<'_>>]) -> Result<(), String> {
+    fn compute(
+        &self,
+        inputs: &[Option<TensorRef<'_>>],
+        outputs: &mut [Option<TensorMut<'_>>],
+        _threads: &dyn Parallel,
+    ) -> Result<(), String> {
         let input = |i: usize, what: &str| inputs.get(i).copied().flatten().ok_or(format!("missing {what}"));
         let (data, indices, updates) = (input(0, "data")?, input(1, "indices")?, input(2, "updates")?);
         let Some(Some(TensorMut::F32(out))) = outputs.first_mut() else { return Err("no output".into()) };

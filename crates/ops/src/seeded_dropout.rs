@@ -14,7 +14,7 @@
 
 use ringtune_autodiff::{AutodiffError, RuleCtx};
 use ringtune_onnx_ir::{shape, Attribute, DType, Graph, InferCtx, IrError, Node, NodeSpec, Value, ValueType};
-use ringtune_runtime::{Attributes, CustomOp, ElementType, Kernel, Port, TensorMut, TensorRef, DOMAIN};
+use ringtune_runtime::{Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef, DOMAIN};
 
 use crate::attributes::AttributeSource;
 
@@ -31,11 +31,11 @@ pub struct DropoutAttrs {
 }
 
 impl DropoutAttrs {
-    fn read(node: &(impl AttributeSource + ?Sized)) -> Self {
+    pub(crate) fn read(node: &(impl AttributeSource + ?Sized)) -> Self {
         DropoutAttrs { site: node.int("site").unwrap_or(0) as u64 }
     }
 
-    fn write(self) -> Vec<(&'static str, Attribute)> {
+    pub(crate) fn write(self) -> Vec<(&'static str, Attribute)> {
         vec![("site", Attribute::Int(self.site as i64))]
     }
 }
@@ -124,6 +124,57 @@ pub fn site_key(seed: u64, site: u64) -> u64 {
     mix(mix(seed.wrapping_add(GOLDEN)) ^ site.wrapping_mul(GOLDEN))
 }
 
+/// The keep-or-drop draws of one site under one step's seed: element `i` of the site's tensor
+/// is kept when its 16-bit quarter of the hash of `i / 4` reaches `ratio * 2^16`, and a kept
+/// element is scaled by `1 / (1 - ratio)`.
+#[derive(Debug, Clone, Copy)]
+pub struct Draws {
+    key: u64,
+    threshold: u64,
+    scale: f32,
+}
+
+impl Draws {
+    /// The draws of the stream `key` (see [`site_key`]) at `ratio`.
+    pub fn new(key: u64, ratio: f32) -> Self {
+        let threshold = (f64::from(ratio.clamp(0.0, 1.0)) * 65_536.0).round() as u64;
+        let scale = if ratio < 1.0 { 1.0 / (1.0 - ratio) } else { 0.0 };
+        Draws { key, threshold, scale }
+    }
+
+    /// Whether elements `4 * quad .. 4 * quad + 4` are kept.
+    fn quad(&self, quad: usize) -> [bool; 4] {
+        let draw = mix(self.key.wrapping_add((quad as u64).wrapping_mul(GOLDEN)));
+        std::array::from_fn(|k| (draw >> (16 * k)) & 0xffff >= self.threshold)
+    }
+
+    /// What elements `first .. first + factors.len()` are multiplied by: 0 or the scale.
+    pub fn factors(&self, first: usize, factors: &mut [f32]) {
+        // Elements `from..from + out.len()` of quad `quad`.
+        let fill = |quad: usize, from: usize, out: &mut [f32]| {
+            let keep = self.quad(quad);
+            for (f, keep) in out.iter_mut().zip(&keep[from..]) {
+                *f = if *keep { self.scale } else { 0.0 };
+            }
+        };
+        let lead = ((4 - first % 4) % 4).min(factors.len());
+        let (head, rest) = factors.split_at_mut(lead);
+        if !head.is_empty() {
+            fill(first / 4, first % 4, head);
+        }
+        let base = (first + lead) / 4;
+        let full = rest.len() / 4;
+        let mut quads = rest.chunks_exact_mut(4);
+        for (quad, out) in (&mut quads).enumerate() {
+            fill(base + quad, 0, out);
+        }
+        let tail = quads.into_remainder();
+        if !tail.is_empty() {
+            fill(base + full, 0, tail);
+        }
+    }
+}
+
 /// `y = x * mask / (1 - ratio)` with `mask[i]` kept at probability `1 - ratio`, drawn from
 /// `key`, the mask also written out when asked. Dropout is linear in `x`, so the same call on
 /// `dy` is its gradient.
@@ -134,19 +185,14 @@ pub fn site_key(seed: u64, site: u64) -> u64 {
 pub fn apply(key: u64, ratio: f32, x: &[f32], y: &mut [f32], mut mask: Option<&mut [bool]>) {
     assert!(x.len() == y.len(), "dropout buffers differ in length");
     assert!(mask.as_ref().is_none_or(|m| m.len() == x.len()), "dropout mask differs in length");
-    // Keep when the 16-bit draw is at or above ratio * 2^16.
-    let threshold = (f64::from(ratio.clamp(0.0, 1.0)) * 65_536.0).round() as u64;
-    let scale = if ratio < 1.0 { 1.0 / (1.0 - ratio) } else { 0.0 };
-    let keep = |quad: usize| -> [bool; 4] {
-        let draw = mix(key.wrapping_add((quad as u64).wrapping_mul(GOLDEN)));
-        std::array::from_fn(|k| (draw >> (16 * k)) & 0xffff >= threshold)
-    };
+    let draws = Draws::new(key, ratio);
+    let scale = draws.scale;
     let quads = x.len() / 4;
     let (x, x_tail) = x.split_at(4 * quads);
     let (y, y_tail) = y.split_at_mut(4 * quads);
     // Multiplying by 0 or the scale (not branching on the mask) lets the loop run branch-free.
     for (quad, (x, y)) in x.chunks_exact(4).zip(y.chunks_exact_mut(4)).enumerate() {
-        let keep = keep(quad);
+        let keep = draws.quad(quad);
         for k in 0..4 {
             y[k] = x[k] * if keep[k] { scale } else { 0.0 };
         }
@@ -155,7 +201,7 @@ pub fn apply(key: u64, ratio: f32, x: &[f32], y: &mut [f32], mut mask: Option<&m
         }
     }
     if !x_tail.is_empty() {
-        let keep = keep(quads);
+        let keep = draws.quad(quads);
         for (k, (x, y)) in x_tail.iter().zip(y_tail.iter_mut()).enumerate() {
             *y = x * if keep[k] { scale } else { 0.0 };
         }
@@ -194,7 +240,12 @@ impl Kernel for DropoutKernel {
         Ok(vec![x.shape().to_vec(), x.shape().to_vec()])
     }
 
-    fn compute(&self, inputs: &[Option<TensorRef<'_>>], outputs: &mut [Option<TensorMut<'_>>]) -> Result<(), String> {
+    fn compute(
+        &self,
+        inputs: &[Option<TensorRef<'_>>],
+        outputs: &mut [Option<TensorMut<'_>>],
+        _threads: &dyn Parallel,
+    ) -> Result<(), String> {
         let input = |i: usize, what: &str| inputs.get(i).copied().flatten().ok_or(format!("missing {what}"));
         let x = input(0, "X")?.f32().ok_or("X must be float")?;
         let ratio = input(1, "ratio")?.f32().and_then(|r| r.first().copied()).unwrap_or(0.5);
@@ -216,6 +267,7 @@ impl Kernel for DropoutKernel {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ringtune_runtime::Serial;
 
     fn run(key: u64, ratio: f32, n: usize) -> (Vec<f32>, Vec<bool>) {
         let x: Vec<f32> = (0..n).map(|i| i as f32 * 0.25 - 3.0).collect();
@@ -265,6 +317,20 @@ mod tests {
     }
 
     #[test]
+    fn factors_of_any_range_are_those_of_the_whole_tensor() {
+        let key = site_key(3, 4);
+        let ones = vec![1.0f32; 103];
+        let mut whole = vec![0.0f32; 103];
+        apply(key, 0.3, &ones, &mut whole, None);
+        let draws = Draws::new(key, 0.3);
+        for (first, len) in [(0, 103), (1, 7), (5, 3), (6, 97), (100, 3), (40, 0)] {
+            let mut factors = vec![f32::NAN; len];
+            draws.factors(first, &mut factors);
+            assert_eq!(factors, whole[first..first + len], "elements {first}..{}", first + len);
+        }
+    }
+
+    #[test]
     fn ratio_zero_keeps_everything() {
         let (y, mask) = run(site_key(0, 0), 0.0, 33);
         assert!(mask.iter().all(|m| *m));
@@ -281,17 +347,18 @@ mod tests {
         assert_eq!(kernel.output_shapes(&inputs).expect("shapes"), vec![vec![9], vec![9]]);
         let (mut y, mut mask) = ([0.0f32; 9], [false; 9]);
         kernel
-            .compute(&inputs, &mut [Some(TensorMut::F32(&mut y)), Some(TensorMut::Bool(&mut mask))])
+            .compute(&inputs, &mut [Some(TensorMut::F32(&mut y)), Some(TensorMut::Bool(&mut mask))], &Serial)
             .expect("compute");
         let mut want = [0.0f32; 9];
         apply(site_key(11, 2), 0.5, &x, &mut want, None);
         assert_eq!(y, want);
         assert!(mask.iter().zip(&y).all(|(m, y)| *m == (*y != 0.0)));
         let mut alone = [0.0f32; 9];
-        kernel.compute(&inputs, &mut [Some(TensorMut::F32(&mut alone)), None]).expect("no mask");
+        kernel.compute(&inputs, &mut [Some(TensorMut::F32(&mut alone)), None], &Serial).expect("no mask");
         assert_eq!(alone, y);
         let bad_ratio = [Some(TensorRef::F32(&[9], &x)), Some(TensorRef::F32(&[], &[1.0])), inputs[2]];
-        let err = kernel.compute(&bad_ratio, &mut [Some(TensorMut::F32(&mut alone)), None]).expect_err("ratio 1");
+        let err =
+            kernel.compute(&bad_ratio, &mut [Some(TensorMut::F32(&mut alone)), None], &Serial).expect_err("ratio 1");
         assert!(err.contains("ratio 1"), "{err}");
     }
 

@@ -11,6 +11,7 @@ use ort::operator::{
 };
 use ort::value::{TensorElementType, ValueRef};
 
+use crate::parallel::{OrtThreads, Parallel, Serial};
 use crate::{Result, RuntimeError};
 
 /// The custom-operator domain of ringtune's operators.
@@ -103,11 +104,13 @@ pub trait Attributes {
 pub trait Kernel: Send + Sync {
     /// The shape of every output, from the inputs (`None` marks an absent optional input).
     fn output_shapes(&self, inputs: &[Option<TensorRef<'_>>]) -> std::result::Result<Vec<Vec<i64>>, String>;
-    /// Fills the outputs ONNX Runtime asked for (`None`: an optional output nobody reads).
+    /// Fills the outputs ONNX Runtime asked for (`None`: an optional output nobody reads);
+    /// independent parts of the work may run on `threads`.
     fn compute(
         &self,
         inputs: &[Option<TensorRef<'_>>],
         outputs: &mut [Option<TensorMut<'_>>],
+        threads: &dyn Parallel,
     ) -> std::result::Result<(), String>;
 }
 
@@ -240,7 +243,7 @@ impl Operator for PassThrough {
 /// input's buffer (ONNX Runtime plans it so, from the operator's alias), or filled with a copy
 /// should a build of ONNX Runtime not honour the alias.
 fn pass_through(kernel: &dyn Kernel, inputs: &[Port], ctx: &ComputeContext) -> ort::Result<()> {
-    kernel.compute(&[], &mut []).map_err(ort::Error::new)?;
+    kernel.compute(&[], &mut [], &Serial).map_err(ort::Error::new)?;
     let values = input_values(inputs, ctx)?;
     let first = values.first().and_then(Option::as_ref).ok_or_else(|| ort::Error::new("no first input"))?;
     let (shape, source) = {
@@ -284,7 +287,7 @@ fn run(kernel: &dyn Kernel, inputs: &[Port], outputs: &[Port], ctx: &ComputeCont
             }),
         });
     }
-    kernel.compute(&views, &mut slots).map_err(ort::Error::new)
+    kernel.compute(&views, &mut slots, &OrtThreads(ctx)).map_err(ort::Error::new)
 }
 
 /// The inputs of a node as slices over ONNX Runtime's tensors (`values`: [`ComputeContext::input`]'s).

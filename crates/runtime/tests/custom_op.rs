@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use ringtune_onnx_ir::{shape, DType, Graph, InferCtx, NodeSpec, ValueType};
 use ringtune_runtime::{
-    Attributes, CustomOp, CustomOps, ElementType, Kernel, Port, Runtime, Session, SessionOptions, TensorMut, TensorRef,
-    DOMAIN,
+    Attributes, CustomOp, CustomOps, ElementType, Kernel, Parallel, Port, Runtime, Session, SessionOptions, TensorMut,
+    TensorRef, DOMAIN,
 };
 
 /// `Scale(x) -> (y = factor * x, positive?)`; a negative input is an error.
@@ -39,7 +39,12 @@ impl Kernel for ScaleKernel {
         Ok(vec![x.shape().to_vec(), x.shape().to_vec()])
     }
 
-    fn compute(&self, inputs: &[Option<TensorRef<'_>>], outputs: &mut [Option<TensorMut<'_>>]) -> Result<(), String> {
+    fn compute(
+        &self,
+        inputs: &[Option<TensorRef<'_>>],
+        outputs: &mut [Option<TensorMut<'_>>],
+        _threads: &dyn Parallel,
+    ) -> Result<(), String> {
         let x = inputs[0].and_then(|x| x.f32()).ok_or("no x")?;
         if x.iter().any(|v| *v < 0.0) {
             return Err("negative input".into());
@@ -139,7 +144,12 @@ impl Kernel for RecorderKernel {
         Ok(vec![inputs[0].ok_or("no x")?.shape().to_vec()])
     }
 
-    fn compute(&self, inputs: &[Option<TensorRef<'_>>], outputs: &mut [Option<TensorMut<'_>>]) -> Result<(), String> {
+    fn compute(
+        &self,
+        inputs: &[Option<TensorRef<'_>>],
+        outputs: &mut [Option<TensorMut<'_>>],
+        _threads: &dyn Parallel,
+    ) -> Result<(), String> {
         let mut seen = self.seen.lock().map_err(|e| e.to_string())?;
         let Some(x) = inputs.first().copied().flatten().and_then(|x| x.f32()) else {
             // A pass-through kernel sees no data.

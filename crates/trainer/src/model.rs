@@ -76,6 +76,7 @@ pub fn training_graph(
     let mut forward = forward_graph(config, layout, &options)?;
     let loss = forward.loss.clone().ok_or_else(|| TrainError::Other("the forward graph has no loss".into()))?;
     let sites = ringtune_ops::seed_dropouts(&mut forward.graph)?;
+    let fused = ringtune_ops::fuse(&mut forward.graph, kernels)?;
     let rules = ringtune_ops::gradient_rules();
     let grads = ringtune_autodiff::backward_with(&mut forward.graph, &loss, &forward.params, &rules)?;
     let (tokens, grads) = if sync.grad_ready {
@@ -97,7 +98,7 @@ pub fn training_graph(
     if sync.param_ready {
         ringtune_ops::param_ready::place(&mut forward.graph, &forward.params)?;
     }
-    tracing::debug!(dropout_sites = sites, recomputed, ?lowered, ordered, %kernels, ?sync, "training graph lowered");
+    tracing::debug!(dropout_sites = sites, fused, recomputed, ?lowered, ordered, %kernels, ?sync, "training graph lowered");
     Ok((forward.graph.to_bytes()?, tokens))
 }
 
@@ -106,6 +107,7 @@ pub fn eval_graph(config: &ModelConfig, layout: &ParamLayout, kernels: Kernels) 
     let options = GraphOptions { params: Params::Inputs, with_loss: false, dropout: false };
     let mut forward = forward_graph(config, layout, &options)?;
     forward.graph.prune();
+    ringtune_ops::fuse(&mut forward.graph, kernels)?;
     ringtune_ops::lower(&mut forward.graph, kernels)?;
     Ok(forward.graph.to_bytes()?)
 }

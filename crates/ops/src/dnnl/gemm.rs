@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use ringtune_onednn::{Bias, Engine};
 use ringtune_onnx_ir::{Dim, Graph, InferCtx, Node, ValueType};
-use ringtune_runtime::{Attributes, CustomOp, ElementType, Kernel, Port, TensorMut, TensorRef};
+use ringtune_runtime::{Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef};
 
 use super::{dims, operands, product_dims, ProductAttrs, Rewrite};
 
@@ -105,7 +105,12 @@ impl Kernel for GemmKernel {
         Ok(vec![vec![spec.m, spec.n]])
     }
 
-    fn compute(&self, inputs: &[Option<TensorRef<'_>>], outputs: &mut [Option<TensorMut<'_>>]) -> Result<(), String> {
+    fn compute(
+        &self,
+        inputs: &[Option<TensorRef<'_>>],
+        outputs: &mut [Option<TensorMut<'_>>],
+        _threads: &dyn Parallel,
+    ) -> Result<(), String> {
         let spec = self.spec(inputs)?;
         let (a, b) = operands(inputs)?;
         let bias = match inputs.get(2) {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use ringtune_onednn::Engine;
 use ringtune_onnx_ir::{matmul_shape, Graph, InferCtx, Node, ValueType};
-use ringtune_runtime::{Attributes, CustomOp, ElementType, Kernel, Port, TensorMut, TensorRef};
+use ringtune_runtime::{Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef};
 
 use super::{dims, operands, product_dims, ProductAttrs, Rewrite};
 
@@ -96,7 +96,12 @@ impl Kernel for MatMulKernel {
         Ok(vec![out])
     }
 
-    fn compute(&self, inputs: &[Option<TensorRef<'_>>], outputs: &mut [Option<TensorMut<'_>>]) -> Result<(), String> {
+    fn compute(
+        &self,
+        inputs: &[Option<TensorRef<'_>>],
+        outputs: &mut [Option<TensorMut<'_>>],
+        _threads: &dyn Parallel,
+    ) -> Result<(), String> {
         let spec = self.spec(inputs)?;
         let (a, b) = operands(inputs)?;
         let Some(Some(TensorMut::F32(out))) = outputs.first_mut() else { return Err("no output".into()) };
