@@ -16,7 +16,7 @@ pub fn backward(graph: &mut Graph, loss: &Value, wrt: &[Value]) -> Result<Vec<Va
 }
 
 /// [`backward`] through graphs that hold operators outside ONNX's standard set, whose rules
-/// `custom` gives.
+/// `custom` gives; a rule in `custom` for a standard operator replaces the standard one.
 pub fn backward_with(
     graph: &mut Graph,
     loss: &Value,

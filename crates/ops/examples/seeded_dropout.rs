@@ -16,7 +16,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let loss = g.reduce_sum(&squared, &[0, 1], false)?;
     g.output(&loss)?;
     println!("dropout sites seeded: {}", seed_dropouts(&mut g)?);
-    let grads = ringtune_autodiff::backward_with(&mut g, &loss, std::slice::from_ref(&x), &gradient_rules())?;
+    let grads =
+        ringtune_autodiff::backward_with(&mut g, &loss, std::slice::from_ref(&x), &gradient_rules(Kernels::Mlas))?;
     g.output_as(&grads[0], "grad.x")?;
     println!("{:?}", lower(&mut g, Kernels::Mlas)?);
 

@@ -1,11 +1,11 @@
 //! ringtune's own ONNX operators, in the `ai.ringtune` domain: the matrix products on oneDNN
 //! (`DnnlMatMul`, `DnnlGemm`), the attention core fused into one operator with its backward
-//! operator (`Attention`, `AttentionGrad`), sums over rows (`SumRows`), seeded dropout
-//! (`SeededDropout`), in-order scatter-add (`ScatterNdAdd`), the hand-over of each gradient to
-//! the gradient sync as the backward pass produces it (`GradReady`), the wait for each
-//! parameter's newest values before its first reader (`ParamReady`), and an ordering of two
-//! nodes (`RunAfter`) that makes ONNX Runtime compute each gradient as the backward pass
-//! passes its layer.
+//! operator (`Attention`, `AttentionGrad`), sums over rows (`SumRows`), the gradients of GELU
+//! and LayerNorm in one pass each (`GeluGrad`, `LayerNormGrad`), seeded dropout (`SeededDropout`), in-order scatter-add
+//! (`ScatterNdAdd`), the hand-over of each gradient to the gradient sync as the backward pass
+//! produces it (`GradReady`), the wait for each parameter's newest values before its first
+//! reader (`ParamReady`), and an ordering of two nodes (`RunAfter`) that makes ONNX Runtime
+//! compute each gradient as the backward pass passes its layer.
 //!
 //! Owns: one module per operator, each holding its name, typed attributes, shape rule (taught
 //! to `ringtune-onnx-ir` graphs), gradient rule where the operator exists before
@@ -30,16 +30,20 @@
 //! let loss = g.reduce_sum(&y, &[0, 1], false).unwrap();
 //! g.output(&loss).unwrap();
 //! assert_eq!(ringtune_ops::seed_dropouts(&mut g).unwrap(), 1);
-//! let grads = ringtune_autodiff::backward_with(&mut g, &loss, &[w], &ringtune_ops::gradient_rules()).unwrap();
-//! g.output(&grads[0]).unwrap();
 //! let kernels = ringtune_ops::Kernels::OneDnn(ringtune_ops::Precision::F32);
+//! let rules = ringtune_ops::gradient_rules(kernels);
+//! let grads = ringtune_autodiff::backward_with(&mut g, &loss, &[w], &rules).unwrap();
+//! g.output(&grads[0]).unwrap();
 //! assert_eq!(ringtune_ops::lower(&mut g, kernels).unwrap().products, 2);
 //! ```
 
 pub mod attention;
 mod attributes;
 pub mod dnnl;
+mod fast_math;
+pub mod gelu_grad;
 pub mod grad_ready;
+pub mod layer_norm_grad;
 pub mod param_ready;
 pub mod recompute;
 pub mod run_after;
@@ -82,6 +86,8 @@ pub(crate) fn register_shapes(graph: &mut Graph) {
     graph.register_op(DOMAIN, attention::NAME, attention::shape_rule);
     graph.register_op(DOMAIN, attention::GRAD_NAME, attention::grad_shape_rule);
     graph.register_op(DOMAIN, sum_rows::NAME, sum_rows::shape_rule);
+    graph.register_op(DOMAIN, gelu_grad::NAME, gelu_grad::shape_rule);
+    graph.register_op(DOMAIN, layer_norm_grad::NAME, layer_norm_grad::shape_rule);
 }
 
 /// Shape rule of the pass-through operators (`ParamReady`, `RunAfter`): the output has the
@@ -90,12 +96,19 @@ fn passed_through(ctx: &InferCtx<'_>) -> Result<Vec<ValueType>, String> {
     Ok(vec![ValueType { dtype: ctx.dtype(0)?, shape: ctx.shape(0)?.cloned() }])
 }
 
-/// The gradient rules of the operators that exist before differentiation.
-pub fn gradient_rules() -> Vec<CustomRule> {
-    vec![
+/// The gradient rules of the operators that exist before differentiation, and with oneDNN
+/// kernels the fused backward passes of ONNX's `Gelu` and `LayerNormalization` (`GeluGrad`,
+/// `LayerNormGrad`, replacing their standard rules).
+pub fn gradient_rules(kernels: Kernels) -> Vec<CustomRule> {
+    let mut rules = vec![
         CustomRule { domain: DOMAIN, op_type: seeded_dropout::NAME, rule: seeded_dropout::gradient_rule },
         CustomRule { domain: DOMAIN, op_type: attention::NAME, rule: attention::gradient_rule },
-    ]
+    ];
+    if let Kernels::OneDnn(_) = kernels {
+        rules.push(CustomRule { domain: "", op_type: "Gelu", rule: gelu_grad::gradient_rule });
+        rules.push(CustomRule { domain: "", op_type: "LayerNormalization", rule: layer_norm_grad::gradient_rule });
+    }
+    rules
 }
 
 /// The fusions of a forward graph for `kernels`, before differentiation: with oneDNN, each
@@ -151,6 +164,8 @@ pub fn custom_ops(kernels: Kernels, threads: usize) -> Result<CustomOps, OpsErro
         ops.push(Arc::new(attention::AttentionOp));
         ops.push(Arc::new(attention::AttentionGradOp));
         ops.push(Arc::new(sum_rows::SumRows));
+        ops.push(Arc::new(gelu_grad::GeluGrad));
+        ops.push(Arc::new(layer_norm_grad::LayerNormGrad));
     }
     Ok(CustomOps(ops))
 }

@@ -142,35 +142,44 @@ impl Draws {
         Draws { key, threshold, scale }
     }
 
+    /// The hash whose four 16-bit quarters decide elements `4 * quad .. 4 * quad + 4`.
+    fn draw(&self, quad: usize) -> u64 {
+        mix(self.key.wrapping_add((quad as u64).wrapping_mul(GOLDEN)))
+    }
+
     /// Whether elements `4 * quad .. 4 * quad + 4` are kept.
     fn quad(&self, quad: usize) -> [bool; 4] {
-        let draw = mix(self.key.wrapping_add((quad as u64).wrapping_mul(GOLDEN)));
+        let draw = self.draw(quad);
         std::array::from_fn(|k| (draw >> (16 * k)) & 0xffff >= self.threshold)
     }
 
     /// What elements `first .. first + factors.len()` are multiplied by: 0 or the scale.
     pub fn factors(&self, first: usize, factors: &mut [f32]) {
-        // Elements `from..from + out.len()` of quad `quad`.
-        let fill = |quad: usize, from: usize, out: &mut [f32]| {
-            let keep = self.quad(quad);
-            for (f, keep) in out.iter_mut().zip(&keep[from..]) {
-                *f = if *keep { self.scale } else { 0.0 };
+        let factor = |draw: u64, k: usize| if (draw >> (16 * k)) & 0xffff >= self.threshold { self.scale } else { 0.0 };
+        // Elements `from..from + out.len()` of quad `quad`, at the ends.
+        let part = |quad: usize, from: usize, out: &mut [f32]| {
+            let draw = self.draw(quad);
+            for (k, f) in (from..).zip(out.iter_mut()) {
+                *f = factor(draw, k);
             }
         };
         let lead = ((4 - first % 4) % 4).min(factors.len());
         let (head, rest) = factors.split_at_mut(lead);
         if !head.is_empty() {
-            fill(first / 4, first % 4, head);
+            part(first / 4, first % 4, head);
         }
         let base = (first + lead) / 4;
         let full = rest.len() / 4;
         let mut quads = rest.chunks_exact_mut(4);
         for (quad, out) in (&mut quads).enumerate() {
-            fill(base + quad, 0, out);
+            let draw = self.draw(base + quad);
+            for (k, f) in out.iter_mut().enumerate() {
+                *f = factor(draw, k);
+            }
         }
         let tail = quads.into_remainder();
         if !tail.is_empty() {
-            fill(base + full, 0, tail);
+            part(base + full, 0, tail);
         }
     }
 }
@@ -373,8 +382,13 @@ mod tests {
         g.output(&loss).expect("out");
         assert_eq!(seed_dropouts(&mut g).expect("seeded"), 2);
         assert!(g.inputs.iter().any(|i| i == SEED_INPUT));
-        let grads = ringtune_autodiff::backward_with(&mut g, &loss, std::slice::from_ref(&x), &crate::gradient_rules())
-            .expect("backward");
+        let grads = ringtune_autodiff::backward_with(
+            &mut g,
+            &loss,
+            std::slice::from_ref(&x),
+            &crate::gradient_rules(crate::Kernels::Mlas),
+        )
+        .expect("backward");
         g.output(&grads[0]).expect("grad");
         let seeded: Vec<&Node> = g.nodes().iter().filter(|n| n.op_type == NAME).collect();
         let sites: Vec<Option<i64>> = seeded.iter().map(|n| n.int("site")).collect();

@@ -77,7 +77,7 @@ pub fn training_graph(
     let loss = forward.loss.clone().ok_or_else(|| TrainError::Other("the forward graph has no loss".into()))?;
     let sites = ringtune_ops::seed_dropouts(&mut forward.graph)?;
     let fused = ringtune_ops::fuse(&mut forward.graph, kernels)?;
-    let rules = ringtune_ops::gradient_rules();
+    let rules = ringtune_ops::gradient_rules(kernels);
     let grads = ringtune_autodiff::backward_with(&mut forward.graph, &loss, &forward.params, &rules)?;
     let (tokens, grads) = if sync.grad_ready {
         (ringtune_ops::grad_ready::place(&mut forward.graph, &grads)?, grads)

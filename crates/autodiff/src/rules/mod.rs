@@ -27,8 +27,8 @@ pub struct RuleCtx<'a> {
 pub type GradRule = fn(&mut RuleCtx<'_>) -> Result<Vec<Option<Value>>, AutodiffError>;
 type Rule = GradRule;
 
-/// The gradient rule of an operator outside ONNX's standard set, handed to
-/// [`crate::backward_with`].
+/// The gradient rule of an operator outside ONNX's standard set, or one that replaces a
+/// standard operator's rule (a fused backward kernel, say), handed to [`crate::backward_with`].
 #[derive(Debug, Clone, Copy)]
 pub struct CustomRule {
     /// The operator's domain.
@@ -50,13 +50,14 @@ static RULES: LazyLock<HashMap<&'static str, Rule>> = LazyLock::new(|| {
     rules
 });
 
-/// The rule of an operator: a standard one, else one of `custom`.
+/// The rule of an operator: one of `custom`, else a standard one.
 pub(crate) fn rule_for(domain: &str, op_type: &str, custom: &[CustomRule]) -> Option<Rule> {
     let key = op_key(domain, op_type);
-    RULES
-        .get(key.as_str())
-        .copied()
-        .or_else(|| custom.iter().find(|c| op_key(c.domain, c.op_type) == key).map(|c| c.rule))
+    custom
+        .iter()
+        .find(|c| op_key(c.domain, c.op_type) == key)
+        .map(|c| c.rule)
+        .or_else(|| RULES.get(key.as_str()).copied())
 }
 
 /// Whether a standard operator has a gradient rule.

@@ -152,7 +152,9 @@ mod tests {
             assert_eq!(node.inputs.len(), if dropout { 6 } else { 4 });
             assert_eq!(node.int("site"), dropout.then_some(0));
             let wrt: Vec<Value> = ["q", "kt", "v"].into_iter().map(Value::named).collect();
-            let grads = ringtune_autodiff::backward_with(&mut g, &loss, &wrt, &crate::gradient_rules()).expect("grads");
+            let grads =
+                ringtune_autodiff::backward_with(&mut g, &loss, &wrt, &crate::gradient_rules(crate::Kernels::Mlas))
+                    .expect("grads");
             for grad in &grads {
                 g.output(grad).expect("grad out");
             }

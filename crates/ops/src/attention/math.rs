@@ -12,6 +12,7 @@
 //! reordering sums, so results are the same whatever the thread count. On x86-64 CPUs with
 //! AVX2 and FMA the same code is compiled a second time for them, with fused multiply-adds.
 
+use crate::fast_math::{exp, lanes, LANES};
 use crate::seeded_dropout::Draws;
 
 /// The sizes of one call: `batch x heads` heads, each with a `queries x depth` Q, a
@@ -233,24 +234,20 @@ fn backward<const FMA: bool>(call: &Call<'_>, head: usize, x: HeadInputs<'_>, sa
     g.dv.fill(0.0);
     let block = BLOCK.min(queries) * keys;
     let (mut probs, mut factors, mut d_scores) = (vec![0.0f32; block], vec![1.0f32; block], vec![0.0f32; block]);
-    let mut dropped_t = vec![0.0f32; block];
+    let mut dropped = vec![0.0f32; block];
     for first in (0..queries).step_by(BLOCK) {
         let rows = BLOCK.min(queries - first);
         let (probs, factors) = (&mut probs[..rows * keys], &mut factors[..rows * keys]);
-        let (d_scores, dropped_t) = (&mut d_scores[..rows * keys], &mut dropped_t[..rows * keys]);
+        let (d_scores, dropped) = (&mut d_scores[..rows * keys], &mut dropped[..rows * keys]);
         block_scores::<FMA>(call, head, first, &x, probs, factors);
         for (r, row) in probs.chunks_exact_mut(keys).enumerate() {
             let lse = saved.lse[first + r];
             row.iter_mut().for_each(|p| *p = exp(*p - lse));
         }
-        for (r, (row, factors)) in probs.chunks_exact(keys).zip(factors.chunks_exact(keys)).enumerate() {
-            for (j, (p, f)) in row.iter().zip(factors).enumerate() {
-                dropped_t[j * rows + r] = p * f;
-            }
-        }
+        dropped.iter_mut().zip(probs.iter().zip(factors.iter())).for_each(|(d, (p, f))| *d = p * f);
         let d_out = &saved.d_out[first * width..(first + rows) * width];
         // dV += dropped_blockᵀ dO_block.
-        gemm::<FMA>(Dims { m: keys, n: width, k: rows }, (dropped_t, rows), (d_out, width), (g.dv, width));
+        gemm_at::<FMA>(Dims { m: keys, n: width, k: rows }, (dropped, keys), (d_out, width), (g.dv, width));
         // dP_block = dO_block Vᵀ, through the dropout.
         d_scores.fill(0.0);
         gemm::<FMA>(Dims { m: rows, n: keys, k: width }, (d_out, width), (&vt, keys), (d_scores, keys));
@@ -267,8 +264,8 @@ fn backward<const FMA: bool>(call: &Call<'_>, head: usize, x: HeadInputs<'_>, sa
         let dq = &mut g.dq[first * depth..(first + rows) * depth];
         dq.fill(0.0);
         gemm::<FMA>(Dims { m: rows, n: depth, k: keys }, (d_scores, keys), (&k, depth), (dq, depth));
-        let q_t = transposed(&x.q[first * depth..(first + rows) * depth], rows, depth);
-        gemm::<FMA>(Dims { m: depth, n: keys, k: rows }, (&q_t, rows), (d_scores, keys), (g.dkt, keys));
+        let q = &x.q[first * depth..(first + rows) * depth];
+        gemm_at::<FMA>(Dims { m: depth, n: keys, k: rows }, (q, depth), (d_scores, keys), (g.dkt, keys));
     }
 }
 
@@ -288,7 +285,28 @@ const TILE_COLS: usize = 16;
 /// `c += a b` for row-major matrices, each given with its row stride. Sums run over `k` in
 /// order for every element, in the tiles and at the edges alike.
 #[inline(always)]
-fn gemm<const FMA: bool>(
+fn gemm<const FMA: bool>(dims: Dims, a: (&[f32], usize), b: (&[f32], usize), c: (&mut [f32], usize)) {
+    gemm_with::<FMA, false>(dims, a, b, c);
+}
+
+/// `c += aᵀ b`, `a` stored as `k x m` with row stride `lda`.
+#[inline(always)]
+fn gemm_at<const FMA: bool>(dims: Dims, a: (&[f32], usize), b: (&[f32], usize), c: (&mut [f32], usize)) {
+    gemm_with::<FMA, true>(dims, a, b, c);
+}
+
+/// Element `(i, p)` of `a`, or of `aᵀ` when `TRANS_A`.
+#[inline(always)]
+fn a_at<const TRANS_A: bool>(a: &[f32], lda: usize, i: usize, p: usize) -> f32 {
+    if TRANS_A {
+        a[p * lda + i]
+    } else {
+        a[i * lda + p]
+    }
+}
+
+#[inline(always)]
+fn gemm_with<const FMA: bool, const TRANS_A: bool>(
     dims: Dims,
     (a, lda): (&[f32], usize),
     (b, ldb): (&[f32], usize),
@@ -299,7 +317,8 @@ fn gemm<const FMA: bool>(
     let full_cols = n - n % TILE_COLS;
     for i in (0..full_rows).step_by(TILE_ROWS) {
         for j in (0..full_cols).step_by(TILE_COLS) {
-            tile::<FMA>(k, &a[i * lda..], lda, &b[j..], ldb, &mut c[i * ldc + j..], ldc);
+            let a = if TRANS_A { &a[i..] } else { &a[i * lda..] };
+            tile::<FMA, TRANS_A>(k, a, lda, &b[j..], ldb, &mut c[i * ldc + j..], ldc);
         }
     }
     // The edges: rows below the last full tile row, then columns right of the last tile.
@@ -310,14 +329,23 @@ fn gemm<const FMA: bool>(
         }
         let c_row = &mut c[i * ldc + cols.start..i * ldc + cols.end];
         for p in 0..k {
-            axpy::<FMA>(a[i * lda + p], &b[p * ldb + cols.start..p * ldb + cols.end], c_row);
+            axpy::<FMA>(a_at::<TRANS_A>(a, lda, i, p), &b[p * ldb + cols.start..p * ldb + cols.end], c_row);
         }
     }
 }
 
-/// One `TILE_ROWS x TILE_COLS` tile of `c += a b`, its sums held in registers.
+/// One `TILE_ROWS x TILE_COLS` tile of `c += a b` (`aᵀ b` when `TRANS_A`), its sums held in
+/// registers.
 #[inline(always)]
-fn tile<const FMA: bool>(k: usize, a: &[f32], lda: usize, b: &[f32], ldb: usize, c: &mut [f32], ldc: usize) {
+fn tile<const FMA: bool, const TRANS_A: bool>(
+    k: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    c: &mut [f32],
+    ldc: usize,
+) {
     let mut acc = [[0.0f32; TILE_COLS]; TILE_ROWS];
     for (r, acc) in acc.iter_mut().enumerate() {
         acc.copy_from_slice(&c[r * ldc..r * ldc + TILE_COLS]);
@@ -325,7 +353,7 @@ fn tile<const FMA: bool>(k: usize, a: &[f32], lda: usize, b: &[f32], ldb: usize,
     for p in 0..k {
         let b_row = &b[p * ldb..p * ldb + TILE_COLS];
         for (r, acc) in acc.iter_mut().enumerate() {
-            let a = a[r * lda + p];
+            let a = a_at::<TRANS_A>(a, lda, r, p);
             for (acc, b) in acc.iter_mut().zip(b_row) {
                 *acc = madd::<FMA>(a, *b, *acc);
             }
@@ -364,23 +392,6 @@ fn axpy<const FMA: bool>(a: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
-const LANES: usize = 8;
-
-/// Folds `values` with `op` in eight independent lanes, then the lanes in order: vectorised,
-/// and the same bits every time.
-#[inline(always)]
-fn lanes(values: &[f32], start: f32, op: impl Fn(f32, f32) -> f32) -> f32 {
-    let mut acc = [start; LANES];
-    let chunks = values.chunks_exact(LANES);
-    let tail = chunks.remainder();
-    for chunk in chunks {
-        for k in 0..LANES {
-            acc[k] = op(acc[k], chunk[k]);
-        }
-    }
-    tail.iter().fold(acc.into_iter().fold(start, &op), |a, b| op(a, *b))
-}
-
 #[inline(always)]
 fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; LANES];
@@ -394,51 +405,10 @@ fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-/// `e^x` to about 2 ulp, in operations that vectorise (libm's `expf` does not): `2^n e^r`
-/// with `n = round(x / ln 2)` and Cephes' polynomial for `e^r`. Below -87 (masked scores)
-/// it is exactly 0.
-#[inline(always)]
-pub(crate) fn exp(x: f32) -> f32 {
-    // Adding 1.5 * 2^23 rounds to an integer held in the low mantissa bits.
-    const ROUND: f32 = 12_582_912.0;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    let clamped = x.clamp(-87.0, 88.0);
-    let shifted = clamped * std::f32::consts::LOG2_E + ROUND;
-    let n = shifted - ROUND;
-    let r = clamped - n * LN2_HI - n * LN2_LO;
-    let mut p = 1.987_569_1e-4f32;
-    for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
-        p = p * r + c;
-    }
-    let e_r = p * r * r + r + 1.0;
-    let power = (shifted.to_bits() as i32 - ROUND.to_bits() as i32 + 127) << 23;
-    let y = e_r * f32::from_bits(power as u32);
-    if x < -87.0 {
-        0.0
-    } else {
-        y
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::seeded_dropout::site_key;
-
-    #[test]
-    fn exp_is_within_two_ulp_and_zero_far_below() {
-        let mut x = -87.0f32;
-        while x < 88.0 {
-            let want = f64::from(x).exp();
-            let got = f64::from(exp(x));
-            assert!(((got - want) / want).abs() < 2.5e-7, "exp({x}) = {got}, want {want}");
-            x += 0.0137;
-        }
-        assert_eq!(exp(f32::MIN), 0.0);
-        assert_eq!(exp(-100.0), 0.0);
-        assert_eq!(exp(0.0), 1.0);
-    }
 
     /// A generator of small floats (deterministic, no dependency).
     fn floats(seed: u64, n: usize) -> Vec<f32> {
