@@ -1,6 +1,13 @@
 //! Elementwise functions in operations that compilers vectorise (libm's do not), shared by
 //! the fused kernels.
 
+/// Whether this CPU has AVX2 and FMA: the kernels then run a second build of the same code,
+/// compiled for them.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_avx2_fma() -> bool {
+    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+}
+
 /// `e^x` to about 2 ulp, in operations that vectorise (libm's `expf` does not): `2^n e^r`
 /// with `n = round(x / ln 2)` and Cephes' polynomial for `e^r`. Below -87 (masked scores)
 /// it is exactly 0.

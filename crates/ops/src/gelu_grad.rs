@@ -47,7 +47,7 @@ const INV_SQRT_2PI: f32 = 0.398_942_3;
 /// `dx = dy * (Φ(x) + x φ(x))`.
 pub fn gelu_grad(dy: &[f32], x: &[f32], dx: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if crate::fast_math::has_avx2_fma() {
         return gelu_grad_avx2(dy, x, dx);
     }
     gelu_grad_portable(dy, x, dx);

@@ -131,7 +131,7 @@ pub struct HeadGrads<'a> {
 /// and the row statistics `lse`.
 pub fn forward_head(call: &Call<'_>, head: usize, x: HeadInputs<'_>, out: &mut [f32], lse: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if has_fma() {
+    if crate::fast_math::has_avx2_fma() {
         return forward_head_fma(call, head, x, out, lse);
     }
     forward::<false>(call, head, x, out, lse);
@@ -140,15 +140,10 @@ pub fn forward_head(call: &Call<'_>, head: usize, x: HeadInputs<'_>, out: &mut [
 /// The backward pass of head `head`: the gradients of Q, Kᵀ and V from the output's.
 pub fn backward_head(call: &Call<'_>, head: usize, x: HeadInputs<'_>, saved: Saved<'_>, grads: HeadGrads<'_>) {
     #[cfg(target_arch = "x86_64")]
-    if has_fma() {
+    if crate::fast_math::has_avx2_fma() {
         return backward_head_fma(call, head, x, saved, grads);
     }
     backward::<false>(call, head, x, saved, grads);
-}
-
-#[cfg(target_arch = "x86_64")]
-fn has_fma() -> bool {
-    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -158,7 +153,7 @@ fn forward_head_fma(call: &Call<'_>, head: usize, x: HeadInputs<'_>, out: &mut [
     fn with_fma(call: &Call<'_>, head: usize, x: HeadInputs<'_>, out: &mut [f32], lse: &mut [f32]) {
         forward::<true>(call, head, x, out, lse);
     }
-    // SAFETY: only called after `has_fma` found AVX2 and FMA on this CPU.
+    // SAFETY: only called after `has_avx2_fma` found AVX2 and FMA on this CPU.
     unsafe { with_fma(call, head, x, out, lse) }
 }
 
@@ -169,7 +164,7 @@ fn backward_head_fma(call: &Call<'_>, head: usize, x: HeadInputs<'_>, saved: Sav
     fn with_fma(call: &Call<'_>, head: usize, x: HeadInputs<'_>, saved: Saved<'_>, grads: HeadGrads<'_>) {
         backward::<true>(call, head, x, saved, grads);
     }
-    // SAFETY: only called after `has_fma` found AVX2 and FMA on this CPU.
+    // SAFETY: only called after `has_avx2_fma` found AVX2 and FMA on this CPU.
     unsafe { with_fma(call, head, x, saved, grads) }
 }
 
