@@ -24,6 +24,8 @@ pub(crate) struct Links {
     pub(crate) prev_addr: Option<SocketAddr>,
     pub(crate) outgoing: Vec<SendStream>,
     pub(crate) incoming: Vec<RecvStream>,
+    /// The previous rank's links (also in `conns`), watched for signs of life.
+    pub(crate) from_prev: Vec<Connection>,
     pub(crate) conns: Vec<Connection>,
 }
 
@@ -60,10 +62,11 @@ pub(crate) async fn connect(o: &RingOptions) -> Result<Links, QuicError> {
     client.transport_config(Arc::new(transport_config(&plan, window, o.deadline)?));
     let ((outgoing, mut conns), (incoming, accepted, prev_addr)) =
         tokio::try_join!(dial_next(o, &endpoints, &client, addrs[next]), accept_prev(o, ring_rxs))?;
+    let from_prev = accepted.clone();
     conns.extend(accepted);
     let local = endpoints[0].local_addr().map_err(|e| QuicError::Io(e.to_string()))?;
     tracing::info!(rank = o.rank, world = o.world, %local, lanes, "joined the ring");
-    Ok(Links { endpoints, prev_addr, outgoing, incoming, conns })
+    Ok(Links { endpoints, prev_addr, outgoing, incoming, from_prev, conns })
 }
 
 /// One socket per lane at consecutive ports from `listen` (an ephemeral first port is

@@ -66,7 +66,8 @@ pub struct RingOptions {
     pub listen: SocketAddr,
     /// How to find the others.
     pub peers: Peers,
-    /// Longest wait for any frame; a silent or dead peer fails every rank within it.
+    /// Longest wait for any frame; a dead peer fails every rank within it. A peer that is
+    /// reachable but silent gets half of it more, time for its own verdict to arrive.
     pub deadline: Duration,
     /// Longest wait for all nodes to show up.
     pub rendezvous_deadline: Duration,
@@ -85,6 +86,7 @@ pub struct QuicRing {
     lanes_out: Vec<mpsc::UnboundedSender<(Header, Payload)>>,
     senders: Vec<tokio::task::JoinHandle<()>>,
     lanes_in: Vec<RecvStream>,
+    from_prev: Vec<Connection>,
     conns: Vec<Connection>,
     send_failure: Arc<Mutex<Option<String>>>,
     sent: usize,
@@ -120,6 +122,7 @@ impl QuicRing {
             lanes_out: Vec::new(),
             senders: Vec::new(),
             lanes_in: Vec::new(),
+            from_prev: Vec::new(),
             conns: Vec::new(),
             send_failure: Arc::new(Mutex::new(None)),
             sent: 0,
@@ -139,6 +142,7 @@ impl QuicRing {
         ring.endpoints = links.endpoints;
         ring.prev_addr = links.prev_addr;
         ring.lanes_in = links.incoming;
+        ring.from_prev = links.from_prev;
         ring.conns = links.conns;
         for (lane, mut stream) in links.outgoing.into_iter().enumerate() {
             let (tx, mut rx) = mpsc::unbounded_channel::<(Header, Payload)>();
@@ -295,13 +299,41 @@ impl QuicRing {
         let prev = self.prev();
         let peer = prev_of(self.rank, self.world);
         let deadline = self.deadline;
+        let from_prev = &self.from_prev;
+        let heard_from_prev = || from_prev.iter().map(|c| c.stats().udp_rx.datagrams).sum::<u64>();
         let stream = self
             .lanes_in
             .get_mut(lane)
             .ok_or_else(|| CollectiveError::Transport("no link from the previous rank".into()))?;
-        let result = self.rt.block_on(async { tokio::time::timeout(deadline, read_frame(stream)).await });
+        let result = self.rt.block_on(async {
+            let read = read_frame(stream);
+            tokio::pin!(read);
+            // Waited in halves of the deadline, so that a peer whose packets (keep-alives
+            // every quarter deadline) still arrive can be told from one that is gone.
+            let half = deadline / 2;
+            let mut silent = Duration::ZERO;
+            let mut heard = heard_from_prev();
+            loop {
+                if let Ok(frame) = tokio::time::timeout(half, &mut read).await {
+                    return Ok(frame);
+                }
+                silent += half;
+                let now = heard_from_prev();
+                let reachable = now != heard;
+                heard = now;
+                // A reachable peer that sends nothing is most likely stalled behind the rank
+                // that failed, and its verdict naming that rank is on its way: it gets half a
+                // deadline more, so that every rank reports the failed one, not its neighbour.
+                if silent >= deadline && (!reachable || silent >= deadline + half) {
+                    return Err((silent, reachable));
+                }
+            }
+        });
         let (header, payload) = match result {
-            Err(_) => return Err(CollectiveError::Transport(format!("{prev} sent nothing for {deadline:?}"))),
+            Err((silent, reachable)) => {
+                let state = if reachable { "is reachable but " } else { "" };
+                return Err(CollectiveError::Transport(format!("{prev} {state}sent nothing for {silent:?}")));
+            }
             Ok(Err(ReadFrameError::Stream(reason))) => {
                 return Err(CollectiveError::Transport(format!("{prev} {reason}")))
             }

@@ -145,7 +145,7 @@ fn a_stalled_rank_is_named_at_the_deadline() {
     let results: Vec<_> = handles.into_iter().map(|h| h.join().expect("thread")).collect();
     // Rank 2 receives from the silent rank 1.
     let err = results[2].clone().expect_err("stalled neighbour");
-    assert!(err.contains("rank 1") && err.contains("sent nothing"), "{err}");
+    assert!(err.contains("rank 1") && err.contains("is reachable but sent nothing"), "{err}");
     assert!(results[0].is_err());
 }
 
