@@ -16,6 +16,7 @@ pub(crate) type dnnl_memory_t = *mut c_void;
 pub(crate) type dnnl_primitive_desc_t = *mut c_void;
 pub(crate) type dnnl_primitive_t = *mut c_void;
 pub(crate) type dnnl_primitive_attr_t = *mut c_void;
+pub(crate) type dnnl_post_ops_t = *mut c_void;
 
 pub(crate) const DNNL_SUCCESS: dnnl_status_t = 0;
 /// `dnnl_unimplemented`: no implementation for these arguments on this CPU.
@@ -33,6 +34,8 @@ pub(crate) const DNNL_QUERY_IMPL_INFO_STR: c_int = 8;
 pub(crate) const DNNL_FORMAT_ANY: c_int = 1;
 /// `dnnl_query_weights_md` in `dnnl_query_t`.
 pub(crate) const DNNL_QUERY_WEIGHTS_MD: c_int = 131;
+/// `dnnl_eltwise_gelu_erf` in `dnnl_alg_kind_t` (`dnnl_eltwise_relu` = 0x20, then in order).
+pub(crate) const DNNL_ELTWISE_GELU_ERF: c_int = 0x31;
 /// Execution argument indices.
 pub(crate) const DNNL_ARG_SRC: c_int = 1;
 pub(crate) const DNNL_ARG_DST: c_int = 17;
@@ -94,6 +97,13 @@ pub(crate) struct Api {
     pub(crate) primitive_execute:
         unsafe extern "C" fn(dnnl_primitive_t, dnnl_stream_t, c_int, *const dnnl_exec_arg_t) -> dnnl_status_t,
     pub(crate) primitive_destroy: unsafe extern "C" fn(dnnl_primitive_t) -> dnnl_status_t,
+    pub(crate) primitive_attr_create: unsafe extern "C" fn(*mut dnnl_primitive_attr_t) -> dnnl_status_t,
+    pub(crate) primitive_attr_destroy: unsafe extern "C" fn(dnnl_primitive_attr_t) -> dnnl_status_t,
+    pub(crate) primitive_attr_set_post_ops:
+        unsafe extern "C" fn(dnnl_primitive_attr_t, dnnl_post_ops_t) -> dnnl_status_t,
+    pub(crate) post_ops_create: unsafe extern "C" fn(*mut dnnl_post_ops_t) -> dnnl_status_t,
+    pub(crate) post_ops_destroy: unsafe extern "C" fn(dnnl_post_ops_t) -> dnnl_status_t,
+    pub(crate) post_ops_append_eltwise: unsafe extern "C" fn(dnnl_post_ops_t, c_int, f32, f32) -> dnnl_status_t,
 }
 
 /// Resolves every function of [`Api`] from `lib`.
@@ -127,5 +137,11 @@ pub(crate) unsafe fn resolve(lib: &libloading::Library) -> Result<Api, String> {
         primitive_create: get!("dnnl_primitive_create"),
         primitive_execute: get!("dnnl_primitive_execute"),
         primitive_destroy: get!("dnnl_primitive_destroy"),
+        primitive_attr_create: get!("dnnl_primitive_attr_create"),
+        primitive_attr_destroy: get!("dnnl_primitive_attr_destroy"),
+        primitive_attr_set_post_ops: get!("dnnl_primitive_attr_set_post_ops"),
+        post_ops_create: get!("dnnl_post_ops_create"),
+        post_ops_destroy: get!("dnnl_post_ops_destroy"),
+        post_ops_append_eltwise: get!("dnnl_post_ops_append_eltwise"),
     })
 }

@@ -112,6 +112,43 @@ impl Drop for MemoryDesc {
     }
 }
 
+/// Primitive attributes holding post-ops: what the matmul applies to each output element
+/// as it writes it.
+pub(crate) struct PostOps {
+    pub(crate) attr: dnnl_primitive_attr_t,
+    lib: Arc<Library>,
+}
+
+impl PostOps {
+    /// Attributes whose post-ops apply the elementwise `algorithm` (a `dnnl_alg_kind_t`).
+    pub(crate) fn eltwise(lib: &Arc<Library>, algorithm: i32) -> Result<Self, DnnlError> {
+        let mut attr: dnnl_primitive_attr_t = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local.
+        check("dnnl_primitive_attr_create", unsafe { (lib.api.primitive_attr_create)(&mut attr) })?;
+        let attrs = PostOps { attr, lib: lib.clone() };
+        let mut ops: dnnl_post_ops_t = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local.
+        check("dnnl_post_ops_create", unsafe { (lib.api.post_ops_create)(&mut ops) })?;
+        // SAFETY: `ops` is live; the attributes copy it, so it is destroyed here whatever happens.
+        let status = unsafe {
+            let appended = (lib.api.post_ops_append_eltwise)(ops, algorithm, 0.0, 0.0);
+            let set =
+                if appended == DNNL_SUCCESS { (lib.api.primitive_attr_set_post_ops)(attr, ops) } else { appended };
+            (lib.api.post_ops_destroy)(ops);
+            set
+        };
+        check("dnnl_post_ops_append_eltwise", status)?;
+        Ok(attrs)
+    }
+}
+
+impl Drop for PostOps {
+    fn drop(&mut self) {
+        // SAFETY: created by `eltwise`; primitive descriptors keep their own copy.
+        unsafe { (self.lib.api.primitive_attr_destroy)(self.attr) };
+    }
+}
+
 /// A primitive with the descriptor it was made from (which owns descriptors queried from it).
 pub(crate) struct Primitive {
     pub(crate) raw: dnnl_primitive_t,

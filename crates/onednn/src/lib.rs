@@ -5,8 +5,9 @@
 //! `just setup` fills), one engine and stream, matmul primitives described by
 //! memory descriptors with strides (so transposed operands are read in place), created once per
 //! shape and cached, in `fp32` or `bf16` (A and B rounded to bf16 by reorder primitives, then
-//! multiplied with fp32 accumulation into an fp32 output). Every oneDNN object is an owned
-//! value that destroys itself when dropped.
+//! multiplied with fp32 accumulation into an fp32 output), optionally with the exact GELU applied
+//! to the output as a post-op. Every oneDNN object is an owned value that destroys itself when
+//! dropped.
 //!
 //! Does not own: ONNX Runtime custom operators (`ringtune-ops`), or which graph nodes use them.
 //! All `unsafe` code of the oneDNN path lives here.
@@ -39,7 +40,7 @@ use std::path::PathBuf;
 
 pub use engine::Engine;
 pub use library::{default_library_path, ONEDNN_VERSION};
-pub use spec::{Bias, Matmul, Precision};
+pub use spec::{Activation, Bias, Matmul, Precision};
 
 /// What can go wrong with oneDNN.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -4,10 +4,10 @@
 use std::sync::Arc;
 
 use crate::ffi::*;
-use crate::handle::{EngineHandle, MemoryDesc, Primitive};
+use crate::handle::{EngineHandle, MemoryDesc, PostOps, Primitive};
 use crate::library::Library;
 use crate::spec::dense_strides_like;
-use crate::{DnnlError, Matmul, Precision};
+use crate::{Activation, DnnlError, Matmul, Precision};
 
 /// Everything one product shape needs, created once and reused.
 pub(crate) struct MatmulPrimitives {
@@ -58,18 +58,15 @@ impl MatmulPrimitives {
         let src = a_bf16.as_ref().map_or(a.raw, |m| m.raw);
         let weights_any = MemoryDesc::any_layout(lib, &b_dims, data_type)?;
         let bias_raw = bias.as_ref().map_or(std::ptr::null_mut(), |m| m.raw);
+        let post_ops = match spec.activation {
+            Some(Activation::GeluErf) => Some(PostOps::eltwise(lib, DNNL_ELTWISE_GELU_ERF)?),
+            None => None,
+        };
+        let attr = post_ops.as_ref().map_or(std::ptr::null_mut(), |p| p.attr);
         let matmul = Primitive::create(lib, "dnnl_matmul_primitive_desc_create", |desc| {
             // SAFETY: every descriptor is live for the call.
             unsafe {
-                (lib.api.matmul_primitive_desc_create)(
-                    desc,
-                    engine.raw,
-                    src,
-                    weights_any.raw,
-                    bias_raw,
-                    out.raw,
-                    std::ptr::null_mut(),
-                )
+                (lib.api.matmul_primitive_desc_create)(desc, engine.raw, src, weights_any.raw, bias_raw, out.raw, attr)
             }
         })?;
         let packed_b = matmul.query_md(DNNL_QUERY_WEIGHTS_MD)?;

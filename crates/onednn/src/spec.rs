@@ -24,7 +24,14 @@ pub enum Bias {
     Full,
 }
 
-/// `out[b] = op(A[b]) @ op(B[b]) (+ bias)`, batch axes broadcast numpy-style.
+/// An elementwise function the product applies to its output as it writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Activation {
+    /// The exact GELU, `x Φ(x)`.
+    GeluErf,
+}
+
+/// `out[b] = act(op(A[b]) @ op(B[b]) (+ bias))`, batch axes broadcast numpy-style.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Matmul {
     /// A's leading axes (as many as B's; 1 where broadcast).
@@ -45,12 +52,25 @@ pub struct Matmul {
     pub bias: Option<Bias>,
     /// Arithmetic.
     pub precision: Precision,
+    /// Applied to the output, after the bias.
+    pub activation: Option<Activation>,
 }
 
 impl Matmul {
     /// A 2-D product of `[m, k]` by `[k, n]`.
     pub fn plain(m: i64, k: i64, n: i64, precision: Precision) -> Self {
-        Matmul { batch_a: vec![], batch_b: vec![], m, k, n, trans_a: false, trans_b: false, bias: None, precision }
+        Matmul {
+            batch_a: vec![],
+            batch_b: vec![],
+            m,
+            k,
+            n,
+            trans_a: false,
+            trans_b: false,
+            bias: None,
+            precision,
+            activation: None,
+        }
     }
 
     /// The output's batch axes.

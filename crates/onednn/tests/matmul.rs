@@ -1,7 +1,8 @@
 //! oneDNN products against a plain f64 reference: odd shapes, batches with broadcasting,
-//! transposed operands, biases; fp32 within 1e-5 relative, bf16 within bf16 rounding.
+//! transposed operands, biases, a GELU applied as the output is written; fp32 within 1e-5
+//! relative, bf16 within bf16 rounding.
 
-use ringtune_onednn::{Bias, Engine, Matmul, Precision};
+use ringtune_onednn::{Activation, Bias, Engine, Matmul, Precision};
 
 fn engine() -> Engine {
     Engine::load_default().unwrap_or_else(|e| panic!("{e}"))
@@ -17,6 +18,29 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
             ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect()
+}
+
+/// The exact GELU in f64, `erfc` from Numerical Recipes' Chebyshev fit (relative error below
+/// 1.2e-7).
+fn gelu(x: f64) -> f64 {
+    let z = x.abs() / std::f64::consts::SQRT_2;
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let c = [
+        -1.265_512_23,
+        1.000_023_68,
+        0.374_091_96,
+        0.096_784_18,
+        -0.186_288_06,
+        0.278_868_07,
+        -1.135_203_98,
+        1.488_515_87,
+        -0.822_152_23,
+        0.170_872_77,
+    ];
+    let poly = c.iter().rev().fold(0.0, |acc, ci| acc * t + ci);
+    let erfc = t * (-z * z + poly).exp();
+    let cdf = if x >= 0.0 { 1.0 - 0.5 * erfc } else { 0.5 * erfc };
+    x * cdf
 }
 
 /// The product computed plainly, in f64.
@@ -54,7 +78,10 @@ fn reference(spec: &Matmul, a: &[f32], b: &[f32], bias: Option<&[f32]>) -> Vec<f
                     (Some(Bias::Full), Some(c)) => c[i * n + j] as f64,
                     _ => 0.0,
                 };
-                out[bt * m * n + i * n + j] = acc;
+                out[bt * m * n + i * n + j] = match spec.activation {
+                    Some(Activation::GeluErf) => gelu(acc),
+                    None => acc,
+                };
             }
         }
     }
@@ -91,7 +118,9 @@ fn specs(precision: Precision) -> Vec<Matmul> {
             }
             out.push(Matmul { batch_a: vec![2, 3], batch_b: vec![2, 3], ..s.clone() });
             out.push(Matmul { batch_a: vec![3, 1], batch_b: vec![1, 2], ..s.clone() });
-            out.push(Matmul { batch_a: vec![4], batch_b: vec![1], ..s });
+            out.push(Matmul { batch_a: vec![4], batch_b: vec![1], ..s.clone() });
+            out.push(Matmul { activation: Some(Activation::GeluErf), ..s.clone() });
+            out.push(Matmul { activation: Some(Activation::GeluErf), bias: Some(Bias::Row), ..s });
         }
     }
     out

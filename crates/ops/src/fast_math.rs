@@ -35,6 +35,23 @@ pub(crate) fn exp(x: f32) -> f32 {
     }
 }
 
+/// `(Φ(x), e^(-x²/2))`: the standard normal distribution function and the exponential the
+/// normal density shares with it. `Φ` comes from the Abramowitz-Stegun form of the error
+/// function (7.1.26, absolute error below 1.5e-7), in operations that vectorise.
+#[inline(always)]
+pub(crate) fn normal_cdf(x: f32) -> (f32, f32) {
+    // erf(z) = 1 - t (a1 + t (a2 + ...)) e^(-z²), t = 1 / (1 + p z).
+    const P: f32 = 0.327_591_1;
+    const A: [f32; 5] = [0.254_829_6, -0.284_496_74, 1.421_413_7, -1.453_152, 1.061_405_4];
+    let z = x.abs() * std::f32::consts::FRAC_1_SQRT_2;
+    let t = 1.0 / (1.0 + P * z);
+    let poly = t * (A[0] + t * (A[1] + t * (A[2] + t * (A[3] + t * A[4]))));
+    let e = exp(-0.5 * x * x);
+    // Φ(-|x|) = (1 - erf(|x| / sqrt 2)) / 2, without the cancellation of 1 - erf.
+    let lower_tail = 0.5 * poly * e;
+    (if x >= 0.0 { 1.0 - lower_tail } else { lower_tail }, e)
+}
+
 /// Independent accumulators of a vectorised fold.
 pub(crate) const LANES: usize = 8;
 

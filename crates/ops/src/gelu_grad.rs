@@ -3,19 +3,18 @@
 //! Why: written with standard operators, `dY * (Φ(x) + x φ(x))` is ten elementwise nodes over
 //! the `[tokens, intermediate]` tensor of every layer (a scale, `Erf`, `Exp`, five products and
 //! sums), each reading and writing 25 MiB on MiniLM: 8% of a training step. Here `Φ` and `φ`
-//! share one `e^(-x²/2)`, and `Φ` comes from the Abramowitz-Stegun form of the error function
-//! (7.1.26, absolute error below 1.5e-7), in operations that vectorise.
+//! share one `e^(-x²/2)` (`fast_math::normal_cdf`), in operations that vectorise.
 //!
 //! On the oneDNN path the gradient rule of ONNX's `Gelu` is this operator's (a custom rule
 //! replaces the standard one); the MLAS path keeps the plain chain.
 
-use std::sync::{Mutex, PoisonError};
-
 use ringtune_autodiff::{AutodiffError, RuleCtx};
 use ringtune_onnx_ir::{DType, InferCtx, NodeSpec, Value, ValueType};
-use ringtune_runtime::{Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef, DOMAIN};
+use ringtune_runtime::{
+    for_each_part, Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef, DOMAIN,
+};
 
-use crate::fast_math::exp;
+use crate::fast_math::normal_cdf;
 
 /// The operator's name in the `ai.ringtune` domain.
 pub const NAME: &str = "GeluGrad";
@@ -66,23 +65,14 @@ fn gelu_grad_avx2(dy: &[f32], x: &[f32], dx: &mut [f32]) {
 
 #[inline(always)]
 fn gelu_grad_portable(dy: &[f32], x: &[f32], dx: &mut [f32]) {
-    // Abramowitz and Stegun 7.1.26: erf(z) = 1 - t (a1 + t (a2 + ...)) e^(-z²), t = 1 / (1 + p z).
-    const P: f32 = 0.327_591_1;
-    const A: [f32; 5] = [0.254_829_6, -0.284_496_74, 1.421_413_7, -1.453_152, 1.061_405_4];
     for ((dx, dy), x) in dx.iter_mut().zip(dy).zip(x) {
-        let z = x.abs() * std::f32::consts::FRAC_1_SQRT_2;
-        let t = 1.0 / (1.0 + P * z);
-        let poly = t * (A[0] + t * (A[1] + t * (A[2] + t * (A[3] + t * A[4]))));
-        let e = exp(-0.5 * x * x);
-        // Φ(-|x|) = (1 - erf(|x| / sqrt 2)) / 2, without the cancellation of 1 - erf.
-        let lower_tail = 0.5 * poly * e;
-        let phi_cdf = if *x >= 0.0 { 1.0 - lower_tail } else { lower_tail };
-        *dx = dy * (phi_cdf + x * INV_SQRT_2PI * e);
+        let (cdf, e) = normal_cdf(*x);
+        *dx = dy * (cdf + x * INV_SQRT_2PI * e);
     }
 }
 
 /// Elements per task.
-const CHUNK: usize = 1 << 15;
+pub(crate) const CHUNK: usize = 1 << 15;
 
 /// The operator, for ONNX Runtime sessions.
 pub(crate) struct GeluGrad;
@@ -130,11 +120,9 @@ impl Kernel for GeluGradKernel {
         let [dy, x] = operands(inputs)?;
         let (dy, x) = (dy.f32().ok_or("dY must be float")?, x.f32().ok_or("X must be float")?);
         let Some(Some(TensorMut::F32(dx))) = outputs.first_mut() else { return Err("no dX".into()) };
-        let chunks: Vec<Mutex<&mut [f32]>> = dx.chunks_mut(CHUNK).map(Mutex::new).collect();
-        threads.for_each(chunks.len(), &|chunk| {
-            let mut dx = chunks[chunk].lock().unwrap_or_else(PoisonError::into_inner);
+        for_each_part(threads, dx.chunks_mut(CHUNK).collect(), |chunk, dx| {
             let range = chunk * CHUNK..chunk * CHUNK + dx.len();
-            gelu_grad(&dy[range.clone()], &x[range], &mut dx);
+            gelu_grad(&dy[range.clone()], &x[range], dx);
         });
         Ok(())
     }

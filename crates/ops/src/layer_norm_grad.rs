@@ -11,11 +11,11 @@
 //! On the oneDNN path this operator's rule replaces the standard one of `LayerNormalization`;
 //! the MLAS path keeps the plain chain.
 
-use std::sync::{Mutex, PoisonError};
-
 use ringtune_autodiff::{AutodiffError, RuleCtx};
 use ringtune_onnx_ir::{Attribute, DType, InferCtx, NodeSpec, Value, ValueType};
-use ringtune_runtime::{Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef, DOMAIN};
+use ringtune_runtime::{
+    for_each_part, Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef, DOMAIN,
+};
 
 use crate::fast_math::lanes;
 
@@ -169,11 +169,8 @@ impl Kernel for LayerNormGradKernel {
         };
         let runs = all.mean.len().div_ceil(RUN);
         let mut partials = vec![0.0f32; runs * 2 * width];
-        let tasks: Vec<Mutex<(&mut [f32], &mut [f32])>> =
-            dx.chunks_mut(RUN * width).zip(partials.chunks_mut(2 * width)).map(Mutex::new).collect();
-        threads.for_each(runs, &|run| {
-            let mut task = tasks[run].lock().unwrap_or_else(PoisonError::into_inner);
-            let (dx, partial) = &mut *task;
+        let tasks = dx.chunks_mut(RUN * width).zip(partials.chunks_mut(2 * width)).collect();
+        for_each_part(threads, tasks, |run, (dx, partial)| {
             let (rows, cells) = (run * RUN..(run * RUN + RUN).min(all.mean.len()), run * RUN * width);
             let part = Rows {
                 dy: &all.dy[cells..cells + dx.len()],

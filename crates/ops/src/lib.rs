@@ -1,7 +1,7 @@
 //! ringtune's own ONNX operators, in the `ai.ringtune` domain: the matrix products on oneDNN
 //! (`DnnlMatMul`, `DnnlGemm`), the attention core fused into one operator with its backward
-//! operator (`Attention`, `AttentionGrad`), sums over rows (`SumRows`), the gradients of GELU
-//! and LayerNorm in one pass each (`GeluGrad`, `LayerNormGrad`), seeded dropout (`SeededDropout`), in-order scatter-add
+//! operator (`Attention`, `AttentionGrad`), sums over rows (`SumRows`), GELU and the gradients
+//! of GELU and LayerNorm in one pass each (`Gelu`, `GeluGrad`, `LayerNormGrad`), seeded dropout (`SeededDropout`), in-order scatter-add
 //! (`ScatterNdAdd`), the hand-over of each gradient to the gradient sync as the backward pass
 //! produces it (`GradReady`), the wait for each parameter's newest values before its first
 //! reader (`ParamReady`), and an ordering of two nodes (`RunAfter`) that makes ONNX Runtime
@@ -41,6 +41,7 @@ pub mod attention;
 mod attributes;
 pub mod dnnl;
 mod fast_math;
+pub mod gelu;
 pub mod gelu_grad;
 pub mod grad_ready;
 pub mod layer_norm_grad;
@@ -86,6 +87,7 @@ pub(crate) fn register_shapes(graph: &mut Graph) {
     graph.register_op(DOMAIN, attention::NAME, attention::shape_rule);
     graph.register_op(DOMAIN, attention::GRAD_NAME, attention::grad_shape_rule);
     graph.register_op(DOMAIN, sum_rows::NAME, sum_rows::shape_rule);
+    graph.register_op(DOMAIN, gelu::NAME, gelu::shape_rule);
     graph.register_op(DOMAIN, gelu_grad::NAME, gelu_grad::shape_rule);
     graph.register_op(DOMAIN, layer_norm_grad::NAME, layer_norm_grad::shape_rule);
 }
@@ -130,17 +132,25 @@ pub struct Lowered {
     pub products: usize,
     /// Sums over all axes but the last made `SumRows`.
     pub row_sums: usize,
+    /// ONNX `Gelu`s folded into the product before them.
+    pub gelus_folded: usize,
+    /// ONNX `Gelu`s made ours.
+    pub gelus: usize,
 }
 
 /// The passes over a finished graph (forward and backward): ordered scatter-adds, and when
-/// `kernels` says oneDNN, the products on oneDNN and the sums over rows on `SumRows`.
+/// `kernels` says oneDNN, the products on oneDNN, the sums over rows on `SumRows`, each GELU
+/// folded into the product before it where nothing else reads the product, else on ours.
 pub fn lower(graph: &mut Graph, kernels: Kernels) -> Result<Lowered, IrError> {
     let scatters = scatter_nd_add::ordered_scatters(graph)?;
-    let (products, row_sums) = match kernels {
-        Kernels::OneDnn(precision) => (dnnl::lower_products(graph, precision)?, sum_rows::lower(graph)?),
-        Kernels::Mlas => (0, 0),
-    };
-    Ok(Lowered { scatters, products, row_sums })
+    let mut lowered = Lowered { scatters, products: 0, row_sums: 0, gelus_folded: 0, gelus: 0 };
+    if let Kernels::OneDnn(precision) = kernels {
+        lowered.products = dnnl::lower_products(graph, precision)?;
+        lowered.row_sums = sum_rows::lower(graph)?;
+        lowered.gelus_folded = dnnl::fold_gelus(graph)?;
+        lowered.gelus = gelu::lower(graph)?;
+    }
+    Ok(lowered)
 }
 
 /// The operators a session running graphs lowered for `kernels` registers; the oneDNN
@@ -164,6 +174,7 @@ pub fn custom_ops(kernels: Kernels, threads: usize) -> Result<CustomOps, OpsErro
         ops.push(Arc::new(attention::AttentionOp));
         ops.push(Arc::new(attention::AttentionGradOp));
         ops.push(Arc::new(sum_rows::SumRows));
+        ops.push(Arc::new(gelu::GeluOp));
         ops.push(Arc::new(gelu_grad::GeluGrad));
         ops.push(Arc::new(layer_norm_grad::LayerNormGrad));
     }

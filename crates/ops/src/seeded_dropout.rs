@@ -14,7 +14,9 @@
 
 use ringtune_autodiff::{AutodiffError, RuleCtx};
 use ringtune_onnx_ir::{shape, Attribute, DType, Graph, InferCtx, IrError, Node, NodeSpec, Value, ValueType};
-use ringtune_runtime::{Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef, DOMAIN};
+use ringtune_runtime::{
+    for_each_part, Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef, DOMAIN,
+};
 
 use crate::attributes::AttributeSource;
 
@@ -187,21 +189,21 @@ impl Draws {
 /// `y = x * mask / (1 - ratio)` with `mask[i]` kept at probability `1 - ratio`, drawn from
 /// `key`, the mask also written out when asked. Dropout is linear in `x`, so the same call on
 /// `dy` is its gradient.
-///
-/// One thread, the caller's: between operators the pool threads of oneDNN (OpenMP) and ONNX
-/// Runtime still spin on the other cores, and threads of our own competing with them made
-/// MiniLM's step 20% slower, not faster.
-pub fn apply(key: u64, ratio: f32, x: &[f32], y: &mut [f32], mut mask: Option<&mut [bool]>) {
+pub fn apply(key: u64, ratio: f32, x: &[f32], y: &mut [f32], mask: Option<&mut [bool]>) {
+    apply_from(&Draws::new(key, ratio), 0, x, y, mask);
+}
+
+/// [`apply`] to the elements `4 * first_quad ..` of a tensor, `x`, `y` and `mask` being theirs.
+fn apply_from(draws: &Draws, first_quad: usize, x: &[f32], y: &mut [f32], mut mask: Option<&mut [bool]>) {
     assert!(x.len() == y.len(), "dropout buffers differ in length");
     assert!(mask.as_ref().is_none_or(|m| m.len() == x.len()), "dropout mask differs in length");
-    let draws = Draws::new(key, ratio);
     let scale = draws.scale;
     let quads = x.len() / 4;
     let (x, x_tail) = x.split_at(4 * quads);
     let (y, y_tail) = y.split_at_mut(4 * quads);
     // Multiplying by 0 or the scale (not branching on the mask) lets the loop run branch-free.
     for (quad, (x, y)) in x.chunks_exact(4).zip(y.chunks_exact_mut(4)).enumerate() {
-        let keep = draws.quad(quad);
+        let keep = draws.quad(first_quad + quad);
         for k in 0..4 {
             y[k] = x[k] * if keep[k] { scale } else { 0.0 };
         }
@@ -210,7 +212,7 @@ pub fn apply(key: u64, ratio: f32, x: &[f32], y: &mut [f32], mut mask: Option<&m
         }
     }
     if !x_tail.is_empty() {
-        let keep = draws.quad(quads);
+        let keep = draws.quad(first_quad + quads);
         for (k, (x, y)) in x_tail.iter().zip(y_tail.iter_mut()).enumerate() {
             *y = x * if keep[k] { scale } else { 0.0 };
         }
@@ -219,6 +221,9 @@ pub fn apply(key: u64, ratio: f32, x: &[f32], y: &mut [f32], mut mask: Option<&m
         }
     }
 }
+
+/// Elements per task, whole quads.
+const CHUNK: usize = 1 << 15;
 
 /// The operator, for ONNX Runtime sessions.
 pub(crate) struct SeededDropout;
@@ -253,7 +258,7 @@ impl Kernel for DropoutKernel {
         &self,
         inputs: &[Option<TensorRef<'_>>],
         outputs: &mut [Option<TensorMut<'_>>],
-        _threads: &dyn Parallel,
+        threads: &dyn Parallel,
     ) -> Result<(), String> {
         let input = |i: usize, what: &str| inputs.get(i).copied().flatten().ok_or(format!("missing {what}"));
         let x = input(0, "X")?.f32().ok_or("X must be float")?;
@@ -264,11 +269,25 @@ impl Kernel for DropoutKernel {
         }
         let (y, rest) = outputs.split_first_mut().ok_or("no outputs")?;
         let Some(TensorMut::F32(y)) = y else { return Err("no Y".into()) };
-        let mask = match rest.first_mut() {
-            Some(Some(TensorMut::Bool(m))) => Some(&mut **m),
-            _ => None,
+        if y.len() != x.len() {
+            return Err(format!("Y holds {} elements for X's {}", y.len(), x.len()));
+        }
+        let draws = Draws::new(site_key(seed, self.0.site), ratio);
+        // In chunks of whole quads on ONNX Runtime's threads: each element's draw depends on its
+        // index alone, so the result is the same whatever the thread count.
+        let parts: Vec<(&mut [f32], Option<&mut [bool]>)> = match rest.first_mut() {
+            Some(Some(TensorMut::Bool(m))) if m.len() == y.len() => {
+                y.chunks_mut(CHUNK).zip(m.chunks_mut(CHUNK)).map(|(y, m)| (y, Some(m))).collect()
+            }
+            Some(Some(TensorMut::Bool(m))) => {
+                return Err(format!("the mask holds {} elements for {}", m.len(), x.len()))
+            }
+            _ => y.chunks_mut(CHUNK).map(|y| (y, None)).collect(),
         };
-        apply(site_key(seed, self.0.site), ratio, x, y, mask);
+        for_each_part(threads, parts, |chunk, (y, mask)| {
+            let first = chunk * CHUNK;
+            apply_from(&draws, first / 4, &x[first..first + y.len()], y, mask.as_deref_mut());
+        });
         Ok(())
     }
 }
@@ -348,24 +367,27 @@ mod tests {
 
     #[test]
     fn the_kernel_reads_its_inputs_and_fills_the_mask_only_when_asked() {
-        let x = [1.0f32; 9];
+        // Two chunks and a part that is not whole quads: the same draws as one pass.
+        let n = 2 * CHUNK + 9;
+        let x: Vec<f32> = (0..n).map(|i| 1.0 + (i % 7) as f32).collect();
         let (seed, ratio) = ([11i64], [0.5f32]);
+        let dims = [n as i64];
         let inputs =
-            [Some(TensorRef::F32(&[9], &x)), Some(TensorRef::F32(&[], &ratio)), Some(TensorRef::I64(&[1], &seed))];
+            [Some(TensorRef::F32(&dims, &x)), Some(TensorRef::F32(&[], &ratio)), Some(TensorRef::I64(&[1], &seed))];
         let kernel = DropoutKernel(DropoutAttrs { site: 2 });
-        assert_eq!(kernel.output_shapes(&inputs).expect("shapes"), vec![vec![9], vec![9]]);
-        let (mut y, mut mask) = ([0.0f32; 9], [false; 9]);
+        assert_eq!(kernel.output_shapes(&inputs).expect("shapes"), vec![vec![n as i64], vec![n as i64]]);
+        let (mut y, mut mask) = (vec![0.0f32; n], vec![false; n]);
         kernel
             .compute(&inputs, &mut [Some(TensorMut::F32(&mut y)), Some(TensorMut::Bool(&mut mask))], &Serial)
             .expect("compute");
-        let mut want = [0.0f32; 9];
+        let mut want = vec![0.0f32; n];
         apply(site_key(11, 2), 0.5, &x, &mut want, None);
         assert_eq!(y, want);
         assert!(mask.iter().zip(&y).all(|(m, y)| *m == (*y != 0.0)));
-        let mut alone = [0.0f32; 9];
+        let mut alone = vec![0.0f32; n];
         kernel.compute(&inputs, &mut [Some(TensorMut::F32(&mut alone)), None], &Serial).expect("no mask");
         assert_eq!(alone, y);
-        let bad_ratio = [Some(TensorRef::F32(&[9], &x)), Some(TensorRef::F32(&[], &[1.0])), inputs[2]];
+        let bad_ratio = [inputs[0], Some(TensorRef::F32(&[], &[1.0])), inputs[2]];
         let err =
             kernel.compute(&bad_ratio, &mut [Some(TensorMut::F32(&mut alone)), None], &Serial).expect_err("ratio 1");
         assert!(err.contains("ratio 1"), "{err}");

@@ -12,10 +12,10 @@
 //! The rewrite runs after differentiation (the reductions come from it), on the oneDNN path
 //! only: the MLAS path stays plain ONNX.
 
-use std::sync::{Mutex, PoisonError};
-
 use ringtune_onnx_ir::{DType, Graph, InferCtx, IrError, Value, ValueType};
-use ringtune_runtime::{Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef, DOMAIN};
+use ringtune_runtime::{
+    for_each_part, Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef, DOMAIN,
+};
 
 /// The operator's name in the `ai.ringtune` domain.
 pub const NAME: &str = "SumRows";
@@ -128,11 +128,7 @@ impl Kernel for SumRowsKernel {
         let (shape, x) = operand(inputs)?;
         let cols = shape[shape.len() - 1] as usize;
         let Some(Some(TensorMut::F32(sums))) = outputs.first_mut() else { return Err("no Y".into()) };
-        let bands: Vec<Mutex<&mut [f32]>> = sums.chunks_mut(BAND).map(Mutex::new).collect();
-        threads.for_each(bands.len(), &|band| {
-            let mut sums = bands[band].lock().unwrap_or_else(PoisonError::into_inner);
-            sum_band(x, cols, band * BAND, &mut sums);
-        });
+        for_each_part(threads, sums.chunks_mut(BAND).collect(), |band, sums| sum_band(x, cols, band * BAND, sums));
         Ok(())
     }
 }

@@ -40,7 +40,7 @@ pub use custom_op::{Attributes, CustomOp, ElementType, Kernel, Port, TensorMut, 
 pub use error::RuntimeError;
 pub use flat::FlatBuffer;
 pub use library::{default_library_path, LibraryChoice, Runtime, ORT_VERSION};
-pub use parallel::{Parallel, Serial};
+pub use parallel::{for_each_part, Parallel, Serial};
 pub use session::{Arena, CustomOps, GraphOptimization, Provider, Session, SessionOptions};
 pub use tensor::{OwnedTensor, TensorData, TensorView};
 

@@ -5,6 +5,7 @@
 //! the cores the session was given and no more.
 
 use std::ffi::c_void;
+use std::sync::{Mutex, PoisonError};
 
 use ort::operator::ComputeContext;
 use ort::AsPointer;
@@ -14,6 +15,13 @@ pub trait Parallel {
     /// Calls `task(i)` once for every `i` in `0..tasks`, in any order and on any of the
     /// threads; returns when all are done.
     fn for_each(&self, tasks: usize, task: &(dyn Fn(usize) + Sync));
+}
+
+/// Calls `task(i, &mut parts[i])` for every part on `threads`: each part (a kernel's slice
+/// of its outputs) is reached by one task alone, behind an uncontended lock.
+pub fn for_each_part<P: Send>(threads: &dyn Parallel, parts: Vec<P>, task: impl Fn(usize, &mut P) + Sync) {
+    let parts: Vec<Mutex<P>> = parts.into_iter().map(Mutex::new).collect();
+    threads.for_each(parts.len(), &|i| task(i, &mut parts[i].lock().unwrap_or_else(PoisonError::into_inner)));
 }
 
 /// The caller's thread alone (tests, and kernels run outside a session).
@@ -68,5 +76,12 @@ mod tests {
             sum.fetch_add(i + 1, Ordering::Relaxed);
         });
         assert_eq!(sum.into_inner(), 55);
+    }
+
+    #[test]
+    fn every_part_is_handed_to_its_task() {
+        let mut out = vec![0usize; 10];
+        for_each_part(&Serial, out.chunks_mut(3).collect(), |i, part| part.fill(i + 1));
+        assert_eq!(out, [1, 1, 1, 2, 2, 2, 3, 3, 3, 4]);
     }
 }

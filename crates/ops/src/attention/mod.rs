@@ -19,11 +19,11 @@
 pub mod fuse;
 pub mod math;
 
-use std::sync::{Mutex, PoisonError};
-
 use ringtune_autodiff::{AutodiffError, RuleCtx};
 use ringtune_onnx_ir::{DType, InferCtx, NodeSpec, Value, ValueType};
-use ringtune_runtime::{Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef, DOMAIN};
+use ringtune_runtime::{
+    for_each_part, Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef, DOMAIN,
+};
 
 pub use fuse::fuse;
 use math::{Call, HeadGrads, HeadInputs, Mask, Saved, Sizes};
@@ -233,11 +233,8 @@ impl Kernel for Forward {
                 &mut scratch[..]
             }
         };
-        let tasks: Vec<Mutex<(&mut [f32], &mut [f32])>> =
-            out.chunks_mut(per_out).zip(lse.chunks_mut(sizes.queries)).map(Mutex::new).collect();
-        threads.for_each(heads, &|head| {
-            let mut task = tasks[head].lock().unwrap_or_else(PoisonError::into_inner);
-            let (out, lse) = &mut *task;
+        let tasks = out.chunks_mut(per_out).zip(lse.chunks_mut(sizes.queries)).collect();
+        for_each_part(threads, tasks, |head, (out, lse)| {
             math::forward_head(&call, head, head_inputs(sizes, tensors, head), out, lse);
         });
         Ok(())
@@ -265,7 +262,6 @@ impl Kernel for Backward {
         let (call, tensors) = call(&forward_inputs, 0, self.0.site)?;
         let sizes = call.sizes;
         let (nq, nk, nv, per_out) = sizes.per_head();
-        let heads = sizes.batch * sizes.heads;
         let (out_dims, d_out) = input(inputs, 0, "dOut")?;
         let (saved_dims, out) = input(inputs, 5, "the forward output")?;
         let (lse_dims, lse) = input(inputs, 6, "the row statistics")?;
@@ -279,15 +275,13 @@ impl Kernel for Backward {
         let (Some(TensorMut::F32(dq)), Some(TensorMut::F32(dkt)), Some(TensorMut::F32(dv))) = (dq, dkt, dv) else {
             return Err("dQ, dKᵀ and dV must all be asked for".into());
         };
-        let tasks: Vec<Mutex<HeadGrads<'_>>> = dq
+        let tasks = dq
             .chunks_mut(nq)
             .zip(dkt.chunks_mut(nk))
             .zip(dv.chunks_mut(nv))
-            .map(|((dq, dkt), dv)| Mutex::new(HeadGrads { dq, dkt, dv }))
+            .map(|((dq, dkt), dv)| HeadGrads { dq, dkt, dv })
             .collect();
-        threads.for_each(heads, &|head| {
-            let mut task = tasks[head].lock().unwrap_or_else(PoisonError::into_inner);
-            let HeadGrads { dq, dkt, dv } = &mut *task;
+        for_each_part(threads, tasks, |head, HeadGrads { dq, dkt, dv }| {
             let grads = HeadGrads { dq, dkt, dv };
             let saved = Saved {
                 out: &out[head * per_out..][..per_out],

@@ -17,7 +17,8 @@ use ringtune_runtime::{TensorRef, DOMAIN};
 use crate::attributes::AttributeSource;
 use crate::OpsError;
 
-/// The attributes both products share: transposes of the last two axes and the precision.
+/// The attributes both products share: transposes of the last two axes, the precision, and
+/// whether the output goes through the exact GELU as it is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProductAttrs {
     /// A is stored with its last two axes swapped.
@@ -26,6 +27,8 @@ pub struct ProductAttrs {
     pub trans_b: bool,
     /// The arithmetic.
     pub precision: Precision,
+    /// The output is `gelu(product)`: a GELU folded in by [`fold_gelus`].
+    pub gelu: bool,
 }
 
 impl ProductAttrs {
@@ -34,7 +37,7 @@ impl ProductAttrs {
             Some(1) => Precision::Bf16,
             _ => Precision::F32,
         };
-        ProductAttrs { trans_a: node.flag("transA"), trans_b: node.flag("transB"), precision }
+        ProductAttrs { trans_a: node.flag("transA"), trans_b: node.flag("transB"), precision, gelu: node.flag("gelu") }
     }
 
     fn write(self, node: &mut Node) {
@@ -45,6 +48,7 @@ impl ProductAttrs {
         node.attributes.insert("transA".into(), Attribute::Int(self.trans_a as i64));
         node.attributes.insert("transB".into(), Attribute::Int(self.trans_b as i64));
         node.attributes.insert("precision".into(), Attribute::Int(precision));
+        node.attributes.insert("gelu".into(), Attribute::Int(self.gelu as i64));
     }
 }
 
@@ -80,13 +84,46 @@ pub fn lower_products(graph: &mut Graph, precision: Precision) -> Result<usize, 
         lowered.inputs = inputs;
         lowered.attributes.remove("alpha");
         lowered.attributes.remove("beta");
-        ProductAttrs { trans_a, trans_b, precision }.write(&mut lowered);
+        ProductAttrs { trans_a, trans_b, precision, gelu: false }.write(&mut lowered);
         Some(lowered)
     })?;
     if lowered > 0 {
         graph.prune();
     }
     Ok(lowered)
+}
+
+/// Folds each exact float `Gelu` whose input is a oneDNN product's output that nothing else
+/// reads into that product, as a oneDNN post-op: the GELU is applied while the output is still
+/// in cache, and the product's own output is never written. Returns how many.
+///
+/// In a training graph the backward pass reads the GELU's input, so only inference graphs
+/// (and products whose GELU nothing differentiates) fold.
+pub fn fold_gelus(graph: &mut Graph) -> Result<usize, IrError> {
+    crate::register_shapes(graph);
+    let folded = graph.rewrite(|graph, i| {
+        let node = &graph.nodes()[i];
+        let exact = node.string("approximate").is_none_or(|a| a == "none");
+        if !(node.domain.is_empty() && node.op_type == "Gelu" && exact) {
+            return None;
+        }
+        let input = node.input(0)?;
+        let product = graph.producer(input)?;
+        let ours = product.domain == DOMAIN && (product.op_type == gemm::NAME || product.op_type == matmul::NAME);
+        let only_reader = graph.consumers(input).len() == 1 && !graph.outputs.iter().any(|o| o == input);
+        if !ours || !only_reader || ProductAttrs::read(product).gelu {
+            return None;
+        }
+        let mut fused = product.clone();
+        fused.name = format!("{}+gelu", product.name);
+        fused.outputs = node.outputs.clone();
+        ProductAttrs { gelu: true, ..ProductAttrs::read(product) }.write(&mut fused);
+        Some(fused)
+    })?;
+    if folded > 0 {
+        graph.prune();
+    }
+    Ok(folded)
 }
 
 /// A product's new operator, inputs and transpose flags.
@@ -131,6 +168,7 @@ pub(crate) fn product_dims(a: &[i64], b: &[i64], attrs: ProductAttrs) -> Result<
         trans_b: attrs.trans_b,
         bias: None,
         precision: attrs.precision,
+        activation: attrs.gelu.then_some(ringtune_onednn::Activation::GeluErf),
     })
 }
 
@@ -140,7 +178,7 @@ mod tests {
 
     #[test]
     fn attributes_round_trip_through_a_node() {
-        let attrs = ProductAttrs { trans_a: true, trans_b: false, precision: Precision::Bf16 };
+        let attrs = ProductAttrs { trans_a: true, trans_b: false, precision: Precision::Bf16, gelu: true };
         let mut node = Node {
             name: "n".into(),
             op_type: "DnnlMatMul".into(),
@@ -154,8 +192,39 @@ mod tests {
     }
 
     #[test]
+    fn a_gelu_only_the_product_feeds_is_folded_into_it() {
+        use ringtune_onnx_ir::{shape, DType};
+        for product_read_elsewhere in [false, true] {
+            let mut g = Graph::new("ffn");
+            let x = g.input("x", DType::F32, shape(&[4, 8])).expect("x");
+            let w = g.input("w", DType::F32, shape(&[8, 6])).expect("w");
+            let b = g.input("b", DType::F32, shape(&[6])).expect("b");
+            let h = g.gemm(&x, &w, Some(&b), false, false).expect("gemm");
+            let y = g.gelu(&h).expect("gelu");
+            g.output(&y).expect("y");
+            if product_read_elsewhere {
+                g.output(&h).expect("h");
+            }
+            assert_eq!(lower_products(&mut g, Precision::F32).expect("lower"), 1);
+            let folded = fold_gelus(&mut g).expect("fold");
+            let gelus = g.nodes().iter().filter(|n| n.op_type == "Gelu").count();
+            let products: Vec<_> = g.nodes().iter().filter(|n| n.op_type == gemm::NAME).collect();
+            assert_eq!(products.len(), 1);
+            if product_read_elsewhere {
+                assert_eq!((folded, gelus), (0, 1));
+                assert!(!ProductAttrs::read(products[0]).gelu);
+            } else {
+                assert_eq!((folded, gelus), (1, 0));
+                assert!(ProductAttrs::read(products[0]).gelu);
+                assert_eq!(products[0].outputs, [y.name()]);
+                assert_eq!(g.shape(&y).expect("shape"), &shape(&[4, 6]));
+            }
+        }
+    }
+
+    #[test]
     fn product_sizes_from_shapes() {
-        let plain = ProductAttrs { trans_a: false, trans_b: false, precision: Precision::F32 };
+        let plain = ProductAttrs { trans_a: false, trans_b: false, precision: Precision::F32, gelu: false };
         let s = product_dims(&[2, 3, 4, 5], &[5, 6], plain).expect("spec");
         assert_eq!((s.batch_a, s.batch_b, s.m, s.k, s.n), (vec![2, 3], vec![1, 1], 4, 5, 6));
         let both = ProductAttrs { trans_a: true, trans_b: true, ..plain };
