@@ -1,7 +1,7 @@
-//! The fused attention operator against the plain ONNX graph it replaces, on MiniLM with
-//! dropout on: the oneDNN graph (attention fused) and the MLAS graph (the plain chain) draw the
-//! same dropout masks from the same seed, so loss and every gradient agree to rounding, and the
-//! fused step holds fewer tensors at its peak.
+//! The fused operators against the plain ONNX graph they replace, on MiniLM with dropout on:
+//! the oneDNN graph (attention, the residual LayerNorms with their dropout, and GELU fused) and
+//! the MLAS graph (the plain chains) draw the same dropout masks from the same seed, so loss and
+//! every gradient agree to rounding, and the fused step holds fewer tensors at its peak.
 
 use ringtune_bert::{load_params, ModelConfig};
 use ringtune_ops::{Kernels, Precision};

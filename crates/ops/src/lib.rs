@@ -1,6 +1,7 @@
 //! ringtune's own ONNX operators, in the `ai.ringtune` domain: the matrix products on oneDNN
 //! (`DnnlMatMul`, `DnnlGemm`), the attention core fused into one operator with its backward
-//! operator (`Attention`, `AttentionGrad`), sums over rows (`SumRows`), GELU and the gradients
+//! operator (`Attention`, `AttentionGrad`), the LayerNorm of a residual sum with the dropout
+//! before it (`AddLayerNorm`), sums over rows (`SumRows`), GELU and the gradients
 //! of GELU and LayerNorm in one pass each (`Gelu`, `GeluGrad`, `LayerNormGrad`), seeded dropout (`SeededDropout`), in-order scatter-add
 //! (`ScatterNdAdd`), the hand-over of each gradient to the gradient sync as the backward pass
 //! produces it (`GradReady`), the wait for each parameter's newest values before its first
@@ -37,6 +38,7 @@
 //! assert_eq!(ringtune_ops::lower(&mut g, kernels).unwrap().products, 2);
 //! ```
 
+pub mod add_layer_norm;
 pub mod attention;
 mod attributes;
 pub mod dnnl;
@@ -45,6 +47,7 @@ pub mod gelu;
 pub mod gelu_grad;
 pub mod grad_ready;
 pub mod layer_norm_grad;
+mod matching;
 pub mod param_ready;
 pub mod recompute;
 pub mod run_after;
@@ -84,6 +87,7 @@ pub(crate) fn register_shapes(graph: &mut Graph) {
     graph.register_op(DOMAIN, grad_ready::NAME, grad_ready::shape_rule);
     graph.register_op(DOMAIN, param_ready::NAME, passed_through);
     graph.register_op(DOMAIN, run_after::NAME, passed_through);
+    graph.register_op(DOMAIN, add_layer_norm::NAME, add_layer_norm::shape_rule);
     graph.register_op(DOMAIN, attention::NAME, attention::shape_rule);
     graph.register_op(DOMAIN, attention::GRAD_NAME, attention::grad_shape_rule);
     graph.register_op(DOMAIN, sum_rows::NAME, sum_rows::shape_rule);
@@ -105,6 +109,7 @@ pub fn gradient_rules(kernels: Kernels) -> Vec<CustomRule> {
     let mut rules = vec![
         CustomRule { domain: DOMAIN, op_type: seeded_dropout::NAME, rule: seeded_dropout::gradient_rule },
         CustomRule { domain: DOMAIN, op_type: attention::NAME, rule: attention::gradient_rule },
+        CustomRule { domain: DOMAIN, op_type: add_layer_norm::NAME, rule: add_layer_norm::gradient_rule },
     ];
     if let Kernels::OneDnn(_) = kernels {
         rules.push(CustomRule { domain: "", op_type: "Gelu", rule: gelu_grad::gradient_rule });
@@ -114,11 +119,12 @@ pub fn gradient_rules(kernels: Kernels) -> Vec<CustomRule> {
 }
 
 /// The fusions of a forward graph for `kernels`, before differentiation: with oneDNN, each
-/// attention core becomes one `Attention` node; with MLAS the graph stays plain ONNX (the
+/// attention core becomes one `Attention` node, and each LayerNorm of a residual sum (with the
+/// dropout before it) one `AddLayerNorm` node; with MLAS the graph stays plain ONNX (the
 /// reference path). Returns how many nodes were fused.
 pub fn fuse(graph: &mut Graph, kernels: Kernels) -> Result<usize, IrError> {
     match kernels {
-        Kernels::OneDnn(_) => attention::fuse(graph),
+        Kernels::OneDnn(_) => Ok(attention::fuse(graph)? + add_layer_norm::fuse(graph)?),
         Kernels::Mlas => Ok(0),
     }
 }
@@ -132,25 +138,34 @@ pub struct Lowered {
     pub products: usize,
     /// Sums over all axes but the last made `SumRows`.
     pub row_sums: usize,
-    /// ONNX `Gelu`s folded into the product before them.
-    pub gelus_folded: usize,
     /// ONNX `Gelu`s made ours.
     pub gelus: usize,
 }
 
 /// The passes over a finished graph (forward and backward): ordered scatter-adds, and when
-/// `kernels` says oneDNN, the products on oneDNN, the sums over rows on `SumRows`, each GELU
-/// folded into the product before it where nothing else reads the product, else on ours.
+/// `kernels` says oneDNN, the products on oneDNN, the sums over rows on `SumRows` and GELU on
+/// ours.
 pub fn lower(graph: &mut Graph, kernels: Kernels) -> Result<Lowered, IrError> {
     let scatters = scatter_nd_add::ordered_scatters(graph)?;
-    let mut lowered = Lowered { scatters, products: 0, row_sums: 0, gelus_folded: 0, gelus: 0 };
+    let mut lowered = Lowered { scatters, products: 0, row_sums: 0, gelus: 0 };
     if let Kernels::OneDnn(precision) = kernels {
         lowered.products = dnnl::lower_products(graph, precision)?;
         lowered.row_sums = sum_rows::lower(graph)?;
-        lowered.gelus_folded = dnnl::fold_gelus(graph)?;
         lowered.gelus = gelu::lower(graph)?;
+        add_layer_norm::drop_unread_outputs(graph)?;
     }
     Ok(lowered)
+}
+
+/// For a lowered graph that nothing differentiates (inference), with oneDNN kernels: each GELU
+/// that alone reads a product's output folded into the product as a oneDNN post-op. Returns
+/// how many. Not for training graphs: oneDNN's GELU rounds differently from ours, and the
+/// forward pass and its recomputed copies must compute every GELU alike.
+pub fn fold_for_inference(graph: &mut Graph, kernels: Kernels) -> Result<usize, IrError> {
+    match kernels {
+        Kernels::OneDnn(_) => dnnl::fold_gelus(graph),
+        Kernels::Mlas => Ok(0),
+    }
 }
 
 /// The operators a session running graphs lowered for `kernels` registers; the oneDNN
@@ -172,6 +187,7 @@ pub fn custom_ops(kernels: Kernels, threads: usize) -> Result<CustomOps, OpsErro
         ops.push(Arc::new(dnnl::matmul::DnnlMatMul(engine.clone())));
         ops.push(Arc::new(dnnl::gemm::DnnlGemm(engine)));
         ops.push(Arc::new(attention::AttentionOp));
+        ops.push(Arc::new(add_layer_norm::AddLayerNormOp));
         ops.push(Arc::new(attention::AttentionGradOp));
         ops.push(Arc::new(sum_rows::SumRows));
         ops.push(Arc::new(gelu::GeluOp));

@@ -130,6 +130,10 @@ mod tests {
         fn int(&self, name: &str) -> Option<i64> {
             (name == "tensor").then_some(self.0)
         }
+
+        fn float(&self, _name: &str) -> Option<f32> {
+            None
+        }
     }
 
     #[test]

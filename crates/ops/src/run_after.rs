@@ -192,5 +192,9 @@ mod tests {
         fn int(&self, _name: &str) -> Option<i64> {
             None
         }
+
+        fn float(&self, _name: &str) -> Option<f32> {
+            None
+        }
     }
 }

@@ -98,6 +98,8 @@ pub enum TensorMut<'a> {
 pub trait Attributes {
     /// An integer attribute.
     fn int(&self, name: &str) -> Option<i64>;
+    /// A float attribute.
+    fn float(&self, name: &str) -> Option<f32>;
 }
 
 /// The computation of one node of a custom operator.
@@ -174,6 +176,10 @@ struct NodeAttributes<'a, 'attr>(&'a KernelContext<'attr>);
 impl Attributes for NodeAttributes<'_, '_> {
     fn int(&self, name: &str) -> Option<i64> {
         self.0.get::<i64>(name)
+    }
+
+    fn float(&self, name: &str) -> Option<f32> {
+        self.0.get::<f32>(name)
     }
 }
 

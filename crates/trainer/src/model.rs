@@ -109,5 +109,6 @@ pub fn eval_graph(config: &ModelConfig, layout: &ParamLayout, kernels: Kernels) 
     forward.graph.prune();
     ringtune_ops::fuse(&mut forward.graph, kernels)?;
     ringtune_ops::lower(&mut forward.graph, kernels)?;
+    ringtune_ops::fold_for_inference(&mut forward.graph, kernels)?;
     Ok(forward.graph.to_bytes()?)
 }

@@ -8,6 +8,7 @@ use std::collections::HashSet;
 use ringtune_onnx_ir::{DType, Graph, IrError, Node, Value};
 use ringtune_runtime::DOMAIN;
 
+use crate::matching::{is, only_reader_is_next};
 use crate::seeded_dropout::{self, DropoutAttrs};
 
 /// Replaces every `MatMul(Q, Kᵀ) -> Add(mask) -> Softmax(last axis) -> [SeededDropout] ->
@@ -69,16 +70,6 @@ fn attention_at(graph: &Graph, product: &Node) -> Option<Node> {
         outputs: vec![product.outputs[0].clone()],
         attributes,
     })
-}
-
-fn is(node: &Node, domain: &str, op_type: &str) -> bool {
-    node.domain == domain && node.op_type == op_type
-}
-
-/// Whether the first output of `node` is read by exactly one node and is no graph output.
-fn only_reader_is_next(graph: &Graph, node: &Node) -> bool {
-    let out = &node.outputs[0];
-    graph.consumers(out).len() == 1 && !graph.outputs.contains(out)
 }
 
 /// Whether `value` is computed from a float graph input (a parameter, say).

@@ -93,18 +93,17 @@ pub fn lower_products(graph: &mut Graph, precision: Precision) -> Result<usize, 
     Ok(lowered)
 }
 
-/// Folds each exact float `Gelu` whose input is a oneDNN product's output that nothing else
-/// reads into that product, as a oneDNN post-op: the GELU is applied while the output is still
-/// in cache, and the product's own output is never written. Returns how many.
-///
-/// In a training graph the backward pass reads the GELU's input, so only inference graphs
-/// (and products whose GELU nothing differentiates) fold.
+/// Folds each GELU (ONNX's exact one, or ours) whose input is a oneDNN product's output that
+/// nothing else reads into that product, as a oneDNN post-op: the GELU is applied while the
+/// output is still in cache, and the product's own output is never written. Returns how many.
+/// For inference graphs only (see [`crate::fold_for_inference`]).
 pub fn fold_gelus(graph: &mut Graph) -> Result<usize, IrError> {
     crate::register_shapes(graph);
     let folded = graph.rewrite(|graph, i| {
         let node = &graph.nodes()[i];
-        let exact = node.string("approximate").is_none_or(|a| a == "none");
-        if !(node.domain.is_empty() && node.op_type == "Gelu" && exact) {
+        let onnx_exact = node.domain.is_empty() && node.string("approximate").is_none_or(|a| a == "none");
+        let ours = node.domain == DOMAIN;
+        if node.op_type != "Gelu" || !(onnx_exact || ours) {
             return None;
         }
         let input = node.input(0)?;
