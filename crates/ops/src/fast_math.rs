@@ -52,6 +52,10 @@ pub(crate) fn normal_cdf(x: f32) -> (f32, f32) {
     (if x >= 0.0 { 1.0 - lower_tail } else { lower_tail }, e)
 }
 
+/// Elements per task of the elementwise kernels: a multiple of four, so dropout's quads of
+/// draws stay whole.
+pub(crate) const CHUNK: usize = 1 << 15;
+
 /// Independent accumulators of a vectorised fold.
 pub(crate) const LANES: usize = 8;
 

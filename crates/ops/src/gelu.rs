@@ -10,13 +10,12 @@
 //! The rewrite runs on finished graphs (after differentiation and recompute, so the copies are
 //! swapped too), on the oneDNN path only: the MLAS path stays plain ONNX.
 
-use ringtune_onnx_ir::{DType, Graph, InferCtx, IrError, ValueType};
+use ringtune_onnx_ir::{DType, Graph, InferCtx, IrError, Node, ValueType};
 use ringtune_runtime::{
     for_each_part, Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef, DOMAIN,
 };
 
-use crate::fast_math::normal_cdf;
-use crate::gelu_grad::CHUNK;
+use crate::fast_math::{normal_cdf, CHUNK};
 
 /// The operator's name in the `ai.ringtune` domain.
 pub const NAME: &str = "Gelu";
@@ -29,13 +28,17 @@ pub(crate) fn shape_rule(ctx: &InferCtx<'_>) -> Result<Vec<ValueType>, String> {
     Ok(vec![ValueType { dtype: DType::F32, shape: ctx.shape(0)?.cloned() }])
 }
 
+/// Whether `node` is ONNX's exact (erf) `Gelu`.
+pub(crate) fn is_onnx_exact(node: &Node) -> bool {
+    node.domain.is_empty() && node.op_type == "Gelu" && node.string("approximate").is_none_or(|a| a == "none")
+}
+
 /// Swaps every float exact `Gelu` of ONNX for ours; returns how many.
 pub fn lower(graph: &mut Graph) -> Result<usize, IrError> {
     crate::register_shapes(graph);
     graph.rewrite(|graph, i| {
         let node = &graph.nodes()[i];
-        let exact = node.string("approximate").is_none_or(|a| a == "none");
-        if !(node.domain.is_empty() && node.op_type == "Gelu" && exact) {
+        if !is_onnx_exact(node) {
             return None;
         }
         if graph.dtype(&ringtune_onnx_ir::Value::named(node.input(0)?)).ok()? != DType::F32 {

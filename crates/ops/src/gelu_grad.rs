@@ -14,7 +14,7 @@ use ringtune_runtime::{
     for_each_part, Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef, DOMAIN,
 };
 
-use crate::fast_math::normal_cdf;
+use crate::fast_math::{normal_cdf, CHUNK};
 
 /// The operator's name in the `ai.ringtune` domain.
 pub const NAME: &str = "GeluGrad";
@@ -70,9 +70,6 @@ fn gelu_grad_portable(dy: &[f32], x: &[f32], dx: &mut [f32]) {
         *dx = dy * (cdf + x * INV_SQRT_2PI * e);
     }
 }
-
-/// Elements per task.
-pub(crate) const CHUNK: usize = 1 << 15;
 
 /// The operator, for ONNX Runtime sessions.
 pub(crate) struct GeluGrad;

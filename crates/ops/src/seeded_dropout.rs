@@ -19,6 +19,7 @@ use ringtune_runtime::{
 };
 
 use crate::attributes::AttributeSource;
+use crate::fast_math::CHUNK;
 
 /// The operator's name in the `ai.ringtune` domain.
 pub const NAME: &str = "SeededDropout";
@@ -186,6 +187,22 @@ impl Draws {
     }
 }
 
+/// The draws of a fused operator's optional `ratio` and `seed` inputs at `site`: none without
+/// them or at ratio 0; a ratio outside [0, 1) is an error.
+pub(crate) fn optional_draws(
+    ratio: Option<TensorRef<'_>>,
+    seed: Option<TensorRef<'_>>,
+    site: u64,
+) -> Result<Option<Draws>, String> {
+    let ratio = ratio.and_then(|r| r.f32()).and_then(|r| r.first().copied());
+    let seed = seed.and_then(|s| s.i64()).and_then(|s| s.first().copied());
+    match (ratio, seed) {
+        (Some(ratio), _) if !(0.0..1.0).contains(&ratio) => Err(format!("ratio {ratio} is outside [0, 1)")),
+        (Some(ratio), Some(seed)) if ratio > 0.0 => Ok(Some(Draws::new(site_key(seed as u64, site), ratio))),
+        _ => Ok(None),
+    }
+}
+
 /// `y = x * mask / (1 - ratio)` with `mask[i]` kept at probability `1 - ratio`, drawn from
 /// `key`, the mask also written out when asked. Dropout is linear in `x`, so the same call on
 /// `dy` is its gradient.
@@ -221,9 +238,6 @@ fn apply_from(draws: &Draws, first_quad: usize, x: &[f32], y: &mut [f32], mut ma
         }
     }
 }
-
-/// Elements per task, whole quads.
-const CHUNK: usize = 1 << 15;
 
 /// The operator, for ONNX Runtime sessions.
 pub(crate) struct SeededDropout;
@@ -391,6 +405,26 @@ mod tests {
         let err =
             kernel.compute(&bad_ratio, &mut [Some(TensorMut::F32(&mut alone)), None], &Serial).expect_err("ratio 1");
         assert!(err.contains("ratio 1"), "{err}");
+        let mut short_mask = vec![false; n - 1];
+        let outputs = &mut [Some(TensorMut::F32(&mut alone)), Some(TensorMut::Bool(&mut short_mask))];
+        let err = kernel.compute(&inputs, outputs, &Serial).expect_err("a short mask");
+        assert!(err.contains("the mask holds"), "{err}");
+    }
+
+    #[test]
+    fn the_fused_operators_dropout_inputs_are_optional_and_checked() {
+        let (ratio, zero, seed) = ([0.25f32], [0.0f32], [9i64]);
+        let (ratio, zero, seed) =
+            (TensorRef::F32(&[], &ratio), TensorRef::F32(&[], &zero), TensorRef::I64(&[1], &seed));
+        assert!(optional_draws(None, None, 3).expect("absent").is_none());
+        assert!(optional_draws(Some(zero), Some(seed), 3).expect("ratio 0").is_none());
+        let draws = optional_draws(Some(ratio), Some(seed), 3).expect("dropout").expect("draws");
+        let (mut got, mut want) = ([0.0f32; 8], [0.0f32; 8]);
+        draws.factors(0, &mut got);
+        Draws::new(site_key(9, 3), 0.25).factors(0, &mut want);
+        assert_eq!(got, want);
+        let err = optional_draws(Some(TensorRef::F32(&[], &[1.5])), Some(seed), 3).expect_err("ratio 1.5");
+        assert!(err.contains("outside [0, 1)"), "{err}");
     }
 
     #[test]

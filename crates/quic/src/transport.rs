@@ -311,21 +311,22 @@ impl QuicRing {
             // Waited in halves of the deadline, so that a peer whose packets (keep-alives
             // every quarter deadline) still arrive can be told from one that is gone.
             let half = deadline / 2;
-            let mut silent = Duration::ZERO;
+            let mut halves = 0u32;
             let mut heard = heard_from_prev();
             loop {
                 if let Ok(frame) = tokio::time::timeout(half, &mut read).await {
                     return Ok(frame);
                 }
-                silent += half;
+                halves += 1;
                 let now = heard_from_prev();
                 let reachable = now != heard;
                 heard = now;
                 // A reachable peer that sends nothing is most likely stalled behind the rank
                 // that failed, and its verdict naming that rank is on its way: it gets half a
                 // deadline more, so that every rank reports the failed one, not its neighbour.
-                if silent >= deadline && (!reachable || silent >= deadline + half) {
-                    return Err((silent, reachable));
+                // (Counted in halves: two of them can fall a nanosecond short of the deadline.)
+                if halves >= 2 && (!reachable || halves >= 3) {
+                    return Err((half * halves, reachable));
                 }
             }
         });

@@ -25,7 +25,7 @@ use ringtune_runtime::{
 pub use fuse::{drop_unread_outputs, fuse};
 
 use crate::fast_math::lanes;
-use crate::seeded_dropout::{self, site_key, Draws, DropoutAttrs};
+use crate::seeded_dropout::{self, optional_draws, Draws, DropoutAttrs};
 
 /// The operator's name in the `ai.ringtune` domain.
 pub const NAME: &str = "AddLayerNorm";
@@ -257,17 +257,8 @@ impl Kernel for AddLayerNormKernel {
     ) -> Result<(), String> {
         let ([x, r, scale, bias], width) = operands(inputs)?;
         let (x, r) = (floats(x, "X")?, floats(r, "R")?);
-        let dropout = match (inputs.get(4).copied().flatten(), inputs.get(5).copied().flatten()) {
-            (Some(ratio), Some(seed)) => {
-                let ratio = ratio.f32().and_then(|r| r.first().copied()).ok_or("the ratio must be a float")?;
-                let seed = seed.i64().and_then(|s| s.first().copied()).ok_or("the seed must be an int64")?;
-                if !(0.0..1.0).contains(&ratio) {
-                    return Err(format!("ratio {ratio} is outside [0, 1)"));
-                }
-                Some(Draws::new(site_key(seed as u64, self.dropout.site), ratio))
-            }
-            _ => None,
-        };
+        let dropout =
+            optional_draws(inputs.get(4).copied().flatten(), inputs.get(5).copied().flatten(), self.dropout.site)?;
         let norm = Norm { scale: floats(scale, "scale")?, bias: floats(bias, "bias")?, epsilon: self.epsilon, dropout };
         let [y, sum, mean, inv_std] = outputs else { return Err("four outputs expected".into()) };
         let Some(TensorMut::F32(y)) = y else { return Err("no Y".into()) };
@@ -304,6 +295,7 @@ mod tests {
     use ringtune_runtime::Serial;
 
     use super::*;
+    use crate::seeded_dropout::site_key;
 
     fn values(n: usize, seed: u32) -> Vec<f32> {
         (0..n).map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) as f32 / u32::MAX as f32 * 4.0 - 2.0).collect()

@@ -28,7 +28,7 @@ use ringtune_runtime::{
 pub use fuse::fuse;
 use math::{Call, HeadGrads, HeadInputs, Mask, Saved, Sizes};
 
-use crate::seeded_dropout::{site_key, Draws, DropoutAttrs};
+use crate::seeded_dropout::{optional_draws, DropoutAttrs};
 
 /// The forward operator's name in the `ai.ringtune` domain.
 pub const NAME: &str = "Attention";
@@ -179,13 +179,8 @@ fn call<'a>(inputs: &[Option<TensorRef<'a>>], first: usize, site: u64) -> Result
     let (mask_dims, mask) = input(inputs, first + 3, "the mask")?;
     let sizes = sizes(&q_dims, &kt_dims, &v_dims)?;
     let mask = Mask::new(mask, &mask_dims, sizes)?;
-    let ratio = inputs.get(first + 4).copied().flatten().and_then(|r| r.f32()).and_then(|r| r.first().copied());
-    let seed = inputs.get(first + 5).copied().flatten().and_then(|s| s.i64()).and_then(|s| s.first().copied());
-    let dropout = match (ratio, seed) {
-        (Some(ratio), _) if !(0.0..1.0).contains(&ratio) => return Err(format!("ratio {ratio} is outside [0, 1)")),
-        (Some(ratio), Some(seed)) if ratio > 0.0 => Some(Draws::new(site_key(seed as u64, site), ratio)),
-        _ => None,
-    };
+    let dropout =
+        optional_draws(inputs.get(first + 4).copied().flatten(), inputs.get(first + 5).copied().flatten(), site)?;
     Ok((Call { sizes, mask, dropout }, [q, kt, v]))
 }
 

@@ -15,6 +15,7 @@ use ringtune_onnx_ir::{Attribute, Dim, Graph, IrError, Node, Value};
 use ringtune_runtime::{TensorRef, DOMAIN};
 
 use crate::attributes::AttributeSource;
+use crate::matching::{is, only_reader_is_next};
 use crate::OpsError;
 
 /// The attributes both products share: transposes of the last two axes, the precision, and
@@ -101,16 +102,12 @@ pub fn fold_gelus(graph: &mut Graph) -> Result<usize, IrError> {
     crate::register_shapes(graph);
     let folded = graph.rewrite(|graph, i| {
         let node = &graph.nodes()[i];
-        let onnx_exact = node.domain.is_empty() && node.string("approximate").is_none_or(|a| a == "none");
-        let ours = node.domain == DOMAIN;
-        if node.op_type != "Gelu" || !(onnx_exact || ours) {
+        if !(crate::gelu::is_onnx_exact(node) || is(node, DOMAIN, crate::gelu::NAME)) {
             return None;
         }
-        let input = node.input(0)?;
-        let product = graph.producer(input)?;
-        let ours = product.domain == DOMAIN && (product.op_type == gemm::NAME || product.op_type == matmul::NAME);
-        let only_reader = graph.consumers(input).len() == 1 && !graph.outputs.iter().any(|o| o == input);
-        if !ours || !only_reader || ProductAttrs::read(product).gelu {
+        let product = graph.producer(node.input(0)?)?;
+        let ours = is(product, DOMAIN, gemm::NAME) || is(product, DOMAIN, matmul::NAME);
+        if !ours || !only_reader_is_next(graph, product) || ProductAttrs::read(product).gelu {
             return None;
         }
         let mut fused = product.clone();
