@@ -81,6 +81,9 @@ pub enum DataError {
         /// What is wrong.
         reason: String,
     },
+    /// A split that must have labels is laid out as the unlabelled test split.
+    #[error("{}: no labels (laid out as GLUE's test split, `index` first): training needs the labelled train.tsv and dev.tsv", .0.display())]
+    Unlabelled(PathBuf),
     /// No data folder could be found.
     #[error("no MRPC data: {0}")]
     NoData(String),

@@ -6,8 +6,12 @@ use sha2::{Digest, Sha256};
 
 use crate::{load_cache, load_split, save_cache, DataError, PairTokenizer, ReadOptions, Splits};
 
-/// The GLUE splits, with whether each has labels.
+/// The GLUE splits and their files.
 pub const SPLITS: [(&str, &str); 3] = [("train", "train.tsv"), ("dev", "dev.tsv"), ("test", "test.tsv")];
+
+/// The splits that must have labels: a test-layout file in their place would train and score
+/// against label 0.
+const LABELLED: [&str; 2] = ["train", "dev"];
 
 /// How the splits were obtained.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,7 +59,7 @@ pub fn prepare(
     let mut how = CacheUse::Built;
     if let Some(path) = cache.filter(|p| p.exists()) {
         match load_cache(path, &fp) {
-            Ok(splits) => return Ok((splits, CacheUse::Loaded, Vec::new())),
+            Ok(splits) => return labelled(data, splits).map(|splits| (splits, CacheUse::Loaded, Vec::new())),
             Err(e @ (DataError::StaleCache { .. } | DataError::CorruptCache { .. })) => {
                 how = CacheUse::Rebuilt(e.to_string())
             }
@@ -76,6 +80,7 @@ pub fn prepare(
     if !splits.contains_key("train") {
         return Err(DataError::NoData(format!("{} has no train.tsv", data.display())));
     }
+    let splits = labelled(data, splits)?;
     if let Some(path) = cache {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|source| DataError::Io { path: dir.into(), source })?;
@@ -83,4 +88,13 @@ pub fn prepare(
         save_cache(path, &fp, &splits)?;
     }
     Ok((splits, how, skipped))
+}
+
+fn labelled(data: &Path, splits: Splits) -> Result<Splits, DataError> {
+    for (name, file) in SPLITS.into_iter().filter(|(name, _)| LABELLED.contains(name)) {
+        if splits.get(name).is_some_and(|examples| examples.iter().any(|e| e.label.is_none())) {
+            return Err(DataError::Unlabelled(data.join(file)));
+        }
+    }
+    Ok(splits)
 }

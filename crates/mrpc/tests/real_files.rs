@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use ringtune_mrpc::{
-    data_dir, glue_labelled_tsv, glue_split, load_split, read_dev_ids, read_pairs, sha256_hex, PairTokenizer,
+    data_dir, glue_labelled_tsv, glue_split, load_split, prepare, read_dev_ids, read_pairs, sha256_hex, PairTokenizer,
     ReadOptions, SplitStats, PINNED_SHA256,
 };
 
@@ -138,4 +138,21 @@ fn split_statistics_match_the_files() {
     // Every example starts with [CLS] and ends with [SEP].
     let (cls, sep) = (tok.token_id("[CLS]").expect("cls"), tok.token_id("[SEP]").expect("sep"));
     assert!(examples.iter().all(|e| e.ids[0] == cls && e.ids.last() == Some(&sep)));
+}
+
+#[test]
+fn a_train_split_without_labels_is_refused_by_name() {
+    let tok = PairTokenizer::from_model_dir(&model(), 128).expect("tokenizer");
+    let dir = tempfile::tempdir().expect("dir");
+    let test_layout = "index\t#1 ID\t#2 ID\t#1 String\t#2 String\n0\t1\t2\tA cat sat.\tA cat was sitting.\n";
+    std::fs::write(dir.path().join("train.tsv"), test_layout).expect("train.tsv");
+    let err = prepare(dir.path(), &tok, ReadOptions::default(), None).expect_err("unlabelled train").to_string();
+    assert!(err.contains("train.tsv") && err.contains("no labels"), "{err}");
+    // The same file as test.tsv beside a labelled train.tsv is what GLUE ships.
+    std::fs::rename(dir.path().join("train.tsv"), dir.path().join("test.tsv")).expect("rename");
+    let labelled = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\tA cat sat.\tA cat was sitting.\n";
+    std::fs::write(dir.path().join("train.tsv"), labelled).expect("train.tsv");
+    let (splits, _, _) = prepare(dir.path(), &tok, ReadOptions::default(), None).expect("labelled train");
+    assert_eq!(splits["train"][0].label, Some(1));
+    assert_eq!(splits["test"][0].label, None);
 }

@@ -43,6 +43,22 @@ pub struct Meta {
     /// Nodes in the run that wrote it (checkpoints from before this field: one).
     #[serde(default = "one")]
     pub world: usize,
+    /// Examples per node and step in that run (checkpoints from before this field: `None`,
+    /// taken as the resuming run's).
+    #[serde(default)]
+    pub node_batch: Option<usize>,
+}
+
+impl Meta {
+    /// The batch of `epoch` at which a run of `world` nodes taking `node_batch` examples each
+    /// per step goes on: the first whose examples this checkpoint's run had not all taken. (A
+    /// node's share of an epoch is every `world`-th example of its order, so the first `k`
+    /// global batches are the order's first `k x world x node_batch` examples, whatever the
+    /// split.)
+    pub fn resume_batch(&self, world: usize, node_batch: usize) -> u64 {
+        let taken = self.progress.batch_in_epoch * (self.world * self.node_batch.unwrap_or(node_batch)) as u64;
+        taken / (world * node_batch).max(1) as u64
+    }
 }
 
 fn one() -> usize {
@@ -155,16 +171,36 @@ pub fn list(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
-/// The newest checkpoint that loads, and the reasons the newer ones did not.
-pub fn latest_valid(dir: &Path, layout_hash: &str) -> (Option<(PathBuf, Checkpoint)>, Vec<String>) {
+/// A checkpoint file that did not load.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    /// The file.
+    pub path: PathBuf,
+    /// Why, naming the file.
+    pub reason: String,
+}
+
+/// The newest checkpoint that loads, and the newer ones that did not.
+pub fn latest_valid(dir: &Path, layout_hash: &str) -> (Option<(PathBuf, Checkpoint)>, Vec<Refused>) {
     let mut refused = Vec::new();
     for path in list(dir).into_iter().rev() {
         match load(&path, layout_hash) {
             Ok(c) => return (Some((path, c)), refused),
-            Err(e) => refused.push(e.to_string()),
+            Err(e) => refused.push(Refused { reason: e.to_string(), path }),
         }
     }
     (None, refused)
+}
+
+/// Renames a checkpoint that did not load to `<name>.refused`, where it is kept for a look but
+/// no longer counts among the checkpoints (pruning would otherwise keep it in place of a good
+/// one); returns the new name.
+pub fn set_aside(path: &Path) -> Result<PathBuf, TrainError> {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".refused");
+    let aside = path.with_file_name(name);
+    std::fs::rename(path, &aside).map_err(|e| err(path, e))?;
+    Ok(aside)
 }
 
 /// Deletes all but the newest `keep` checkpoints.
@@ -188,7 +224,29 @@ mod tests {
             total_len: 3,
             adam_step: step,
             world: 2,
+            node_batch: Some(8),
         }
+    }
+
+    #[test]
+    fn resuming_with_another_split_goes_on_where_the_taken_examples_end() {
+        let at = |batch, world, node_batch| Meta {
+            progress: Progress { step: batch, epoch: 0, batch_in_epoch: batch },
+            world,
+            node_batch,
+            ..meta(0)
+        };
+        // `--global-batch-size 32`: 2 nodes x 16 and 4 x 8 cut the epoch into the same batches.
+        assert_eq!(at(50, 2, Some(16)).resume_batch(4, 8), 50);
+        assert_eq!(at(50, 4, Some(8)).resume_batch(2, 16), 50);
+        // The same batch per node on more or fewer nodes.
+        assert_eq!(at(10, 2, Some(16)).resume_batch(4, 16), 5);
+        assert_eq!(at(6, 4, Some(8)).resume_batch(3, 8), 8);
+        // A batch partly taken is taken again.
+        assert_eq!(at(5, 3, Some(8)).resume_batch(4, 8), 3);
+        // A checkpoint from before the field: its batch per node taken as the resuming run's.
+        assert_eq!(at(9, 4, None).resume_batch(3, 8), 12);
+        assert_eq!(at(7, 2, Some(16)).resume_batch(2, 16), 7);
     }
 
     #[test]
@@ -211,8 +269,30 @@ mod tests {
         let (found, refused) = latest_valid(dir.path(), "abc");
         let (path, c) = found.expect("previous checkpoint");
         assert_eq!((path, c.meta.progress.step), (dir.path().join(file_name(2)), 2));
-        assert!(refused[0].contains("step-00000003.ckpt") && refused[0].contains("corrupt"), "{refused:?}");
+        assert_eq!(refused[0].path, newest);
+        let reason = &refused[0].reason;
+        assert!(reason.contains("step-00000003.ckpt") && reason.contains("corrupt"), "{reason}");
         let files = std::fs::read_dir(dir.path()).expect("dir").count();
         assert_eq!(files, list(dir.path()).len(), "no temporary file is left behind");
+    }
+
+    #[test]
+    fn a_refused_checkpoint_set_aside_no_longer_takes_the_place_of_a_good_one() {
+        let dir = tempfile::tempdir().expect("dir");
+        let save_step = |step: u64| {
+            save(&dir.path().join(file_name(step)), &meta(step), &[step as f32; 3], &[0.5; 3], &[0.25; 3])
+                .expect("save")
+        };
+        save_step(1);
+        std::fs::write(dir.path().join(file_name(5)), b"not a checkpoint").expect("garbage");
+        let (found, refused) = latest_valid(dir.path(), "abc");
+        assert_eq!(found.expect("step 1").1.meta.progress.step, 1);
+        let aside = set_aside(&refused[0].path).expect("set aside");
+        assert!(aside.ends_with("step-00000005.ckpt.refused") && aside.exists(), "{}", aside.display());
+        // The run goes on from step 1 and keeps one checkpoint: the one it just wrote.
+        save_step(2);
+        prune(dir.path(), 1).expect("prune");
+        assert_eq!(list(dir.path()), vec![dir.path().join(file_name(2))]);
+        assert_eq!(load(&dir.path().join(file_name(2)), "abc").expect("load").meta.progress.step, 2);
     }
 }

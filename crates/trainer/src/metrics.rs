@@ -58,6 +58,16 @@ pub struct StepRecord {
     pub optimizer_s: f64,
 }
 
+impl Record {
+    /// The optimizer steps done when it was written.
+    pub fn step(&self) -> u64 {
+        match self {
+            Record::Step(r) => r.step,
+            Record::Eval(r) => r.step,
+        }
+    }
+}
+
 /// Scores on a split.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EvalRecord {
@@ -161,6 +171,24 @@ impl MetricsFile {
         Ok(MetricsFile { out: BufWriter::new(file) })
     }
 
+    /// Opens the file of a run going on from `step`: the records of later steps are dropped,
+    /// since those steps run again, and so is a last line a crash cut short (it would join the
+    /// next record); every other line stays as it was. Returns how many lines were dropped.
+    pub fn resume(path: &Path, step: u64) -> Result<(Self, usize), TrainError> {
+        let dropped = match std::fs::read_to_string(path) {
+            Ok(text) => {
+                let (kept, dropped) = lines_up_to(&text, step);
+                if dropped > 0 {
+                    ringtune_files::write_atomically(path, kept.as_bytes())?;
+                }
+                dropped
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+            Err(e) => return Err(TrainError::Other(format!("{}: {e}", path.display()))),
+        };
+        Ok((Self::open(path)?, dropped))
+    }
+
     /// Writes one record and flushes it.
     pub fn write(&mut self, record: &Record) -> Result<(), TrainError> {
         let line = serde_json::to_string(record).map_err(|e| TrainError::Other(e.to_string()))?;
@@ -168,6 +196,23 @@ impl MetricsFile {
             .and_then(|_| self.out.flush())
             .map_err(|e| TrainError::Other(format!("metrics.jsonl: {e}")))
     }
+}
+
+/// The lines of a metrics file's `text` to keep for a run going on from `step`, and how many
+/// were dropped: records of later steps, and a last line without its newline.
+fn lines_up_to(text: &str, step: u64) -> (String, usize) {
+    let mut kept = String::with_capacity(text.len());
+    let mut dropped = 0;
+    for line in text.split_inclusive('\n') {
+        let whole = line.ends_with('\n');
+        let later = serde_json::from_str::<Record>(line).is_ok_and(|r| r.step() > step);
+        if whole && !later {
+            kept.push_str(line);
+        } else {
+            dropped += 1;
+        }
+    }
+    (kept, dropped)
 }
 
 #[cfg(test)]
@@ -185,19 +230,15 @@ mod tests {
         assert!((uniform.loss - 2f64.ln()).abs() < 1e-12);
     }
 
+    fn dev_scores(step: u64) -> EvalRecord {
+        EvalRecord { step, epoch: 1, split: "dev".into(), loss: 0.5, accuracy: 0.75, f1: 0.8, elapsed_s: 1.0 }
+    }
+
     #[test]
     fn records_round_trip_and_bad_lines_are_named() {
         let dir = tempfile::tempdir().expect("dir");
         let path = dir.path().join("metrics.jsonl");
-        let eval = Record::Eval(EvalRecord {
-            step: 3,
-            epoch: 1,
-            split: "dev".into(),
-            loss: 0.5,
-            accuracy: 0.75,
-            f1: 0.8,
-            elapsed_s: 1.0,
-        });
+        let eval = Record::Eval(dev_scores(3));
         let mut file = MetricsFile::open(&path).expect("open");
         file.write(&eval).expect("write");
         drop(file);
@@ -209,5 +250,51 @@ mod tests {
         assert!(err.contains("metrics.jsonl line 2"), "{err}");
         let (readable, unreadable) = read_readable_records(&path).expect("readable records");
         assert_eq!((readable, unreadable), (vec![eval], 1));
+    }
+
+    #[test]
+    fn a_resumed_run_drops_the_records_it_runs_again_and_a_cut_line() {
+        let step_record = |step| StepRecord {
+            rank: 0,
+            step,
+            epoch: 1,
+            loss: 0.5,
+            lr: 1e-4,
+            grad_norm: 1.0,
+            samples_per_s: 10.0,
+            elapsed_s: 1.0,
+            data_s: 0.0,
+            forward_backward_s: 0.1,
+            sync_s: 0.0,
+            sync_total_s: None,
+            wire: None,
+            sync_mb: 0.0,
+            optimizer_s: 0.0,
+        };
+        let record = |kind: &str, step: u64| {
+            let record = if kind == "eval" { Record::Eval(dev_scores(step)) } else { Record::Step(step_record(step)) };
+            serde_json::to_string(&record).expect("json")
+        };
+        let lines: Vec<String> = vec![record("step", 10), record("step", 20), record("eval", 20), record("step", 30)];
+        let text = format!("{}\n{}", lines.join("\n"), &record("step", 40)[..25]);
+        let (kept, dropped) = lines_up_to(&text, 20);
+        assert_eq!(kept, format!("{}\n", lines[..3].join("\n")));
+        assert_eq!(dropped, 2);
+        // Through the file: the next record starts on a line of its own.
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("metrics.jsonl");
+        std::fs::write(&path, &text).expect("write");
+        let (mut file, dropped) = MetricsFile::resume(&path, 20).expect("resume");
+        assert_eq!(dropped, 2);
+        file.write(&Record::Step(step_record(30))).expect("write");
+        drop(file);
+        let steps: Vec<u64> = read_records(&path).expect("records").iter().map(Record::step).collect();
+        assert_eq!(steps, vec![10, 20, 20, 30]);
+        // Nothing to drop leaves the file as it was; no file is a new one.
+        let (_, dropped) = MetricsFile::resume(&path, 30).expect("resume");
+        assert_eq!(dropped, 0);
+        let fresh = dir.path().join("new.jsonl");
+        assert_eq!(MetricsFile::resume(&fresh, 0).expect("new").1, 0);
+        assert!(fresh.exists());
     }
 }

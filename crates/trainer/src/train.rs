@@ -309,13 +309,22 @@ impl<'s> TrainingRun<'s> {
                 );
             }
         }
-        let mut log = RunLog::open(rank == 0, &plan, started)?;
+        let mut log = RunLog::new(rank == 0, &plan, started);
         log.wire = sync.as_ref().map(|s| s.mode().wire_name());
         let progress = Progress { step: 0, epoch: 0, batch_in_epoch: 0 };
         let mut run =
             TrainingRun { cfg: cfg.clone(), sync, rank, world, inputs, plan, engine, evaluator, adam, progress, log };
-        if start == Start::Resume {
-            run.resume()?;
+        let resumed_at = match start {
+            Start::Fresh => None,
+            Start::Resume => {
+                let step = run.resume()?;
+                // Every node must go on from the same checkpoint (or all from the start).
+                run.check_params()?;
+                Some(step)
+            }
+        };
+        if rank == 0 {
+            run.log.open_metrics(&run.plan, resumed_at)?;
         }
         // Training time is counted from here: reading, building and resuming are setup.
         run.log.train_started = Instant::now();
@@ -323,17 +332,35 @@ impl<'s> TrainingRun<'s> {
     }
 
     /// Continues from the newest checkpoint that loads (older ones tried when newer ones are
-    /// refused, every refusal logged): parameters, optimizer state and data position.
-    fn resume(&mut self) -> Result<(), TrainError> {
+    /// refused, every refusal logged): parameters, optimizer state and data position; returns
+    /// the step it goes on from. A folder with no checkpoint yet (a run that stopped before its
+    /// first) goes on from the start; one whose checkpoints all fail to load is an error.
+    fn resume(&mut self) -> Result<u64, TrainError> {
         let checkpoints = &self.plan.checkpoints;
         let (found, refused) = checkpoint::latest_valid(checkpoints, &self.plan.layout_hash);
-        for reason in &refused {
-            tracing::warn!("{reason}; trying an older checkpoint");
+        for refusal in &refused {
+            tracing::warn!("{}; trying an older checkpoint", refusal.reason);
         }
-        let (path, ckpt) = found.ok_or_else(|| {
-            let why = if refused.is_empty() { String::new() } else { format!(" ({})", refused.join("; ")) };
-            TrainError::Other(format!("--resume: no usable checkpoint in {}{why}", checkpoints.display()))
-        })?;
+        let Some((path, ckpt)) = found else {
+            if refused.is_empty() {
+                tracing::warn!("--resume: no checkpoint in {} yet: starting from the beginning", checkpoints.display());
+                return Ok(0);
+            }
+            let why: Vec<&str> = refused.iter().map(|r| r.reason.as_str()).collect();
+            return Err(TrainError::Other(format!(
+                "--resume: no usable checkpoint in {} ({})",
+                checkpoints.display(),
+                why.join("; ")
+            )));
+        };
+        if self.rank == 0 {
+            for refusal in &refused {
+                match checkpoint::set_aside(&refusal.path) {
+                    Ok(aside) => tracing::warn!("kept the refused checkpoint as {}", aside.display()),
+                    Err(e) => tracing::warn!("{e}"),
+                }
+            }
+        }
         if ckpt.meta.seed != self.cfg.seed {
             return Err(TrainError::Other(format!(
                 "--resume: {} was made with seed {}, not {}",
@@ -346,23 +373,25 @@ impl<'s> TrainingRun<'s> {
         self.adam
             .restore(AdamWState { step: ckpt.meta.adam_step, m: ckpt.m, v: ckpt.v })
             .map_err(|e| TrainError::Other(e.to_string()))?;
-        self.progress = ckpt.meta.progress;
-        if ckpt.meta.world != self.world && self.progress.batch_in_epoch > 0 {
-            // Another number of nodes cuts the epoch into other batches: go on from the first
-            // batch whose samples the earlier run had not all taken.
-            let done = self.progress.batch_in_epoch * ckpt.meta.world as u64;
-            let batch_in_epoch = done / self.world as u64;
+        let batch_in_epoch = ckpt.meta.resume_batch(self.world, self.plan.batch_size);
+        self.progress = ckpt.meta.progress.clone();
+        if batch_in_epoch != self.progress.batch_in_epoch {
+            // Another number of nodes, or another batch per node, cuts the epoch into other
+            // batches.
             tracing::warn!(
-                from = ckpt.meta.world,
-                to = self.world,
-                "resuming on another number of nodes: epoch {} goes on at batch {batch_in_epoch}",
-                self.progress.epoch + 1
+                from_nodes = ckpt.meta.world,
+                to_nodes = self.world,
+                from_node_batch = ckpt.meta.node_batch,
+                to_node_batch = self.plan.batch_size,
+                "resuming with another global batch split: epoch {} goes on at batch {batch_in_epoch}, not {}",
+                self.progress.epoch + 1,
+                self.progress.batch_in_epoch
             );
             self.progress.batch_in_epoch = batch_in_epoch;
         }
         self.log.bar.set_position(self.progress.step);
         tracing::info!(checkpoint = %path.display(), step = self.progress.step, "resumed");
-        Ok(())
+        Ok(self.progress.step)
     }
 
     /// The epoch to run next, or `None` when the run is done.
@@ -571,6 +600,7 @@ impl<'s> TrainingRun<'s> {
             total_len: self.engine.params().len(),
             adam_step: state.step,
             world: self.world,
+            node_batch: Some(self.plan.batch_size),
         };
         let path = self.plan.checkpoints.join(checkpoint::file_name(self.progress.step));
         checkpoint::save(&path, &meta, self.engine.params(), m, v)?;
@@ -702,11 +732,12 @@ fn sessions(
 }
 
 impl RunLog {
-    fn open(lead: bool, plan: &Plan, started: Instant) -> Result<Self, TrainError> {
-        let metrics = if lead { Some(MetricsFile::open(&plan.output.join("metrics.jsonl"))?) } else { None };
+    /// The lead's log shows a progress bar; its metrics file is opened once the run knows
+    /// where it starts ([`RunLog::open_metrics`]).
+    fn new(lead: bool, plan: &Plan, started: Instant) -> Self {
         let bar = if lead { progress_bar(plan.total) } else { ProgressBar::hidden() };
-        Ok(RunLog {
-            metrics,
+        RunLog {
+            metrics: None,
             wire: None,
             bar,
             window: Window::default(),
@@ -714,7 +745,27 @@ impl RunLog {
             trained_samples: 0,
             started,
             train_started: Instant::now(),
-        })
+        }
+    }
+
+    /// Opens `metrics.jsonl`: a fresh run's new file, or a resumed run's without the records of
+    /// the steps after `resumed_at`, which run again.
+    fn open_metrics(&mut self, plan: &Plan, resumed_at: Option<u64>) -> Result<(), TrainError> {
+        let path = plan.output.join("metrics.jsonl");
+        self.metrics = Some(match resumed_at {
+            None => MetricsFile::open(&path)?,
+            Some(step) => {
+                let (file, dropped) = MetricsFile::resume(&path, step)?;
+                if dropped > 0 {
+                    tracing::info!(
+                        "{}: {dropped} line(s) after step {step} dropped; those steps run again",
+                        path.display()
+                    );
+                }
+                file
+            }
+        });
+        Ok(())
     }
 
     /// Writes the steps since the last metrics line as one, and starts a new window.

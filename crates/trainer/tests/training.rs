@@ -65,11 +65,40 @@ fn a_resumed_run_ends_at_the_same_weights_even_past_a_corrupt_checkpoint() {
     let a = std::fs::read(straight.output.join("model.safetensors")).expect("a");
     let b = std::fs::read(split.output.join("model.safetensors")).expect("b");
     assert!(a == b, "resumed weights differ from the uninterrupted run");
+    // The steps run again after the checkpoint are logged once: the metrics read as the
+    // uninterrupted run's.
+    assert_eq!(losses(&split.output), losses(&straight.output));
+    // The refused checkpoint is kept aside, and every checkpoint kept loads.
+    let mut aside = newest.as_os_str().to_os_string();
+    aside.push(".refused");
+    assert!(std::path::Path::new(&aside).exists(), "the refused checkpoint is set aside");
+    let kept = ringtune_trainer::checkpoint::list(&split.output.join("checkpoints"));
+    assert_eq!(kept.len(), 3);
+    let model = ringtune_trainer::model::ModelDir::open(&straight.model).expect("model");
+    let layout_hash = ringtune_files::hex(&model.layout.hash());
+    for path in &kept {
+        ringtune_trainer::checkpoint::load(path, &layout_hash).expect("a kept checkpoint loads");
+    }
 
-    // Resuming where nothing usable is left is an error that says so.
-    let empty = TrainConfig { output: dir.path().join("empty"), ..straight };
-    let err = ringtune_trainer::train::train(&empty, dir.path(), Start::Resume, None)
+    // A run that crashed before its first checkpoint (here: stopped at step 4, its checkpoint
+    // then removed) goes on from the beginning.
+    let early = TrainConfig { output: dir.path().join("early"), stop_after: 4, ..straight.clone() };
+    ringtune_trainer::train::train(&early, dir.path(), Start::Fresh, None).expect("first 4 steps");
+    for checkpoint in ringtune_trainer::checkpoint::list(&early.output.join("checkpoints")) {
+        std::fs::remove_file(checkpoint).expect("remove");
+    }
+    let again = TrainConfig { stop_after: 0, ..early.clone() };
+    let summary = ringtune_trainer::train::train(&again, dir.path(), Start::Resume, None).expect("from the start");
+    assert_eq!(summary.steps, 3 * 13);
+    assert!(std::fs::read(early.output.join("model.safetensors")).expect("early") == a);
+    assert_eq!(losses(&early.output), losses(&straight.output));
+
+    // Resuming where checkpoints are left but none loads is an error that says so.
+    let ruined = TrainConfig { output: dir.path().join("ruined"), ..straight };
+    std::fs::create_dir_all(ruined.output.join("checkpoints")).expect("dir");
+    std::fs::write(ruined.output.join("checkpoints").join("step-00000006.ckpt"), b"not a checkpoint").expect("garbage");
+    let err = ringtune_trainer::train::train(&ruined, dir.path(), Start::Resume, None)
         .expect_err("nothing to resume")
         .to_string();
-    assert!(err.contains("--resume: no usable checkpoint"), "{err}");
+    assert!(err.contains("--resume: no usable checkpoint") && err.contains("step-00000006.ckpt"), "{err}");
 }

@@ -13,7 +13,13 @@ use crate::args::{ClusterArgs, WireFormat};
 
 /// The cluster this node joins (`None`: one node).
 pub(crate) fn cluster_options(args: &ClusterArgs) -> Result<Option<ClusterOptions>> {
-    let from_env = crate::launcher::from_env(|k| std::env::var(k).ok())?;
+    cluster_options_from(args, |k| std::env::var(k).ok())
+}
+
+/// [`cluster_options`] with the environment looked up through `var`.
+fn cluster_options_from(args: &ClusterArgs, var: impl Fn(&str) -> Option<String>) -> Result<Option<ClusterOptions>> {
+    let from_env = crate::launcher::from_env(&var)?;
+    let env_coordinator = from_env.as_ref().and_then(|l| l.coordinator.clone());
     let (rank, world, coordinator) = match (args.world, &from_env) {
         (Some(world), _) => (args.rank.context("--world needs --rank")?, world, args.coordinator.clone()),
         (None, Some(l)) => {
@@ -23,9 +29,20 @@ pub(crate) fn cluster_options(args: &ClusterArgs) -> Result<Option<ClusterOption
                 world = l.world,
                 "rank and world from the environment"
             );
-            (args.rank.unwrap_or(l.rank), l.world, args.coordinator.clone().or(l.coordinator.clone()))
+            (args.rank.unwrap_or(l.rank), l.world, args.coordinator.clone())
+        }
+        // Every rank listed: the list's length is the world.
+        (None, None) if !args.peers.is_empty() => {
+            (args.rank.context("--peers needs --rank")?, args.peers.len(), args.coordinator.clone())
+        }
+        (None, None) if args.rank.is_some() || args.coordinator.is_some() => {
+            bail!("--rank and --coordinator need --world N, the number of nodes (or the launcher's WORLD_SIZE)")
         }
         (None, None) => return Ok(None),
+    };
+    let coordinator = match coordinator.or(env_coordinator) {
+        Some(c) => Some(c),
+        None => crate::launcher::coordinator_from_env(&var)?,
     };
     if world <= 1 {
         return Ok(None);
@@ -81,4 +98,45 @@ fn default_listen(rank: usize, peers: &Peers) -> Result<SocketAddr> {
         }
         Peers::Coordinator(_) => any(0),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::args::{Cli, Command};
+
+    fn cluster(flags: &str, env: &[(&str, &str)]) -> Result<Option<ClusterOptions>> {
+        let line = format!("ringtune train --certs certs {flags}");
+        let Command::Train(args) = Cli::parse_from(line.split_whitespace()).command else {
+            panic!("not a train command");
+        };
+        let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        cluster_options_from(&args.cluster, move |k| env.iter().find(|(name, _)| name == k).map(|(_, v)| v.clone()))
+    }
+
+    #[test]
+    fn flags_without_a_world_are_refused_not_ignored() {
+        let err = cluster("--rank 1 --coordinator h0:29500", &[]).expect_err("no world").to_string();
+        assert!(err.contains("--world"), "{err}");
+        assert!(cluster("", &[]).expect("one node").is_none());
+    }
+
+    #[test]
+    fn a_peer_list_gives_the_world() {
+        let c = cluster("--rank 1 --peers a:1,b:2,c:3", &[]).expect("ok").expect("cluster");
+        assert_eq!((c.rank, c.world), (1, 3));
+        assert_eq!(c.listen.port(), 2);
+    }
+
+    #[test]
+    fn master_addr_completes_flags() {
+        let c = cluster("--world 4 --rank 1", &[("MASTER_ADDR", "h0"), ("MASTER_PORT", "1234")])
+            .expect("ok")
+            .expect("cluster");
+        assert!(matches!(&c.peers, Peers::Coordinator(addr) if addr == "h0:1234"), "{:?}", c.peers);
+        let err = cluster("--world 4 --rank 1", &[]).expect_err("no coordinator").to_string();
+        assert!(err.contains("--coordinator"), "{err}");
+    }
 }
