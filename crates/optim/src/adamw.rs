@@ -156,11 +156,18 @@ impl AdamW {
     }
 
     /// The optimizer phase of a training step: clips `grads` to the global norm
-    /// `max_grad_norm`, then steps at `lr`; returns the norm before clipping.
-    pub fn clip_and_step(&mut self, params: &mut [f32], grads: &mut [f32], max_grad_norm: f64, lr: f32) -> f64 {
-        let norm = crate::clip_global_norm(grads, max_grad_norm, self.threads);
+    /// `max_grad_norm`, then steps at `lr`; returns the norm before clipping. Gradients that
+    /// are not finite are an error, and parameters and moments stay as they were.
+    pub fn clip_and_step(
+        &mut self,
+        params: &mut [f32],
+        grads: &mut [f32],
+        max_grad_norm: f64,
+        lr: f32,
+    ) -> Result<f64, OptimError> {
+        let norm = crate::clip_global_norm(grads, max_grad_norm, self.threads)?;
         self.step(params, grads, lr);
-        norm
+        Ok(norm)
     }
 
     /// The state to checkpoint.
@@ -265,6 +272,22 @@ mod tests {
         adam.step(&mut p, &g, 0.01);
         for (p, g) in p.iter().zip(&g) {
             assert!((p + 0.01 * g.signum()).abs() < 1e-4, "{p} for grad {g}");
+        }
+    }
+
+    #[test]
+    fn gradients_that_are_not_finite_take_no_step() {
+        let groups = [Group { range: 0..3, weight_decay: 0.1 }];
+        let mut adam = AdamW::new(AdamWConfig::default(), &groups, 3).expect("adam");
+        let mut p = vec![1.0f32, 2.0, 3.0];
+        adam.clip_and_step(&mut p, &mut [0.1, 0.2, 0.3], 1.0, 0.01).expect("finite");
+        let (before, state) = (p.clone(), adam.state().clone());
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let mut g = vec![0.1f32, bad, 0.3];
+            let err = adam.clip_and_step(&mut p, &mut g, 1.0, 0.01).expect_err("not finite").to_string();
+            assert!(err.contains("not finite") && err.contains("no step"), "{err}");
+            assert_eq!((&p, adam.state()), (&before, &state), "{bad}: parameters and moments untouched");
+            assert_eq!(g[0], 0.1, "gradients not scaled");
         }
     }
 

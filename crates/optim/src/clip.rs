@@ -3,6 +3,7 @@
 use std::ops::Range;
 
 use crate::parallel::{bounds, cut, each, element_bounds};
+use crate::OptimError;
 
 /// Elements per partial sum: blocks, not threads, fix the order of the additions, so the norm
 /// is the same bits on any number of threads.
@@ -35,9 +36,13 @@ pub fn squared_sums(grads: &[f32], ranges: &[Range<usize>], threads: usize) -> V
     out
 }
 
-/// The factor clipping to `max_norm` scales gradients of norm `norm` by.
-pub fn clip_coefficient(norm: f64, max_norm: f64) -> f32 {
-    (max_norm / (norm + 1e-6)).min(1.0) as f32
+/// The factor clipping to `max_norm` scales gradients of norm `norm` by; an error for a norm
+/// that is not finite (a NaN norm would otherwise clip nothing, an infinite one scale to NaN).
+pub fn clip_coefficient(norm: f64, max_norm: f64) -> Result<f32, OptimError> {
+    if !norm.is_finite() {
+        return Err(OptimError::NonFiniteGradients { norm });
+    }
+    Ok((max_norm / (norm + 1e-6)).min(1.0) as f32)
 }
 
 /// Multiplies `grads` by `coef` (nothing when it is 1), on up to `threads` threads.
@@ -48,11 +53,12 @@ pub fn scale(grads: &mut [f32], coef: f32, threads: usize) {
     }
 }
 
-/// Scales `grads` by `min(1, max_norm / (norm + 1e-6))` and returns the norm before clipping.
-pub fn clip_global_norm(grads: &mut [f32], max_norm: f64, threads: usize) -> f64 {
+/// Scales `grads` by `min(1, max_norm / (norm + 1e-6))` and returns the norm before clipping
+/// (an error, `grads` untouched, when it is not finite).
+pub fn clip_global_norm(grads: &mut [f32], max_norm: f64, threads: usize) -> Result<f64, OptimError> {
     let norm = global_norm(grads, threads);
-    scale(grads, clip_coefficient(norm, max_norm), threads);
-    norm
+    scale(grads, clip_coefficient(norm, max_norm)?, threads);
+    Ok(norm)
 }
 
 #[cfg(test)]
@@ -62,9 +68,9 @@ mod tests {
     #[test]
     fn clips_only_above_the_limit() {
         let mut g = vec![3.0f32, 4.0];
-        assert_eq!(clip_global_norm(&mut g, 10.0, 1), 5.0);
+        assert_eq!(clip_global_norm(&mut g, 10.0, 1).expect("finite"), 5.0);
         assert_eq!(g, vec![3.0, 4.0]);
-        clip_global_norm(&mut g, 1.0, 1);
+        clip_global_norm(&mut g, 1.0, 1).expect("finite");
         assert!((global_norm(&g, 1) - 1.0).abs() < 1e-5);
     }
 
@@ -76,8 +82,8 @@ mod tests {
             assert_eq!(one.to_bits(), global_norm(&g, threads).to_bits(), "{threads} threads");
         }
         let (mut a, mut b) = (g.clone(), g);
-        clip_global_norm(&mut a, 1.0, 1);
-        clip_global_norm(&mut b, 1.0, 4);
+        clip_global_norm(&mut a, 1.0, 1).expect("finite");
+        clip_global_norm(&mut b, 1.0, 4).expect("finite");
         assert_eq!(a, b);
     }
 

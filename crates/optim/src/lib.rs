@@ -53,6 +53,13 @@ pub enum OptimError {
         /// The range.
         expected: &'static str,
     },
+    /// Gradients with a NaN or infinite value: stepping would write it into every parameter
+    /// the moments reach, so no step is taken.
+    #[error("the gradients are not finite (global norm {norm}): no step was taken")]
+    NonFiniteGradients {
+        /// The global norm found.
+        norm: f64,
+    },
     /// Restored state of the wrong size.
     #[error("optimizer state has {found} values per moment, the buffer {expected}")]
     StateLength {

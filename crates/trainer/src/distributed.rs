@@ -334,7 +334,12 @@ impl GradSync for QuicSync {
         let sums = self.squared_sums(grads, threads)?;
         let mut exchange = if self.mode.shard_optimizer { started.elapsed() } else { Duration::ZERO };
         let norm = sums.iter().sum::<f64>().sqrt();
-        let coef = clip_coefficient(norm, max_grad_norm);
+        // Every rank sums the same norms, so every rank refuses alike.
+        let coef = clip_coefficient(norm, max_grad_norm).map_err(|e| {
+            self.fail(format!(
+                "{e}: a node's own gradients overflowed (lower --learning-rate) or a node sent non-finite values"
+            ))
+        })?;
         for piece in adam.owned() {
             scale(&mut grads[piece.clone()], coef, threads);
         }

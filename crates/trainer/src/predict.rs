@@ -26,6 +26,13 @@ impl Predictor {
     /// Loads a model folder (a training run's output, or any Hugging Face BERT folder).
     pub fn open(dir: &Path, max_len: usize, options: &SessionOptions) -> Result<Self, TrainError> {
         let model = ModelDir::open(dir)?;
+        if max_len > model.config.max_position_embeddings {
+            return Err(TrainError::Other(format!(
+                "--max-len {max_len} exceeds {}'s max_position_embeddings {}",
+                dir.display(),
+                model.config.max_position_embeddings
+            )));
+        }
         let mut params = FlatBuffer::zeros(model.layout.total_len());
         let report = load_params(&model.weight_files(&[]), &model.config, &model.layout, 0, &mut params)?;
         if !report.initialized.is_empty() {
@@ -43,6 +50,9 @@ impl Predictor {
     /// Loss, accuracy and F1 on a labelled TSV file.
     pub fn evaluate(&mut self, tsv: &Path, batch: usize) -> Result<Scores, TrainError> {
         let (examples, _) = load_split(tsv, &self.tokenizer, ReadOptions::default())?;
+        if examples.is_empty() {
+            return Err(TrainError::Other(format!("{} has no rows to evaluate", tsv.display())));
+        }
         if examples.iter().any(|e| e.label.is_none()) {
             return Err(TrainError::Other(format!("{} has no labels to evaluate against", tsv.display())));
         }

@@ -50,7 +50,8 @@ pub fn replay(engine: &mut Engine, batches: &[ringtune_mrpc::Batch], trace: &Tra
     for batch in &batches[..trace.steps] {
         losses.push(engine.step(batch)?.loss);
         let (params, grads) = engine.params_and_grads();
-        adam.clip_and_step(params, grads, trace.max_grad_norm, trace.lr as f32);
+        adam.clip_and_step(params, grads, trace.max_grad_norm, trace.lr as f32)
+            .map_err(|e| TrainError::Other(e.to_string()))?;
     }
     Ok(losses)
 }

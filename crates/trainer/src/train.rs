@@ -447,18 +447,20 @@ impl<'s> TrainingRun<'s> {
         let t2 = Instant::now();
         let (loss, synced) = self.finish_sync(out.loss)?;
         let t3 = Instant::now();
-        let lr = self.plan.schedule.lr(self.progress.step);
-        let (grad_norm, optimizer_sync) = {
-            let _span = tracing::debug_span!("optimizer").entered();
-            self.optimize(lr as f32)?
-        };
-        let t4 = Instant::now();
+        // Checked before the optimizer, which would carry a NaN into the parameters and so into
+        // the checkpoints.
         if !loss.is_finite() {
             return Err(TrainError::Other(format!(
                 "step {}: the loss is {loss}; lower --learning-rate (now {})",
                 self.progress.step, self.cfg.learning_rate
             )));
         }
+        let lr = self.plan.schedule.lr(self.progress.step);
+        let (grad_norm, optimizer_sync) = {
+            let _span = tracing::debug_span!("optimizer").entered();
+            self.optimize(lr as f32).map_err(|e| TrainError::Other(format!("step {}: {e}", self.progress.step)))?
+        };
+        let t4 = Instant::now();
         self.progress.step += 1;
         self.progress.batch_in_epoch = index as u64 + 1;
         let step = self.progress.step;
@@ -515,7 +517,10 @@ impl<'s> TrainingRun<'s> {
             Some(sync) => sync.optimize(&mut self.adam, self.engine.params_mut(), max_norm, lr, threads),
             None => {
                 let (params, grads) = self.engine.params_and_grads();
-                Ok((self.adam.clip_and_step(params, grads, max_norm, lr), Duration::ZERO))
+                let norm = self.adam.clip_and_step(params, grads, max_norm, lr).map_err(|e| {
+                    TrainError::Other(format!("{e}; lower --learning-rate (now {})", self.cfg.learning_rate))
+                })?;
+                Ok((norm, Duration::ZERO))
             }
         }
     }

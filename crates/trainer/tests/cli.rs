@@ -31,3 +31,74 @@ fn a_missing_model_folder_is_named() {
     assert!(!ok);
     assert!(stderr.contains("/nonexistent/model/config.json"), "{stderr}");
 }
+
+fn minilm() -> std::path::PathBuf {
+    let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/all-MiniLM-L6-v2");
+    assert!(model.join("config.json").exists(), "run `just setup` first");
+    model
+}
+
+/// The command lines of running `ringtune train` processes writing to `output`.
+#[cfg(target_os = "linux")]
+fn ranks_writing(output: &std::path::Path) -> Vec<String> {
+    let named = output.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(" train ") && !c.contains(" launch ") && c.contains(&named))
+        .collect()
+}
+
+/// `ringtune launch` sent SIGINT (or SIGTERM) while its ranks run: it stops them, removes the
+/// certificates it made (keys included) and exits 130, rather than dying and leaving both.
+#[cfg(target_os = "linux")]
+#[test]
+fn an_interrupted_launch_stops_its_ranks_and_removes_its_certificates() {
+    use std::time::{Duration, Instant};
+    let model = minilm();
+    let dir = tempfile::tempdir().expect("dir");
+    let output = dir.path().join("interrupted-launch-run");
+    let port = std::net::UdpSocket::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
+    let mut launcher = Command::new(env!("CARGO_BIN_EXE_ringtune"))
+        .args(["launch", "--nodes", "2", "--port", &port.to_string(), "--", "--model"])
+        .arg(&model)
+        .arg("--output")
+        .arg(&output)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("launch");
+    let certs = std::env::temp_dir().join(format!("ringtune-certs-{}", launcher.id()));
+    let started = Instant::now();
+    while ranks_writing(&output).len() < 2 {
+        assert!(started.elapsed() < Duration::from_secs(30), "the ranks did not start");
+        assert!(launcher.try_wait().expect("wait").is_none(), "the launch ended before it was interrupted");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(certs.exists(), "no certificates at {}", certs.display());
+    let status = Command::new("kill").args(["-INT", &launcher.id().to_string()]).status().expect("kill");
+    assert!(status.success());
+    let status = loop {
+        if let Some(status) = launcher.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "the launcher did not stop");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(130));
+    assert!(!certs.exists(), "certificates left behind");
+    assert_eq!(ranks_writing(&output), Vec::<String>::new(), "ranks left running");
+}
+
+#[test]
+fn eval_refuses_a_file_without_rows_and_a_max_len_past_the_model() {
+    let model = minilm();
+    let dir = tempfile::tempdir().expect("dir");
+    let header_only = dir.path().join("header-only.tsv");
+    std::fs::write(&header_only, "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n").expect("write");
+    let (model, file) = (model.to_str().expect("utf8"), header_only.to_str().expect("utf8"));
+    let (ok, stderr) = ringtune(&["eval", "--model", model, "--file", file]);
+    assert!(!ok && stderr.contains("header-only.tsv has no rows"), "{stderr}");
+    let (ok, stderr) = ringtune(&["eval", "--model", model, "--file", file, "--max-len", "1000"]);
+    assert!(!ok && stderr.contains("--max-len 1000 exceeds"), "{stderr}");
+}

@@ -270,6 +270,53 @@ fn a_node_lost_or_failing_mid_backward_stops_the_others_by_name() {
     }
 }
 
+/// A node whose gradients hold a NaN (its own overflow, or values it made up) makes every node
+/// refuse the step with parameters untouched, rather than step NaN into every node's parameters
+/// (and its checkpoints) alike, where the parameter check would see nothing amiss.
+#[test]
+fn gradients_that_are_not_finite_stop_every_node_before_the_step() {
+    let dir = tempfile::tempdir().expect("dir");
+    let certs = dir.path().join("certs");
+    ringtune_quic::certs::write(&certs, &ringtune_quic::certs::generate(2).expect("certs")).expect("write");
+    let model = tiny_model(dir.path());
+    let layout = ringtune_trainer::model::ModelDir::open(&model).expect("model").layout;
+    let nodes = join_nodes(&model, &certs, 2, Duration::from_secs(5));
+    let handles: Vec<_> = nodes
+        .into_iter()
+        .enumerate()
+        .map(|(rank, mut sync)| {
+            let layout = layout.clone();
+            std::thread::spawn(move || {
+                let sink = sync.hooks().grads.expect("a gradient sink");
+                sync.begin(&[101, 2023, 102]).expect("begin");
+                let last = layout.entries().len() - 1;
+                for (i, e) in layout.entries().iter().enumerate().rev() {
+                    let mut grad = vec![0.25; e.len()];
+                    if rank == 1 && i == last {
+                        grad[0] = f32::NAN;
+                    }
+                    sink.take(i, &grad).expect("take");
+                }
+                sync.finish(0.5).expect("the sums arrive");
+                let len = layout.total_len();
+                let groups = [ringtune_optim::Group { range: 0..len, weight_decay: 0.0 }];
+                let pieces = sync.optimizer_pieces().expect("a sharded optimizer");
+                let mut adam = ringtune_optim::AdamW::new(ringtune_optim::AdamWConfig::default(), &groups, len)
+                    .and_then(|adam| adam.owning(pieces))
+                    .expect("adam");
+                let mut params = vec![1.0f32; len];
+                let error = sync.optimize(&mut adam, &mut params, 1.0, 1e-3, 1).expect_err("no step").to_string();
+                (error, params.iter().all(|&p| p == 1.0))
+            })
+        })
+        .collect();
+    for (rank, h) in handles.into_iter().enumerate() {
+        let (error, untouched) = h.join().expect("no panic");
+        assert!(error.contains("not finite") && error.contains("no step"), "rank {rank}: {error}");
+        assert!(untouched, "rank {rank} changed its parameters");
+    }
+}
+
 fn spawn_node(rank: usize, world: usize, port: u16, certs: &Path, args: &[String], log: &Path) -> Child {
     Command::new(env!("CARGO_BIN_EXE_ringtune"))
         .arg("train")

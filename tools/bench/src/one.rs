@@ -198,7 +198,7 @@ fn step_fn(one: &One, config: &ModelConfig, kernels: Kernels, batch: Batch) -> R
                     let mut engine = stepped.borrow_mut();
                     engine.step(&batch)?;
                     let (params, grads) = engine.params_and_grads();
-                    adam.clip_and_step(params, grads, 1.0, 2e-5);
+                    adam.clip_and_step(params, grads, 1.0, 2e-5)?;
                     Ok(())
                 }),
                 memory: Box::new(move |peak_rss_mib| {

@@ -1,7 +1,9 @@
 //! `ringtune launch`: N local nodes with throwaway certificates, the torchrun variables set.
 
 use std::path::PathBuf;
-use std::process::Child;
+use std::process::{Child, ExitStatus};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
@@ -23,11 +25,13 @@ impl Drop for Launched {
 }
 
 /// Starts `nodes` copies of this program as `ringtune train <train>` ranks on loopback, the
-/// cores shared between them, and waits for all of them.
+/// cores shared between them, and waits for all of them (see [`wait_for`]).
 pub(crate) fn launch(nodes: usize, port: u16, train: &[String]) -> Result<()> {
     if nodes == 0 {
         bail!("--nodes must be at least 1");
     }
+    ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst))
+        .context("installing the SIGINT/SIGTERM handler")?;
     let certs = std::env::temp_dir().join(format!("ringtune-certs-{}", std::process::id()));
     let mut launched = Launched { certs, ranks: Vec::new() };
     ringtune_quic::certs::write(&launched.certs, &ringtune_quic::certs::generate(nodes)?)?;
@@ -47,17 +51,87 @@ pub(crate) fn launch(nodes: usize, port: u16, train: &[String]) -> Result<()> {
             .env("MASTER_PORT", port.to_string());
         launched.ranks.push(cmd.spawn().with_context(|| format!("starting rank {rank}"))?);
     }
-    let mut failed = Vec::new();
-    for rank in 0..nodes {
-        // Waited for in order and taken out one at a time: the rest are still killed on an error.
-        let status = launched.ranks.remove(0).wait()?;
-        if !status.success() {
-            failed.push(format!("rank {rank} ({status})"));
+    wait_for(&mut launched.ranks, || INTERRUPTED.load(Ordering::SeqCst))
+}
+
+/// Set by SIGINT or SIGTERM: the launch then stops its ranks and removes the certificates
+/// (dropping [`Launched`]) before it exits, where being killed outright would leave ranks
+/// running and the certificate folder, keys and all, behind.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Why a launch ended early.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Stopped {
+    /// SIGINT or SIGTERM arrived.
+    #[error("interrupted: the ranks were stopped")]
+    Interrupted,
+    /// A rank exited with an error.
+    #[error("rank {rank} failed ({status}); the other ranks were stopped")]
+    RankFailed {
+        /// The first rank seen to fail.
+        rank: usize,
+        /// How it ended.
+        status: ExitStatus,
+    },
+}
+
+/// Waits for every rank. The first to fail ends the wait at once, since the others would only
+/// wait out their deadline for it (up to two minutes at the rendezvous); so does `interrupted`.
+/// The caller stops the ranks still running.
+fn wait_for(ranks: &mut [Child], interrupted: impl Fn() -> bool) -> Result<()> {
+    let mut running: Vec<usize> = (0..ranks.len()).collect();
+    while !running.is_empty() {
+        if interrupted() {
+            return Err(Stopped::Interrupted.into());
+        }
+        let mut still_running = Vec::with_capacity(running.len());
+        for rank in running {
+            match ranks[rank].try_wait().with_context(|| format!("waiting for rank {rank}"))? {
+                Some(status) if !status.success() => return Err(Stopped::RankFailed { rank, status }.into()),
+                Some(_) => {}
+                None => still_running.push(rank),
+            }
+        }
+        running = still_running;
+        if !running.is_empty() {
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
-    if failed.is_empty() {
-        Ok(())
-    } else {
-        bail!("{} of {nodes} nodes failed: {}", failed.len(), failed.join(", "))
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::process::Command;
+    use std::time::Instant;
+
+    use super::*;
+
+    fn sh(script: &str) -> Child {
+        Command::new("sh").args(["-c", script]).spawn().expect("sh")
+    }
+
+    #[test]
+    fn the_first_rank_to_fail_ends_the_wait() {
+        let mut ranks = vec![sh("sleep 600"), sh("exit 3")];
+        let started = Instant::now();
+        let err = wait_for(&mut ranks, || false).expect_err("rank 1 failed");
+        assert!(started.elapsed() < Duration::from_secs(10), "waited {:?}", started.elapsed());
+        assert!(matches!(err.downcast_ref(), Some(Stopped::RankFailed { rank: 1, .. })), "{err}");
+        for rank in &mut ranks {
+            let _ = rank.kill();
+            let _ = rank.wait();
+        }
+        let mut ranks = vec![sh("exit 0"), sh("sleep 0.2")];
+        wait_for(&mut ranks, || false).expect("both succeed");
+    }
+
+    #[test]
+    fn an_interruption_ends_the_wait() {
+        let mut ranks = vec![sh("sleep 600")];
+        let err = wait_for(&mut ranks, || true).expect_err("interrupted");
+        assert!(matches!(err.downcast_ref(), Some(Stopped::Interrupted)), "{err}");
+        let _ = ranks[0].kill();
+        let _ = ranks[0].wait();
     }
 }

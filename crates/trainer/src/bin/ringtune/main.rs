@@ -47,7 +47,16 @@ fn main() -> Result<()> {
             ringtune_quic::certs::write(&out, &ringtune_quic::certs::generate(nodes)?)?;
             println!("CA and {nodes} node certificates in {}: give node <rank> ca.pem, node-<rank>.pem and node-<rank>.key; keep ca.key elsewhere", out.display());
         }
-        Command::Launch { nodes, port, train } => local::launch(nodes, port, &train)?,
+        Command::Launch { nodes, port, train } => {
+            if let Err(e) = local::launch(nodes, port, &train) {
+                // The shell's code for an interrupted command, once the ranks are stopped.
+                if matches!(e.downcast_ref(), Some(local::Stopped::Interrupted)) {
+                    eprintln!("ringtune launch: {e}");
+                    std::process::exit(130);
+                }
+                return Err(e);
+            }
+        }
         Command::Eval(args) => {
             let file = match &args.file {
                 Some(f) => f.clone(),
