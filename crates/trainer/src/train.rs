@@ -342,16 +342,29 @@ impl<'s> TrainingRun<'s> {
             tracing::warn!("{}; trying an older checkpoint", refusal.reason);
         }
         let Some((path, ckpt)) = found else {
-            if refused.is_empty() {
-                tracing::warn!("--resume: no checkpoint in {} yet: starting from the beginning", checkpoints.display());
-                return Ok(0);
-            }
-            let why: Vec<&str> = refused.iter().map(|r| r.reason.as_str()).collect();
-            return Err(TrainError::Other(format!(
-                "--resume: no usable checkpoint in {} ({})",
-                checkpoints.display(),
-                why.join("; ")
-            )));
+            let finished = self.plan.output.join("summary.json").exists();
+            return match (refused.is_empty(), finished) {
+                (true, false) => {
+                    tracing::warn!(
+                        "--resume: no checkpoint in {} yet: starting from the beginning",
+                        checkpoints.display()
+                    );
+                    Ok(0)
+                }
+                // Started over, a finished run whose checkpoints were removed would lose its model.
+                (true, true) => Err(TrainError::Other(format!(
+                    "--resume: {} holds a finished run (summary.json) and no checkpoint to go on from",
+                    self.plan.output.display()
+                ))),
+                (false, _) => {
+                    let why: Vec<&str> = refused.iter().map(|r| r.reason.as_str()).collect();
+                    Err(TrainError::Other(format!(
+                        "--resume: no usable checkpoint in {} ({})",
+                        checkpoints.display(),
+                        why.join("; ")
+                    )))
+                }
+            };
         };
         if self.rank == 0 {
             for refusal in &refused {

@@ -80,13 +80,14 @@ fn a_resumed_run_ends_at_the_same_weights_even_past_a_corrupt_checkpoint() {
         ringtune_trainer::checkpoint::load(path, &layout_hash).expect("a kept checkpoint loads");
     }
 
-    // A run that crashed before its first checkpoint (here: stopped at step 4, its checkpoint
-    // then removed) goes on from the beginning.
+    // A run that crashed before its first checkpoint (here: stopped at step 4, then its
+    // checkpoint and summary removed, as a crash leaves it) goes on from the beginning.
     let early = TrainConfig { output: dir.path().join("early"), stop_after: 4, ..straight.clone() };
     ringtune_trainer::train::train(&early, dir.path(), Start::Fresh, None).expect("first 4 steps");
     for checkpoint in ringtune_trainer::checkpoint::list(&early.output.join("checkpoints")) {
         std::fs::remove_file(checkpoint).expect("remove");
     }
+    std::fs::remove_file(early.output.join("summary.json")).expect("remove the summary");
     let again = TrainConfig { stop_after: 0, ..early.clone() };
     let summary = ringtune_trainer::train::train(&again, dir.path(), Start::Resume, None).expect("from the start");
     assert_eq!(summary.steps, 3 * 13);
@@ -94,11 +95,21 @@ fn a_resumed_run_ends_at_the_same_weights_even_past_a_corrupt_checkpoint() {
     assert_eq!(losses(&early.output), losses(&straight.output));
 
     // Resuming where checkpoints are left but none loads is an error that says so.
-    let ruined = TrainConfig { output: dir.path().join("ruined"), ..straight };
+    let ruined = TrainConfig { output: dir.path().join("ruined"), ..straight.clone() };
     std::fs::create_dir_all(ruined.output.join("checkpoints")).expect("dir");
     std::fs::write(ruined.output.join("checkpoints").join("step-00000006.ckpt"), b"not a checkpoint").expect("garbage");
     let err = ringtune_trainer::train::train(&ruined, dir.path(), Start::Resume, None)
         .expect_err("nothing to resume")
         .to_string();
     assert!(err.contains("--resume: no usable checkpoint") && err.contains("step-00000006.ckpt"), "{err}");
+
+    // A finished run whose checkpoints were removed is not started over.
+    for checkpoint in ringtune_trainer::checkpoint::list(&straight.output.join("checkpoints")) {
+        std::fs::remove_file(checkpoint).expect("remove");
+    }
+    let err = ringtune_trainer::train::train(&straight, dir.path(), Start::Resume, None)
+        .expect_err("a finished run")
+        .to_string();
+    assert!(err.contains("holds a finished run"), "{err}");
+    assert!(std::fs::read(straight.output.join("model.safetensors")).expect("kept") == a);
 }
