@@ -1,6 +1,10 @@
 //! Bad command-line values are refused with a message naming the setting.
 
+mod common;
+
 use std::process::Command;
+
+use common::tiny_model;
 
 fn ringtune(args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_ringtune")).args(args).output().expect("run ringtune");
@@ -32,12 +36,6 @@ fn a_missing_model_folder_is_named() {
     assert!(stderr.contains("/nonexistent/model/config.json"), "{stderr}");
 }
 
-fn minilm() -> std::path::PathBuf {
-    let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/all-MiniLM-L6-v2");
-    assert!(model.join("config.json").exists(), "run `just setup` first");
-    model
-}
-
 /// The command lines of running `ringtune train` processes writing to `output`.
 #[cfg(target_os = "linux")]
 fn ranks_writing(output: &std::path::Path) -> Vec<String> {
@@ -56,8 +54,8 @@ fn ranks_writing(output: &std::path::Path) -> Vec<String> {
 #[test]
 fn an_interrupted_launch_stops_its_ranks_and_removes_its_certificates() {
     use std::time::{Duration, Instant};
-    let model = minilm();
     let dir = tempfile::tempdir().expect("dir");
+    let model = tiny_model(dir.path());
     let output = dir.path().join("interrupted-launch-run");
     let port = std::net::UdpSocket::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
     let mut launcher = Command::new(env!("CARGO_BIN_EXE_ringtune"))
@@ -92,8 +90,8 @@ fn an_interrupted_launch_stops_its_ranks_and_removes_its_certificates() {
 
 #[test]
 fn eval_refuses_a_file_without_rows_and_a_max_len_past_the_model() {
-    let model = minilm();
     let dir = tempfile::tempdir().expect("dir");
+    let model = tiny_model(dir.path());
     let header_only = dir.path().join("header-only.tsv");
     std::fs::write(&header_only, "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n").expect("write");
     let (model, file) = (model.to_str().expect("utf8"), header_only.to_str().expect("utf8"));
