@@ -319,7 +319,11 @@ impl<'s> TrainingRun<'s> {
             Start::Resume => {
                 let step = run.resume()?;
                 // Every node must go on from the same checkpoint (or all from the start).
-                run.check_params()?;
+                run.check_params().map_err(|e| {
+                    TrainError::Other(format!(
+                        "{e}: after --resume every node must read the same checkpoint (an --output folder on a file system they share)"
+                    ))
+                })?;
                 Some(step)
             }
         };
