@@ -32,6 +32,19 @@ impl ModelDir {
         Ok(ModelDir { dir: dir.to_path_buf(), config, layout })
     }
 
+    /// Refuses a `--max-len` past the model's position embeddings (ONNX Runtime would otherwise
+    /// fail later, on an index out of the table).
+    pub fn check_max_len(&self, max_len: usize) -> Result<(), TrainError> {
+        let positions = self.config.max_position_embeddings;
+        if max_len > positions {
+            return Err(TrainError::Other(format!(
+                "--max-len {max_len} exceeds {}'s max_position_embeddings {positions}",
+                self.dir.display()
+            )));
+        }
+        Ok(())
+    }
+
     /// The weight files to load: `model.safetensors`, then any `extra` files (a head).
     pub fn weight_files(&self, extra: &[PathBuf]) -> Vec<PathBuf> {
         std::iter::once(self.dir.join("model.safetensors")).chain(extra.iter().cloned()).collect()

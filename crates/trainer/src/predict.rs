@@ -26,13 +26,7 @@ impl Predictor {
     /// Loads a model folder (a training run's output, or any Hugging Face BERT folder).
     pub fn open(dir: &Path, max_len: usize, options: &SessionOptions) -> Result<Self, TrainError> {
         let model = ModelDir::open(dir)?;
-        if max_len > model.config.max_position_embeddings {
-            return Err(TrainError::Other(format!(
-                "--max-len {max_len} exceeds {}'s max_position_embeddings {}",
-                dir.display(),
-                model.config.max_position_embeddings
-            )));
-        }
+        model.check_max_len(max_len)?;
         let mut params = FlatBuffer::zeros(model.layout.total_len());
         let report = load_params(&model.weight_files(&[]), &model.config, &model.layout, 0, &mut params)?;
         if !report.initialized.is_empty() {

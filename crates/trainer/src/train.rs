@@ -670,12 +670,7 @@ fn read_inputs(cfg: &TrainConfig, root: &Path) -> Result<Inputs, TrainError> {
     if let Some(p) = cfg.dropout {
         config = config.with_dropout(p);
     }
-    if cfg.max_len > config.max_position_embeddings {
-        return Err(TrainError::Other(format!(
-            "--max-len {} exceeds the model's max_position_embeddings {}",
-            cfg.max_len, config.max_position_embeddings
-        )));
-    }
+    model.check_max_len(cfg.max_len)?;
     let tokenizer = PairTokenizer::from_model_dir(&model.dir, cfg.max_len)?;
     let data = match &cfg.data {
         Some(d) => resolve(root, d),
