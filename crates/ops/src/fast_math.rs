@@ -1,12 +1,78 @@
 //! Elementwise functions in operations that compilers vectorise (libm's do not), shared by
 //! the fused kernels.
 
-/// Whether this CPU has AVX2 and FMA: the kernels then run a second build of the same code,
-/// compiled for them.
+/// The widest vectors of this CPU that the kernels have a build for.
 #[cfg(target_arch = "x86_64")]
-pub(crate) fn has_avx2_fma() -> bool {
-    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Vectors {
+    /// Neither of the others: the portable build.
+    Baseline,
+    /// AVX2 with fused multiply-adds.
+    Avx2Fma,
+    /// AVX-512 (foundation, byte/word, doubleword/quadword and vector-length) besides AVX2 and
+    /// FMA.
+    Avx512,
 }
+
+#[cfg(target_arch = "x86_64")]
+impl Vectors {
+    /// This CPU's.
+    pub(crate) fn detect() -> Self {
+        use std::arch::is_x86_feature_detected as has;
+        if !(has!("avx2") && has!("fma")) {
+            Vectors::Baseline
+        } else if has!("avx512f") && has!("avx512bw") && has!("avx512dq") && has!("avx512vl") {
+            Vectors::Avx512
+        } else {
+            Vectors::Avx2Fma
+        }
+    }
+}
+
+/// Defines `fn $name(args)` that runs `$body` compiled for the widest vectors this CPU has
+/// ([`Vectors`]): the body is written once and built three times, with AVX-512, with AVX2 and
+/// FMA, and portably. `$fused` says whether the body may use fused multiply-adds, a constant
+/// the body reads (`FMA`): false in the portable build.
+///
+/// The builds give the same bits when the body asks for the same operations: compilers do not
+/// reorder floating-point sums or fuse a multiply and an add on their own, so wider vectors
+/// only do the same operations more at a time. A body reading `FMA` rounds once per multiply-add
+/// in the vector builds and twice in the portable one.
+macro_rules! vector_builds {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+        $(#[$meta])*
+        #[allow(unsafe_code)]
+        $vis fn $name($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                use $crate::fast_math::Vectors;
+                #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+                fn avx512($($arg: $ty),*) {
+                    #[allow(dead_code)]
+                    const FMA: bool = true;
+                    $body
+                }
+                #[target_feature(enable = "avx2,fma")]
+                fn avx2_fma($($arg: $ty),*) {
+                    #[allow(dead_code)]
+                    const FMA: bool = true;
+                    $body
+                }
+                match Vectors::detect() {
+                    // SAFETY: `detect` found the build's features on this CPU.
+                    Vectors::Avx512 => return unsafe { avx512($($arg),*) },
+                    // SAFETY: as above.
+                    Vectors::Avx2Fma => return unsafe { avx2_fma($($arg),*) },
+                    Vectors::Baseline => {}
+                }
+            }
+            #[allow(dead_code)]
+            const FMA: bool = false;
+            $body
+        }
+    };
+}
+pub(crate) use vector_builds;
 
 /// `e^x` to about 2 ulp, in operations that vectorise (libm's `expf` does not): `2^n e^r`
 /// with `n = round(x / ln 2)` and Cephes' polynomial for `e^r`. Below -87 (masked scores)

@@ -15,7 +15,7 @@ use ringtune_runtime::{
     for_each_part, Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef, DOMAIN,
 };
 
-use crate::fast_math::{normal_cdf, CHUNK};
+use crate::fast_math::{normal_cdf, vector_builds, CHUNK};
 
 /// The operator's name in the `ai.ringtune` domain.
 pub const NAME: &str = "Gelu";
@@ -51,24 +51,11 @@ pub fn lower(graph: &mut Graph) -> Result<usize, IrError> {
     })
 }
 
-/// `y = x Φ(x)`.
-pub fn gelu(x: &[f32], y: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::fast_math::has_avx2_fma() {
-        return gelu_avx2(x, y);
+vector_builds! {
+    /// `y = x Φ(x)`.
+    pub fn gelu(x: &[f32], y: &mut [f32]) {
+        gelu_portable(x, y)
     }
-    gelu_portable(x, y);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[allow(unsafe_code)]
-fn gelu_avx2(x: &[f32], y: &mut [f32]) {
-    #[target_feature(enable = "avx2,fma")]
-    fn with_avx2(x: &[f32], y: &mut [f32]) {
-        gelu_portable(x, y);
-    }
-    // SAFETY: only called after AVX2 and FMA were found on this CPU.
-    unsafe { with_avx2(x, y) }
 }
 
 #[inline(always)]
@@ -131,6 +118,19 @@ mod tests {
     use ringtune_runtime::Serial;
 
     use super::*;
+
+    /// The build `gelu` picks for this CPU (AVX-512 or AVX2 where it has them) gives the
+    /// portable build's bits, tails, NaN and signed zero included.
+    #[test]
+    fn the_vector_build_gives_the_portable_builds_bits() {
+        let x: Vec<f32> =
+            (0..1001).map(|i| i as f32 * 0.013 - 6.5).chain([f32::NAN, f32::INFINITY, -f32::INFINITY, -0.0]).collect();
+        let (mut got, mut want) = (vec![0.0f32; x.len()], vec![0.0f32; x.len()]);
+        gelu(&x, &mut got);
+        gelu_portable(&x, &mut want);
+        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want));
+    }
 
     /// erf by its Taylor series in f64 (to about 1e-13 for |z| up to 3.2), then by the tail's
     /// asymptotic series.

@@ -14,7 +14,7 @@ use ringtune_runtime::{
     for_each_part, Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef, DOMAIN,
 };
 
-use crate::fast_math::{normal_cdf, CHUNK};
+use crate::fast_math::{normal_cdf, vector_builds, CHUNK};
 
 /// The operator's name in the `ai.ringtune` domain.
 pub const NAME: &str = "GeluGrad";
@@ -43,24 +43,11 @@ pub(crate) fn gradient_rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<Option<Value>>,
 /// `1 / sqrt(2 pi)`.
 const INV_SQRT_2PI: f32 = 0.398_942_3;
 
-/// `dx = dy * (Φ(x) + x φ(x))`.
-pub fn gelu_grad(dy: &[f32], x: &[f32], dx: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::fast_math::has_avx2_fma() {
-        return gelu_grad_avx2(dy, x, dx);
+vector_builds! {
+    /// `dx = dy * (Φ(x) + x φ(x))`.
+    pub fn gelu_grad(dy: &[f32], x: &[f32], dx: &mut [f32]) {
+        gelu_grad_portable(dy, x, dx)
     }
-    gelu_grad_portable(dy, x, dx);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[allow(unsafe_code)]
-fn gelu_grad_avx2(dy: &[f32], x: &[f32], dx: &mut [f32]) {
-    #[target_feature(enable = "avx2,fma")]
-    fn with_avx2(dy: &[f32], x: &[f32], dx: &mut [f32]) {
-        gelu_grad_portable(dy, x, dx);
-    }
-    // SAFETY: only called after AVX2 and FMA were found on this CPU.
-    unsafe { with_avx2(dy, x, dx) }
 }
 
 #[inline(always)]
@@ -130,6 +117,18 @@ mod tests {
     use ringtune_runtime::Serial;
 
     use super::*;
+
+    /// The build `gelu_grad` picks for this CPU gives the portable build's bits.
+    #[test]
+    fn the_vector_build_gives_the_portable_builds_bits() {
+        let x: Vec<f32> = (0..1001).map(|i| i as f32 * 0.013 - 6.5).chain([f32::NAN, -0.0]).collect();
+        let dy: Vec<f32> = (0..x.len()).map(|i| (i % 7) as f32 * 0.3 - 1.0).collect();
+        let (mut got, mut want) = (vec![0.0f32; x.len()], vec![0.0f32; x.len()]);
+        gelu_grad(&dy, &x, &mut got);
+        gelu_grad_portable(&dy, &x, &mut want);
+        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want));
+    }
 
     /// erf by its Taylor series in f64 (to about 1e-13 for |z| up to 3.2).
     fn erf(z: f64) -> f64 {

@@ -24,7 +24,7 @@ use ringtune_runtime::{
 
 pub use fuse::{drop_unread_outputs, fuse};
 
-use crate::fast_math::lanes;
+use crate::fast_math::{lanes, vector_builds};
 use crate::seeded_dropout::{self, optional_draws, Draws, DropoutAttrs};
 
 /// The operator's name in the `ai.ringtune` domain.
@@ -119,24 +119,11 @@ pub struct Norm<'a> {
     pub dropout: Option<Draws>,
 }
 
-/// Rows `first..` of the tensor: `x` and `r` hold as many rows as `out.y`.
-pub fn rows(norm: &Norm<'_>, first: usize, x: &[f32], r: &[f32], out: RowsOut<'_>) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::fast_math::has_avx2_fma() {
-        return rows_avx2(norm, first, x, r, out);
+vector_builds! {
+    /// Rows `first..` of the tensor: `x` and `r` hold as many rows as `out.y`.
+    pub fn rows(norm: &Norm<'_>, first: usize, x: &[f32], r: &[f32], out: RowsOut<'_>) {
+        rows_portable(norm, first, x, r, out)
     }
-    rows_portable(norm, first, x, r, out);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[allow(unsafe_code)]
-fn rows_avx2(norm: &Norm<'_>, first: usize, x: &[f32], r: &[f32], out: RowsOut<'_>) {
-    #[target_feature(enable = "avx2,fma")]
-    fn with_avx2(norm: &Norm<'_>, first: usize, x: &[f32], r: &[f32], out: RowsOut<'_>) {
-        rows_portable(norm, first, x, r, out);
-    }
-    // SAFETY: only called after AVX2 and FMA were found on this CPU.
-    unsafe { with_avx2(norm, first, x, r, out) }
 }
 
 #[inline(always)]
@@ -296,6 +283,31 @@ mod tests {
 
     use super::*;
     use crate::seeded_dropout::site_key;
+
+    /// The build `rows` picks for this CPU gives the portable build's bits, with and without
+    /// dropout, for a width that is not a multiple of the vectors.
+    #[test]
+    fn the_vector_build_gives_the_portable_builds_bits() {
+        let (rows_n, width) = (5, 77);
+        let (x, r) = (values(rows_n * width, 1), values(rows_n * width, 2));
+        let (scale, bias) = (values(width, 3), values(width, 4));
+        for dropout in [None, Some(Draws::new(site_key(7, 1), 0.1))] {
+            let norm = Norm { scale: &scale, bias: &bias, epsilon: 1e-12, dropout };
+            let run = |portable: bool| {
+                let (mut y, mut sum, mut mean, mut inv_std) =
+                    (vec![0.0f32; x.len()], vec![0.0f32; x.len()], vec![0.0f32; rows_n], vec![0.0f32; rows_n]);
+                let out =
+                    RowsOut { y: &mut y, sum: Some(&mut sum), mean: Some(&mut mean), inv_std: Some(&mut inv_std) };
+                if portable {
+                    rows_portable(&norm, 3, &x, &r, out);
+                } else {
+                    rows(&norm, 3, &x, &r, out);
+                }
+                [y, sum, mean, inv_std].map(|v| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
+            };
+            assert_eq!(run(false), run(true), "dropout {:?}", dropout.is_some());
+        }
+    }
 
     fn values(n: usize, seed: u32) -> Vec<f32> {
         (0..n).map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) as f32 / u32::MAX as f32 * 4.0 - 2.0).collect()

@@ -10,9 +10,10 @@
 //!
 //! Every product is written as "row += scalar x row", which compilers vectorise without
 //! reordering sums, so results are the same whatever the thread count. On x86-64 CPUs with
-//! AVX2 and FMA the same code is compiled a second time for them, with fused multiply-adds.
+//! AVX2 and FMA, or AVX-512, the same code is built again for them (`vector_builds!`), with
+//! fused multiply-adds.
 
-use crate::fast_math::{exp, lanes, LANES};
+use crate::fast_math::{exp, lanes, vector_builds, LANES};
 use crate::seeded_dropout::Draws;
 
 /// The sizes of one call: `batch x heads` heads, each with a `queries x depth` Q, a
@@ -127,45 +128,19 @@ pub struct HeadGrads<'a> {
     pub dv: &'a mut [f32],
 }
 
-/// The forward pass of head `head` (`batch * heads + h`): `out = dropout(softmax(Q Kᵀ + mask)) V`
-/// and the row statistics `lse`.
-pub fn forward_head(call: &Call<'_>, head: usize, x: HeadInputs<'_>, out: &mut [f32], lse: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::fast_math::has_avx2_fma() {
-        return forward_head_fma(call, head, x, out, lse);
+vector_builds! {
+    /// The forward pass of head `head` (`batch * heads + h`): `out = dropout(softmax(Q Kᵀ + mask)) V`
+    /// and the row statistics `lse`.
+    pub fn forward_head(call: &Call<'_>, head: usize, x: HeadInputs<'_>, out: &mut [f32], lse: &mut [f32]) {
+        forward::<FMA>(call, head, x, out, lse)
     }
-    forward::<false>(call, head, x, out, lse);
 }
 
-/// The backward pass of head `head`: the gradients of Q, Kᵀ and V from the output's.
-pub fn backward_head(call: &Call<'_>, head: usize, x: HeadInputs<'_>, saved: Saved<'_>, grads: HeadGrads<'_>) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::fast_math::has_avx2_fma() {
-        return backward_head_fma(call, head, x, saved, grads);
+vector_builds! {
+    /// The backward pass of head `head`: the gradients of Q, Kᵀ and V from the output's.
+    pub fn backward_head(call: &Call<'_>, head: usize, x: HeadInputs<'_>, saved: Saved<'_>, grads: HeadGrads<'_>) {
+        backward::<FMA>(call, head, x, saved, grads)
     }
-    backward::<false>(call, head, x, saved, grads);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[allow(unsafe_code)]
-fn forward_head_fma(call: &Call<'_>, head: usize, x: HeadInputs<'_>, out: &mut [f32], lse: &mut [f32]) {
-    #[target_feature(enable = "avx2,fma")]
-    fn with_fma(call: &Call<'_>, head: usize, x: HeadInputs<'_>, out: &mut [f32], lse: &mut [f32]) {
-        forward::<true>(call, head, x, out, lse);
-    }
-    // SAFETY: only called after `has_avx2_fma` found AVX2 and FMA on this CPU.
-    unsafe { with_fma(call, head, x, out, lse) }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[allow(unsafe_code)]
-fn backward_head_fma(call: &Call<'_>, head: usize, x: HeadInputs<'_>, saved: Saved<'_>, grads: HeadGrads<'_>) {
-    #[target_feature(enable = "avx2,fma")]
-    fn with_fma(call: &Call<'_>, head: usize, x: HeadInputs<'_>, saved: Saved<'_>, grads: HeadGrads<'_>) {
-        backward::<true>(call, head, x, saved, grads);
-    }
-    // SAFETY: only called after `has_avx2_fma` found AVX2 and FMA on this CPU.
-    unsafe { with_fma(call, head, x, saved, grads) }
 }
 
 /// Query rows handled together: their scores (`BLOCK x keys`) stay in cache, and the products
@@ -589,6 +564,57 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The build `forward_head` and `backward_head` pick for this CPU (AVX-512 or AVX2 where it
+    /// has them) gives the bits of the portable build of the same code: a wider build must not
+    /// change what a node computes, or nodes on different CPUs would drift apart.
+    #[test]
+    fn the_vector_build_gives_the_portable_builds_bits() {
+        #[cfg(target_arch = "x86_64")]
+        let fused = crate::fast_math::Vectors::detect() != crate::fast_math::Vectors::Baseline;
+        #[cfg(not(target_arch = "x86_64"))]
+        let fused = false;
+        for (sizes, dropout) in SIZES.into_iter().flat_map(|s| [(s, false), (s, true)]) {
+            let case = Case::new(sizes, dropout);
+            let (q, kt, v, o) = sizes.per_head();
+            let s = sizes.queries;
+            let (out, lse) = case.forward();
+            let weights = floats(4, out.len());
+            for head in 0..case.heads() {
+                let (mut want_out, mut want_lse) = (vec![0.0; o], vec![0.0; s]);
+                let portable = if fused { forward::<true> } else { forward::<false> };
+                portable(&case.call(), head, case.head(head), &mut want_out, &mut want_lse);
+                assert_eq!(bits(&out[head * o..][..o]), bits(&want_out), "{sizes:?}, dropout {dropout}, head {head}");
+                assert_eq!(bits(&lse[head * s..][..s]), bits(&want_lse));
+
+                let saved = Saved { out: &want_out, lse: &want_lse, d_out: &weights[head * o..][..o] };
+                let mut got = (vec![0.0; q], vec![0.0; kt], vec![0.0; v]);
+                let mut want = got.clone();
+                backward_head(
+                    &case.call(),
+                    head,
+                    case.head(head),
+                    saved,
+                    HeadGrads { dq: &mut got.0, dkt: &mut got.1, dv: &mut got.2 },
+                );
+                let portable = if fused { backward::<true> } else { backward::<false> };
+                portable(
+                    &case.call(),
+                    head,
+                    case.head(head),
+                    saved,
+                    HeadGrads { dq: &mut want.0, dkt: &mut want.1, dv: &mut want.2 },
+                );
+                for (got, want) in [(&got.0, &want.0), (&got.1, &want.1), (&got.2, &want.2)] {
+                    assert_eq!(bits(got), bits(want), "{sizes:?}, dropout {dropout}, head {head}");
+                }
+            }
+        }
+    }
+
+    fn bits(values: &[f32]) -> Vec<u32> {
+        values.iter().map(|v| v.to_bits()).collect()
     }
 
     #[test]
