@@ -62,24 +62,32 @@ pub fn generate(nodes: usize) -> Result<ClusterCerts, QuicError> {
 }
 
 /// Writes `ca.pem`, `ca.key`, `node-<rank>.pem` and `node-<rank>.key` into `dir` (keys
-/// readable by the owner only).
+/// readable by the owner only): everything, for whoever makes the cluster's certificates.
 pub fn write(dir: &Path, certs: &ClusterCerts) -> Result<(), QuicError> {
-    let put = |name: String, text: &str, secret: bool| -> Result<(), QuicError> {
-        let path = dir.join(name);
-        let written = if secret {
-            ringtune_files::write_secret_atomically(&path, text.as_bytes())
-        } else {
-            ringtune_files::write_atomically(&path, text.as_bytes())
-        };
-        written.map_err(|e| QuicError::Io(e.to_string()))
-    };
-    put("ca.pem".into(), &certs.ca_pem, false)?;
-    put("ca.key".into(), &certs.ca_key_pem, true)?;
+    write_for_nodes(dir, certs)?;
+    put(dir, "ca.key", &certs.ca_key_pem, true)
+}
+
+/// Writes what the nodes read, `ca.pem`, `node-<rank>.pem` and `node-<rank>.key`, and not
+/// `ca.key`: for certificates made for one run, whose CA key nobody needs afterwards.
+pub fn write_for_nodes(dir: &Path, certs: &ClusterCerts) -> Result<(), QuicError> {
+    put(dir, "ca.pem", &certs.ca_pem, false)?;
     for (rank, (cert, key)) in certs.nodes.iter().enumerate() {
-        put(format!("{}.pem", node_name(rank)), cert, false)?;
-        put(format!("{}.key", node_name(rank)), key, true)?;
+        put(dir, &format!("{}.pem", node_name(rank)), cert, false)?;
+        put(dir, &format!("{}.key", node_name(rank)), key, true)?;
     }
     Ok(())
+}
+
+/// Writes `text` to `dir/name`, readable by the owner only when `secret`.
+fn put(dir: &Path, name: &str, text: &str, secret: bool) -> Result<(), QuicError> {
+    let path = dir.join(name);
+    let written = if secret {
+        ringtune_files::write_secret_atomically(&path, text.as_bytes())
+    } else {
+        ringtune_files::write_atomically(&path, text.as_bytes())
+    };
+    written.map_err(|e| QuicError::Io(e.to_string()))
 }
 
 /// What a node presents and trusts.
@@ -155,5 +163,18 @@ mod tests {
         assert!(err.contains("not for node-1"), "{err}");
         let err = NodeIdentity::load(dir.path(), 5).expect_err("missing").to_string();
         assert!(err.contains("node-5.pem") && err.contains("ringtune certs"), "{err}");
+    }
+
+    #[test]
+    fn certificates_for_the_nodes_leave_the_ca_key_out() {
+        let (all, nodes_only) = (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
+        let certs = generate(2).expect("generate");
+        write(all.path(), &certs).expect("write");
+        write_for_nodes(nodes_only.path(), &certs).expect("write for nodes");
+        assert!(all.path().join("ca.key").is_file());
+        assert!(!nodes_only.path().join("ca.key").exists());
+        for rank in 0..2 {
+            assert_eq!(NodeIdentity::load(nodes_only.path(), rank).expect("load").rank, rank);
+        }
     }
 }

@@ -34,7 +34,7 @@ pub(crate) fn launch(nodes: usize, port: u16, train: &[String]) -> Result<()> {
         .context("installing the SIGINT/SIGTERM handler")?;
     let certs = std::env::temp_dir().join(format!("ringtune-certs-{}", std::process::id()));
     let mut launched = Launched { certs, ranks: Vec::new() };
-    ringtune_quic::certs::write(&launched.certs, &ringtune_quic::certs::generate(nodes)?)?;
+    ringtune_quic::certs::write_for_nodes(&launched.certs, &ringtune_quic::certs::generate(nodes)?)?;
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let threads = (cores / nodes).max(1).to_string();
     let exe = std::env::current_exe()?;
