@@ -31,8 +31,8 @@ impl Vectors {
 
 /// Defines `fn $name(args)` that runs `$body` compiled for the widest vectors this CPU has
 /// ([`Vectors`]): the body is written once and built three times, with AVX-512, with AVX2 and
-/// FMA, and portably. `$fused` says whether the body may use fused multiply-adds, a constant
-/// the body reads (`FMA`): false in the portable build.
+/// FMA, and portably. The body may read a constant `FMA`, whether fused multiply-adds are
+/// native: true in the vector builds, false in the portable one.
 ///
 /// The builds give the same bits when the body asks for the same operations: compilers do not
 /// reorder floating-point sums or fuse a multiply and an add on their own, so wider vectors
