@@ -20,7 +20,7 @@ lint:
     cargo fmt --all -- --check
     cargo clippy -q --workspace --all-targets -- -D warnings
 
-# The whole test suite (after setup, MPNet included, and lints), every crate's example, and a crate embedding ringtune-mrpc alone.
+# The whole test suite (after setup, MPNet included, and lints), every crate's example, and a crate embedding ringtune-data alone.
 test: setup-mpnet lint
     cargo test -q --workspace
     just examples
@@ -47,21 +47,21 @@ examples: (data "dev")
     for example in atomic_write tokenize_pairs build_graph differentiate forward_graph adamw memory_ring two_nodes \
         matmul run_from_bytes seeded_dropout train_a_few_steps; do echo "== $example"; target/debug/examples/$example; done
 
-# A crate outside the workspace that depends on ringtune-mrpc alone, by path: it must not pull in ONNX Runtime or quinn, and runs the crate's example.
+# A crate outside the workspace that depends on ringtune-data alone, by path: it must not pull in ONNX Runtime or quinn, and runs the crate's example.
 embed-check:
     #!/usr/bin/env bash
     set -euo pipefail
     dir="{{root}}/target/embed-check"
     mkdir -p "$dir/src"
-    printf '%s\n' '[package]' 'name = "embeds-mrpc"' 'version = "0.0.0"' 'edition = "2021"' 'publish = false' \
-        '[dependencies]' 'ringtune-mrpc = { path = "{{root}}/crates/mrpc" }' '[workspace]' > "$dir/Cargo.toml"
-    cp "{{root}}/crates/mrpc/examples/tokenize_pairs.rs" "$dir/src/main.rs"
+    printf '%s\n' '[package]' 'name = "embeds-data"' 'version = "0.0.0"' 'edition = "2021"' 'publish = false' \
+        '[dependencies]' 'ringtune-data = { path = "{{root}}/crates/data" }' '[workspace]' > "$dir/Cargo.toml"
+    cp "{{root}}/crates/data/examples/tokenize_pairs.rs" "$dir/src/main.rs"
     cp "{{root}}/Cargo.lock" "$dir/Cargo.lock"
     cd "$dir"
     # The workspace's target folder: the dependencies the tests built are not compiled again.
     export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-{{root}}/target}"
     if cargo tree -q --offline -e normal --prefix none | grep -E '^(ort|ort-sys|quinn|quinn-proto|tokio) '; then
-        echo "ringtune-mrpc pulls in ONNX Runtime or the QUIC stack (above)"; exit 1
+        echo "ringtune-data pulls in ONNX Runtime or the QUIC stack (above)"; exit 1
     fi
     cargo run -q --offline
 
@@ -71,8 +71,8 @@ info: setup
 
 # Finds MRPC (MRPC_DIR, data/mrpc, ../shared/data/mrpc) or downloads it, checks it, and tokenizes it into the cache (PROFILE: the cargo profile that builds the tool).
 data PROFILE="release": setup
-    cargo run -q --profile {{PROFILE}} -p ringtune-mrpc-prep -- fetch
-    cargo run -q --profile {{PROFILE}} -p ringtune-mrpc-prep
+    cargo run -q --profile {{PROFILE}} -p ringtune-data-prep -- fetch
+    cargo run -q --profile {{PROFILE}} -p ringtune-data-prep
 
 # Fine-tunes all-MiniLM-L6-v2 on MRPC with the standard recipe (runs/minilm-mrpc); prints dev accuracy and F1.
 train *ARGS: data

@@ -76,13 +76,14 @@ pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     (diff / norm.max(f64::MIN_POSITIVE)).sqrt()
 }
 
-/// A fixture batch file as a padded batch (token types zero where the file has none).
-pub fn read_batch(path: &Path) -> ringtune_mrpc::Batch {
+/// A fixture batch file as a padded batch (token types zero where the file has none; float
+/// labels are regression scores).
+pub fn read_batch(path: &Path) -> ringtune_data::Batch {
     read_batch_prefixed(path, "")
 }
 
 /// A batch whose tensors are named `{prefix}input_ids`, ... (the optimizer trace's layout).
-pub fn read_batch_prefixed(path: &Path, prefix: &str) -> ringtune_mrpc::Batch {
+pub fn read_batch_prefixed(path: &Path, prefix: &str) -> ringtune_data::Batch {
     let tensors = ringtune_bert::read_tensor_file(path).expect("batch file");
     let ints = |name: &str| tensors[&format!("{prefix}{name}")].i64s().expect("int64").to_vec();
     let shape = tensors[&format!("{prefix}input_ids")].shape().to_vec();
@@ -92,13 +93,20 @@ pub fn read_batch_prefixed(path: &Path, prefix: &str) -> ringtune_mrpc::Batch {
     } else {
         vec![0; ids.len()]
     };
-    ringtune_mrpc::Batch {
+    // Class ids are int64; a regression fixture's scores are float32.
+    let labels = &tensors[&format!("{prefix}labels")];
+    let (labels, scores) = match labels.f32s() {
+        Some(scores) => (vec![0; scores.len()], scores.to_vec()),
+        None => (ints("labels"), vec![0.0; shape[0]]),
+    };
+    ringtune_data::Batch {
         rows: shape[0],
         seq: shape[1],
         input_ids: ids,
         token_type_ids: types,
         attention_mask: ints("attention_mask"),
-        labels: ints("labels"),
+        labels,
+        scores,
         indices: (0..shape[0]).collect(),
     }
 }

@@ -99,13 +99,14 @@ fn bf16_head_gradient_error_is_rounding_noise() {
     let (rows, seq) = (4, 16);
     let mut errors: Vec<f64> = (0..200)
         .map(|_| {
-            let mut batch = ringtune_mrpc::Batch {
+            let mut batch = ringtune_data::Batch {
                 rows,
                 seq,
                 input_ids: vec![0; rows * seq],
                 token_type_ids: vec![0; rows * seq],
                 attention_mask: vec![0; rows * seq],
                 labels: (0..rows).map(|_| draw(2) as i64).collect(),
+                scores: vec![0.0; rows],
                 indices: (0..rows).collect(),
             };
             for r in 0..rows {

@@ -9,7 +9,7 @@ use ringtune_tests::{fixtures, read_batch, runtime};
 use ringtune_trainer::engine::{Engine, SyncHooks};
 use ringtune_trainer::model::GraphChoices;
 
-fn engine() -> (Engine, ringtune_mrpc::Batch) {
+fn engine() -> (Engine, ringtune_data::Batch) {
     let dir = fixtures().join("tiny-bert");
     let config = ModelConfig::from_dir(&dir).expect("config").with_dropout(0.3);
     let layout = ringtune_bert::layout(&config);

@@ -17,6 +17,9 @@ pub struct LoadReport {
     pub initialized: Vec<String>,
     /// Tensors in the files that the model does not use (buffers such as `position_ids` excluded).
     pub ignored: Vec<String>,
+    /// Head tensors of another shape (a head for another number of labels), left out so that
+    /// the head is initialised anew.
+    pub replaced: Vec<String>,
 }
 
 /// Reads the parameters from `files` (later files override earlier ones) into `params`.
@@ -52,6 +55,10 @@ pub fn load_params(
                 continue;
             };
             let entry = &layout.entries()[index];
+            if view.shape() != entry.shape.as_slice() && is_head(config, &entry.name) {
+                report.replaced.push(name);
+                continue;
+            }
             if view.shape() != entry.shape.as_slice() {
                 return Err(ModelError::ShapeMismatch {
                     path: path.clone(),

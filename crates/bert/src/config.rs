@@ -39,6 +39,25 @@ impl Family {
     }
 }
 
+/// What the classification head predicts, as Hugging Face's `problem_type` says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProblemType {
+    /// One class of `num_labels` (cross-entropy): `single_label_classification`.
+    SingleLabel,
+    /// One real score, `num_labels` 1 (mean squared error): `regression`.
+    Regression,
+}
+
+impl ProblemType {
+    /// Hugging Face's name.
+    pub fn hf_name(self) -> &'static str {
+        match self {
+            ProblemType::SingleLabel => "single_label_classification",
+            ProblemType::Regression => "regression",
+        }
+    }
+}
+
 /// The hyper-parameters that shape the graph and the parameter layout.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
@@ -68,8 +87,12 @@ pub struct ModelConfig {
     pub attention_dropout: f64,
     /// Dropout before the classifier.
     pub classifier_dropout: f64,
-    /// Output classes.
+    /// Outputs of the head: classes, or 1 for a regression score.
     pub num_labels: usize,
+    /// What the head predicts (and so the loss).
+    pub problem: ProblemType,
+    /// The name of each class (`id2label`, in id order; `LABEL_<i>` where none is given).
+    pub id2label: Vec<String>,
     /// Padding token id.
     pub pad_token_id: i64,
     /// Rows of MPNet's relative attention bias table (0 for BERT).
@@ -99,14 +122,27 @@ impl ModelConfig {
             other => return Err(unsupported(path, "model_type", other, "bert or mpnet")),
         };
         let num_labels = hf.num_labels.or(hf.id2label.as_ref().map(|m| m.len())).unwrap_or(2);
-        if num_labels < 2 {
-            return Err(unsupported(
-                path,
-                "num_labels",
-                &num_labels.to_string(),
-                "classification with 2 or more labels",
-            ));
+        let problem = match hf.problem_type.as_deref() {
+            Some("regression") => ProblemType::Regression,
+            Some(_) => ProblemType::SingleLabel,
+            None if num_labels == 1 => ProblemType::Regression,
+            None => ProblemType::SingleLabel,
+        };
+        match problem {
+            ProblemType::SingleLabel if num_labels < 2 => {
+                return Err(unsupported(
+                    path,
+                    "num_labels",
+                    &num_labels.to_string(),
+                    "classification with 2 or more labels, or 1 with problem_type regression",
+                ));
+            }
+            ProblemType::Regression if num_labels != 1 => {
+                return Err(unsupported(path, "num_labels", &num_labels.to_string(), "1 for a regression"));
+            }
+            _ => {}
         }
+        let id2label = label_names(hf.id2label.as_ref(), num_labels);
         let hidden_dropout = hf.hidden_dropout_prob.unwrap_or(0.1);
         let config = ModelConfig {
             family,
@@ -126,6 +162,8 @@ impl ModelConfig {
             attention_dropout: hf.attention_probs_dropout_prob.unwrap_or(0.1),
             classifier_dropout: hf.classifier_dropout.unwrap_or(hidden_dropout),
             num_labels,
+            problem,
+            id2label,
             pad_token_id: hf.pad_token_id.unwrap_or(match family {
                 Family::Bert => 0,
                 Family::MPNet => 1,
@@ -176,6 +214,22 @@ impl ModelConfig {
         self
     }
 
+    /// The same config with a head for `names` classes, or (`names` empty) one regression score.
+    pub fn with_labels(mut self, problem: ProblemType, names: &[String]) -> Self {
+        self.problem = problem;
+        match problem {
+            ProblemType::SingleLabel => {
+                self.num_labels = names.len();
+                self.id2label = names.to_vec();
+            }
+            ProblemType::Regression => {
+                self.num_labels = 1;
+                self.id2label = vec!["LABEL_0".into()];
+            }
+        }
+        self
+    }
+
     /// Whether any dropout is active.
     pub fn has_dropout(&self) -> bool {
         self.hidden_dropout > 0.0 || self.attention_dropout > 0.0 || self.classifier_dropout > 0.0
@@ -185,7 +239,9 @@ impl ModelConfig {
     /// `MPNetForSequenceClassification`.
     pub fn to_hf_json(&self) -> Json {
         let labels: serde_json::Map<String, Json> =
-            (0..self.num_labels).map(|i| (i.to_string(), Json::from(format!("LABEL_{i}")))).collect();
+            self.id2label.iter().enumerate().map(|(i, name)| (i.to_string(), Json::from(name.as_str()))).collect();
+        let ids: serde_json::Map<String, Json> =
+            self.id2label.iter().enumerate().map(|(i, name)| (name.clone(), Json::from(i))).collect();
         let architecture = match self.family {
             Family::Bert => "BertForSequenceClassification",
             Family::MPNet => "MPNetForSequenceClassification",
@@ -210,7 +266,8 @@ impl ModelConfig {
             "pad_token_id": self.pad_token_id,
             "num_labels": self.num_labels,
             "id2label": labels,
-            "problem_type": "single_label_classification",
+            "label2id": ids,
+            "problem_type": self.problem.hf_name(),
         });
         if self.family == Family::MPNet {
             json["relative_attention_num_buckets"] = Json::from(self.relative_attention_buckets);
@@ -269,10 +326,23 @@ impl HfConfig {
             }
         }
         match self.problem_type.as_deref() {
-            None | Some("single_label_classification") => Ok(()),
-            Some(other) => Err(unsupported(path, "problem_type", other, "only single_label_classification")),
+            None | Some("single_label_classification" | "regression") => Ok(()),
+            Some(other) => Err(unsupported(path, "problem_type", other, "single_label_classification or regression")),
         }
     }
+}
+
+/// Class names in id order from `id2label` (keys are ids as text), `LABEL_<i>` for ids it
+/// lacks.
+fn label_names(id2label: Option<&serde_json::Map<String, Json>>, num_labels: usize) -> Vec<String> {
+    (0..num_labels)
+        .map(|i| {
+            id2label
+                .and_then(|m| m.get(&i.to_string()))
+                .and_then(Json::as_str)
+                .map_or_else(|| format!("LABEL_{i}"), str::to_string)
+        })
+        .collect()
 }
 
 fn unsupported(path: &Path, field: &str, value: &str, hint: &str) -> ModelError {
@@ -314,6 +384,25 @@ mod tests {
     }
 
     #[test]
+    fn labels_and_regression_round_trip_through_hugging_face_json() {
+        let named = MINI.replace("}", r#", "id2label": {"0": "neg", "2": "pos", "1": "mid"}}"#);
+        let c = parse(&named).expect("named labels");
+        assert_eq!(
+            (c.num_labels, c.problem, c.id2label.clone()),
+            (3, ProblemType::SingleLabel, vec!["neg".into(), "mid".into(), "pos".into()])
+        );
+        let json = c.to_hf_json();
+        assert_eq!((json["id2label"]["2"].as_str(), json["label2id"]["mid"].as_u64()), (Some("pos"), Some(1)));
+        let again = parse(&json.to_string()).expect("written config reads back");
+        assert_eq!(again, c);
+        let one = parse(&MINI.replace("}", r#", "num_labels": 1}"#)).expect("one output");
+        assert_eq!((one.problem, one.num_labels), (ProblemType::Regression, 1));
+        let scores = c.clone().with_labels(ProblemType::Regression, &[]);
+        assert_eq!(scores.to_hf_json()["problem_type"], "regression");
+        assert_eq!(parse(&scores.to_hf_json().to_string()).expect("regression reads back"), scores);
+    }
+
+    #[test]
     fn refuses_unsupported_values_by_name() {
         let err = parse(&MINI.replace("\"gelu\"", "\"relu\"")).expect_err("relu").to_string();
         assert!(err.contains("hidden_act") && err.contains("relu"), "{err}");
@@ -332,6 +421,10 @@ mod tests {
         assert!(err.contains("config.json") && err.contains("line 1"), "{err}");
         let null_dropout = MINI.replace("}", r#", "classifier_dropout": null, "hidden_dropout_prob": 0.2}"#);
         assert_eq!(parse(&null_dropout).expect("null means absent").classifier_dropout, 0.2);
+        let multi = MINI.replace("}", r#", "problem_type": "multi_label_classification"}"#);
+        assert!(parse(&multi).expect_err("multi-label").to_string().contains("problem_type"));
+        let wide_regression = MINI.replace("}", r#", "problem_type": "regression", "num_labels": 3}"#);
+        assert!(parse(&wide_regression).expect_err("3 scores").to_string().contains("1 for a regression"));
         let rel = MINI.replace("}", r#", "position_embedding_type": "relative_key"}"#);
         assert!(parse(&rel).expect_err("relative").to_string().contains("position_embedding_type"));
     }

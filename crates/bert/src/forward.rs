@@ -7,7 +7,7 @@
 
 use ringtune_onnx_ir::{shape, DType, Dim, Graph, Tensor, Value};
 
-use crate::{Family, ModelConfig, ModelError, ParamLayout};
+use crate::{Family, ModelConfig, ModelError, ParamLayout, ProblemType};
 
 /// Graph input names of a batch.
 pub const INPUT_IDS: &str = "input_ids";
@@ -15,11 +15,11 @@ pub const INPUT_IDS: &str = "input_ids";
 pub const TOKEN_TYPE_IDS: &str = "token_type_ids";
 /// 1 for real tokens, 0 for padding.
 pub const ATTENTION_MASK: &str = "attention_mask";
-/// Class labels.
+/// Labels: class ids (`int64`), or scores (`float`) for a regression head.
 pub const LABELS: &str = "labels";
 /// Graph output: `[batch, num_labels]` scores.
 pub const LOGITS: &str = "logits";
-/// Graph output: mean cross-entropy.
+/// Graph output: mean cross-entropy, or mean squared error for a regression head.
 pub const LOSS: &str = "loss";
 
 /// Where the parameters come from.
@@ -36,7 +36,7 @@ pub enum Params<'a> {
 pub struct GraphOptions<'a> {
     /// Parameter source.
     pub params: Params<'a>,
-    /// Add `labels` and the mean cross-entropy `loss` output.
+    /// Add `labels` and the `loss` output (mean cross-entropy, or mean squared error).
     pub with_loss: bool,
     /// Apply the config's dropout (training mode).
     pub dropout: bool,
@@ -122,7 +122,11 @@ impl Builder<'_> {
         };
         let mask = self.g.input(ATTENTION_MASK, DType::I64, batch_seq)?;
         let labels = if self.options.with_loss {
-            Some(self.g.input(LABELS, DType::I64, vec![Dim::sym("batch")])?)
+            let dtype = match c.problem {
+                ProblemType::SingleLabel => DType::I64,
+                ProblemType::Regression => DType::F32,
+            };
+            Some(self.g.input(LABELS, dtype, vec![Dim::sym("batch")])?)
         } else {
             None
         };
@@ -176,12 +180,32 @@ impl Builder<'_> {
         let logits = self.g.output_as(&logits, LOGITS)?;
         let loss = match labels {
             Some(labels) => {
-                let (loss, _) = self.g.softmax_cross_entropy(&logits, &labels)?;
+                let loss = self.loss(&logits, &labels)?;
                 Some(self.g.output_as(&loss, LOSS)?)
             }
             None => None,
         };
         Ok((logits, loss))
+    }
+
+    /// The loss Hugging Face's heads compute: mean cross-entropy over the classes, or for a
+    /// regression the mean of `(logits.squeeze() - labels)^2`.
+    fn loss(&mut self, logits: &Value, labels: &Value) -> Result<Value, ModelError> {
+        match self.config.problem {
+            ProblemType::SingleLabel => Ok(self.g.softmax_cross_entropy(logits, labels)?.0),
+            ProblemType::Regression => {
+                let scores = self.g.reshape(logits, &[-1])?;
+                let error = self.g.sub(&scores, labels)?;
+                let squared = self.g.mul(&error, &error)?;
+                let total = self.g.reduce_sum(&squared, &[0], false)?;
+                // The batch is counted from the labels, which no gradient flows into.
+                let dims = self.g.shape_of(labels)?;
+                let zero = self.g.constant(Tensor::scalar_i64(0))?;
+                let rows = self.g.gather(&dims, &zero, 0)?;
+                let rows = self.g.cast(&rows, DType::F32)?;
+                Ok(self.g.div(&total, &rows)?)
+            }
+        }
     }
 
     pub(crate) fn param(&self, name: &str) -> Result<Value, ModelError> {

@@ -33,7 +33,7 @@ mod params;
 mod tensor_file;
 
 pub use checkpoint::{load_params, save_params, LoadReport};
-pub use config::{Family, ModelConfig};
+pub use config::{Family, ModelConfig, ProblemType};
 pub use error::ModelError;
 pub use forward::{
     export_inference, forward_graph, layer_prefixes, layer_scope, ForwardGraph, GraphOptions, Params, ATTENTION_MASK,

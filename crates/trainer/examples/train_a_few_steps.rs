@@ -28,7 +28,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         match record {
             Record::Step(s) => println!("step {}: loss {:.4}, gradient norm {:.3}", s.step, s.loss, s.grad_norm),
             Record::Eval(e) => {
-                println!("{} after step {}: accuracy {:.4}, F1 {:.4}", e.split, e.step, e.accuracy, e.f1)
+                println!("{} after step {}: {}", e.split, e.step, e.scores.describe())
             }
         }
     }

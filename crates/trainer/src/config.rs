@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use ringtune_data::{Task, TaskChoice};
 use ringtune_ops::{KernelChoice, Kernels, PrecisionChoice, Recompute};
 use ringtune_runtime::Provider;
 use serde::{Deserialize, Serialize};
@@ -16,8 +17,27 @@ use crate::TrainError;
 pub struct TrainConfig {
     /// Model folder (config.json, model.safetensors, tokenizer.json or vocab.txt).
     pub model: PathBuf,
-    /// MRPC folder (default: MRPC_DIR, data/mrpc, ../shared/data/mrpc).
+    /// A GLUE task: cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli (default: mrpc, unless
+    /// `train_file` names the user's own data).
+    pub task: Option<String>,
+    /// The GLUE task's folder (default for mrpc: MRPC_DIR, data/mrpc, ../shared/data/mrpc; for
+    /// the others GLUE_DIR/<Task>, data/<Task>).
     pub data: Option<PathBuf>,
+    /// The user's training file: CSV, TSV or JSON lines (instead of a GLUE task).
+    pub train_file: Option<PathBuf>,
+    /// The user's file scored after each epoch.
+    pub validation_file: Option<PathBuf>,
+    /// The user's file to predict (`ringtune predict` reads it from the run's task.json).
+    pub test_file: Option<PathBuf>,
+    /// The text columns of the user's files, one or two (default: sentence1 and sentence2,
+    /// sentence, or text).
+    pub text_columns: Option<Vec<String>>,
+    /// The label column of the user's files (default: label).
+    pub label_column: Option<String>,
+    /// Outputs of the head (default: the number of training labels; 1: a regression).
+    pub num_labels: Option<usize>,
+    /// Skip malformed rows (each is logged, with its file and line) instead of failing.
+    pub skip_bad: bool,
     /// Output folder: checkpoints, metrics, the trained model.
     pub output: PathBuf,
     /// Passes over the training data.
@@ -76,7 +96,15 @@ impl Default for TrainConfig {
     fn default() -> Self {
         TrainConfig {
             model: PathBuf::from("models/all-MiniLM-L6-v2"),
+            task: None,
             data: None,
+            train_file: None,
+            validation_file: None,
+            test_file: None,
+            text_columns: None,
+            label_column: None,
+            num_labels: None,
+            skip_bad: false,
             output: PathBuf::from("runs/minilm-mrpc"),
             epochs: 3,
             batch_size: 32,
@@ -163,6 +191,21 @@ impl TrainConfig {
             return bad("keep-checkpoints", "0".into(), "keep at least 1 (resume needs one)");
         }
         Ok(())
+    }
+
+    /// The task and where its data is (see [`TaskChoice::task`]).
+    pub fn task(&self, root: &Path) -> Result<Task, TrainError> {
+        let choice = TaskChoice {
+            task: self.task.clone(),
+            data: self.data.clone(),
+            train_file: self.train_file.clone(),
+            validation_file: self.validation_file.clone(),
+            test_file: self.test_file.clone(),
+            text_columns: self.text_columns.clone(),
+            label_column: self.label_column.clone(),
+            num_labels: self.num_labels,
+        };
+        Ok(choice.task(root)?)
     }
 
     /// The kernels and precision asked for, `auto` resolved for this CPU.

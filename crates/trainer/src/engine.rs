@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use ringtune_bert::{ModelConfig, ParamLayout};
-use ringtune_mrpc::Batch;
+use ringtune_bert::{ModelConfig, ParamLayout, ProblemType};
+use ringtune_data::Batch;
 use ringtune_ops::grad_ready::{GradReady, GradSink};
 use ringtune_ops::param_ready::{ParamReady, ParamSource};
 use ringtune_ops::{Kernels, SEED_INPUT};
@@ -18,7 +18,7 @@ use crate::TrainError;
 /// What one forward and backward run returns (gradients stay in the engine's buffer).
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepOutput {
-    /// Mean cross-entropy of the batch.
+    /// The batch's mean loss (cross-entropy, or squared error for scores).
     pub loss: f32,
     /// `[rows, num_labels]` scores.
     pub logits: Vec<f32>,
@@ -58,6 +58,7 @@ fn batch_feeds<'a>(
     batch: &'a Batch,
     dims: &'a [i64; 2],
     labels: &'a [i64; 1],
+    problem: ProblemType,
 ) -> Vec<(&'static str, TensorView<'a>)> {
     let mut feeds = vec![
         (ringtune_bert::INPUT_IDS, TensorView::i64(dims, &batch.input_ids)),
@@ -68,7 +69,11 @@ fn batch_feeds<'a>(
         feeds.push((ringtune_bert::TOKEN_TYPE_IDS, TensorView::i64(dims, &batch.token_type_ids)));
     }
     if has(ringtune_bert::LABELS) {
-        feeds.push((ringtune_bert::LABELS, TensorView::i64(labels, &batch.labels)));
+        let view = match problem {
+            ProblemType::SingleLabel => TensorView::i64(labels, &batch.labels),
+            ProblemType::Regression => TensorView::f32(labels, &batch.scores),
+        };
+        feeds.push((ringtune_bert::LABELS, view));
     }
     feeds
 }
@@ -87,6 +92,8 @@ pub struct Engine {
     session: Session,
     binding: FlatBinding,
     layout: ParamLayout,
+    /// Whether the labels are classes or scores.
+    problem: ProblemType,
     /// The seed the next step draws its dropout masks from (when the graph has dropout).
     dropout_seed: [i64; 1],
     seeded: bool,
@@ -122,7 +129,7 @@ impl Engine {
         let binding =
             FlatBinding::new(&session, params, &bound_tensors(layout, str::to_string), grads, &bound, &fetch)?;
         let seeded = session.input_names().iter().any(|i| i == SEED_INPUT);
-        Ok(Engine { session, binding, layout: layout.clone(), dropout_seed: [0], seeded })
+        Ok(Engine { session, binding, layout: layout.clone(), problem: config.problem, dropout_seed: [0], seeded })
     }
 
     /// Sets the seed of the next steps' dropout masks: the same seed, the same masks.
@@ -134,7 +141,7 @@ impl Engine {
     pub fn step(&mut self, batch: &Batch) -> Result<StepOutput, TrainError> {
         let dims = batch.dims();
         let labels = [batch.rows as i64];
-        let mut feeds = batch_feeds(&self.session, batch, &dims, &labels);
+        let mut feeds = batch_feeds(&self.session, batch, &dims, &labels, self.problem);
         if self.seeded {
             feeds.push((SEED_INPUT, TensorView::i64(&[1], &self.dropout_seed)));
         }
@@ -217,7 +224,8 @@ impl Evaluator {
         self.layout.check_len(params.len())?;
         let dims = batch.dims();
         let labels = [batch.rows as i64];
-        let mut feeds = batch_feeds(&self.session, batch, &dims, &labels);
+        // The evaluation graph has no labels input: the problem only picks their type.
+        let mut feeds = batch_feeds(&self.session, batch, &dims, &labels, ProblemType::SingleLabel);
         for (entry, shape) in self.layout.entries().iter().zip(&self.shapes) {
             feeds.push((entry.name.as_str(), TensorView::f32(shape, &params[entry.range()])));
         }

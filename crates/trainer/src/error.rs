@@ -8,7 +8,7 @@ pub enum TrainError {
     Model(#[from] ringtune_bert::ModelError),
     /// The data.
     #[error(transparent)]
-    Data(#[from] ringtune_mrpc::DataError),
+    Data(#[from] ringtune_data::DataError),
     /// Gradient construction.
     #[error(transparent)]
     Autodiff(#[from] ringtune_autodiff::AutodiffError),

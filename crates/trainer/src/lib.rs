@@ -18,6 +18,7 @@ mod config;
 pub mod distributed;
 pub mod engine;
 mod error;
+pub mod evaluation;
 mod handoff;
 pub mod info;
 pub mod metrics;

@@ -1,4 +1,6 @@
-//! Metrics: accuracy and F1 on a labelled split, and the `metrics.jsonl` file: one [`Record`]
+//! Metrics: each task's scores on a labelled split (accuracy, F1 for two classes, macro-F1 for
+//! more, Matthews correlation for CoLA, Pearson and Spearman for scores), and the
+//! `metrics.jsonl` file: one [`Record`]
 //! per line (a logged step or an evaluation), flushed as written so a crash loses nothing, read
 //! back by the plot and the benchmarks through the same type.
 
@@ -75,14 +77,11 @@ pub struct EvalRecord {
     pub step: u64,
     /// The epoch just ended (from 1).
     pub epoch: u32,
-    /// The split (`dev`).
+    /// The split (`dev`, `dev_mismatched`).
     pub split: String,
-    /// Mean cross-entropy.
-    pub loss: f64,
-    /// Accuracy.
-    pub accuracy: f64,
-    /// F1 of the positive class.
-    pub f1: f64,
+    /// The scores.
+    #[serde(flatten)]
+    pub scores: Scores,
     /// Seconds since the run started.
     pub elapsed_s: f64,
 }
@@ -111,15 +110,70 @@ pub(crate) fn read_readable_records(path: &Path) -> Result<(Vec<Record>, usize),
     Ok((records, unreadable))
 }
 
-/// Classification quality on a labelled split.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+/// Quality on a labelled split: the loss, and the metrics of the task's kind (the others
+/// `None`, and left out of the JSON).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct Scores {
-    /// Mean cross-entropy.
+    /// Mean cross-entropy, or mean squared error for scores.
     pub loss: f64,
-    /// Share of correct predictions.
-    pub accuracy: f64,
-    /// F1 of the positive class (label 1).
-    pub f1: f64,
+    /// Share of correct predictions (classes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accuracy: Option<f64>,
+    /// F1 of class 1 (two classes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub f1: Option<f64>,
+    /// The mean of every class's F1 (more than two classes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub macro_f1: Option<f64>,
+    /// Matthews correlation (CoLA).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matthews: Option<f64>,
+    /// Pearson correlation of predicted and true scores.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pearson: Option<f64>,
+    /// Spearman rank correlation of predicted and true scores.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spearman: Option<f64>,
+}
+
+impl Scores {
+    /// The metrics there are, by name, in a fixed order (the loss excluded).
+    pub fn metrics(&self) -> Vec<(&'static str, f64)> {
+        [
+            ("accuracy", self.accuracy),
+            ("F1", self.f1),
+            ("macro-F1", self.macro_f1),
+            ("Matthews", self.matthews),
+            ("Pearson", self.pearson),
+            ("Spearman", self.spearman),
+        ]
+        .into_iter()
+        .filter_map(|(name, value)| value.map(|v| (name, v)))
+        .collect()
+    }
+
+    /// `loss 0.4 accuracy 0.81 F1 0.87`, four decimals.
+    pub fn describe(&self) -> String {
+        let mut text = format!("loss {:.4}", self.loss);
+        for (name, value) in self.metrics() {
+            text.push_str(&format!(" {name} {value:.4}"));
+        }
+        text
+    }
+}
+
+/// What a split is scored against.
+#[derive(Debug, Clone, Copy)]
+pub enum Targets<'a> {
+    /// Class ids; `matthews` adds the Matthews correlation (CoLA's metric).
+    Classes {
+        /// The true class of each row.
+        labels: &'a [i64],
+        /// Whether to report the Matthews correlation.
+        matthews: bool,
+    },
+    /// Regression scores.
+    Scores(&'a [f32]),
 }
 
 /// Index of the largest logit of each row.
@@ -130,8 +184,26 @@ pub fn predictions(logits: &[f32], classes: usize) -> Vec<usize> {
         .collect()
 }
 
-/// Loss, accuracy and positive-class F1 of `logits` (`[rows, classes]`) against `labels`.
-pub fn scores(logits: &[f32], classes: usize, labels: &[i64]) -> Scores {
+/// The scores of `logits` (`[rows, outputs]`) against `targets`.
+pub fn scores(logits: &[f32], outputs: usize, targets: Targets<'_>) -> Scores {
+    match targets {
+        Targets::Classes { labels, matthews } => class_scores(logits, outputs, labels, matthews),
+        Targets::Scores(truth) => {
+            let predicted: Vec<f64> = logits.iter().map(|&v| v as f64).collect();
+            let truth: Vec<f64> = truth.iter().map(|&v| v as f64).collect();
+            let n = truth.len().max(1) as f64;
+            let loss = predicted.iter().zip(&truth).map(|(p, t)| (p - t).powi(2)).sum::<f64>() / n;
+            Scores {
+                loss,
+                pearson: Some(pearson(&predicted, &truth)),
+                spearman: Some(pearson(&ranks(&predicted), &ranks(&truth))),
+                ..Scores::default()
+            }
+        }
+    }
+}
+
+fn class_scores(logits: &[f32], classes: usize, labels: &[i64], matthews: bool) -> Scores {
     let preds = predictions(logits, classes);
     let mut loss = 0.0;
     for (row, &label) in logits.chunks(classes).zip(labels) {
@@ -140,19 +212,81 @@ pub fn scores(logits: &[f32], classes: usize, labels: &[i64]) -> Scores {
         loss += log_sum - row[label as usize] as f64;
     }
     let n = labels.len().max(1) as f64;
-    let (mut tp, mut fp, mut fn_) = (0.0, 0.0, 0.0);
-    let mut correct = 0.0;
+    // confusion[truth][prediction]
+    let mut confusion = vec![vec![0.0f64; classes]; classes];
     for (&p, &l) in preds.iter().zip(labels) {
-        correct += (p as i64 == l) as u8 as f64;
-        match (p, l) {
-            (1, 1) => tp += 1.0,
-            (1, _) => fp += 1.0,
-            (_, 1) => fn_ += 1.0,
-            _ => {}
-        }
+        confusion[l as usize][p] += 1.0;
     }
-    let f1 = if tp == 0.0 { 0.0 } else { 2.0 * tp / (2.0 * tp + fp + fn_) };
-    Scores { loss: loss / n, accuracy: correct / n, f1 }
+    let correct: f64 = (0..classes).map(|c| confusion[c][c]).sum();
+    let f1_of = |c: usize| {
+        let tp = confusion[c][c];
+        let fp: f64 = (0..classes).map(|t| confusion[t][c]).sum::<f64>() - tp;
+        let fn_: f64 = confusion[c].iter().sum::<f64>() - tp;
+        if tp == 0.0 {
+            0.0
+        } else {
+            2.0 * tp / (2.0 * tp + fp + fn_)
+        }
+    };
+    Scores {
+        loss: loss / n,
+        accuracy: Some(correct / n),
+        f1: (classes == 2).then(|| f1_of(1)),
+        macro_f1: (classes > 2).then(|| (0..classes).map(f1_of).sum::<f64>() / classes as f64),
+        matthews: matthews.then(|| matthews_correlation(&confusion)),
+        ..Scores::default()
+    }
+}
+
+/// The multi-class Matthews correlation (scikit-learn's `matthews_corrcoef`), 0 where it is
+/// undefined.
+fn matthews_correlation(confusion: &[Vec<f64>]) -> f64 {
+    let classes = confusion.len();
+    let truth: Vec<f64> = confusion.iter().map(|row| row.iter().sum()).collect();
+    let predicted: Vec<f64> = (0..classes).map(|c| confusion.iter().map(|row| row[c]).sum()).collect();
+    let samples: f64 = truth.iter().sum();
+    let correct: f64 = (0..classes).map(|c| confusion[c][c]).sum();
+    let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+    let cov_yy = correct * samples - dot(&predicted, &truth);
+    let cov_pp = samples * samples - dot(&predicted, &predicted);
+    let cov_tt = samples * samples - dot(&truth, &truth);
+    if cov_pp == 0.0 || cov_tt == 0.0 {
+        return 0.0;
+    }
+    cov_yy / (cov_pp * cov_tt).sqrt()
+}
+
+/// Pearson's correlation, 0 when either side is constant.
+fn pearson(a: &[f64], b: &[f64]) -> f64 {
+    let n = a.len().max(1) as f64;
+    let (ma, mb) = (a.iter().sum::<f64>() / n, b.iter().sum::<f64>() / n);
+    let cov: f64 = a.iter().zip(b).map(|(x, y)| (x - ma) * (y - mb)).sum();
+    let va: f64 = a.iter().map(|x| (x - ma).powi(2)).sum();
+    let vb: f64 = b.iter().map(|y| (y - mb).powi(2)).sum();
+    if va == 0.0 || vb == 0.0 {
+        return 0.0;
+    }
+    cov / (va * vb).sqrt()
+}
+
+/// Ranks from 1, ties given their mean rank (as SciPy's `spearmanr` ranks).
+fn ranks(values: &[f64]) -> Vec<f64> {
+    let mut order: Vec<usize> = (0..values.len()).collect();
+    order.sort_by(|&i, &j| values[i].total_cmp(&values[j]));
+    let mut ranks = vec![0.0; values.len()];
+    let mut start = 0;
+    while start < order.len() {
+        let mut end = start;
+        while end + 1 < order.len() && values[order[end + 1]] == values[order[start]] {
+            end += 1;
+        }
+        let mean_rank = (start + end) as f64 / 2.0 + 1.0;
+        for &i in &order[start..=end] {
+            ranks[i] = mean_rank;
+        }
+        start = end + 1;
+    }
+    ranks
 }
 
 /// Appends JSON lines to `metrics.jsonl`.
@@ -219,19 +353,51 @@ fn lines_up_to(text: &str, step: u64) -> (String, usize) {
 mod tests {
     use super::*;
 
+    fn classes(labels: &[i64], matthews: bool) -> Targets<'_> {
+        Targets::Classes { labels, matthews }
+    }
+
     #[test]
     fn accuracy_f1_and_loss() {
         let logits = [2.0, 0.0, 0.0, 1.0, 0.0, 3.0, 1.0, 0.0];
-        let s = scores(&logits, 2, &[0, 1, 0, 1]);
-        assert_eq!(s.accuracy, 0.5);
+        let s = scores(&logits, 2, classes(&[0, 1, 0, 1], false));
+        assert_eq!(s.accuracy, Some(0.5));
         // tp 1, fp 1, fn 1
-        assert!((s.f1 - 0.5).abs() < 1e-12);
-        let uniform = scores(&[0.0, 0.0], 2, &[1]);
+        assert!((s.f1.expect("binary") - 0.5).abs() < 1e-12);
+        assert_eq!((s.macro_f1, s.matthews, s.pearson), (None, None, None));
+        let uniform = scores(&[0.0, 0.0], 2, classes(&[1], false));
         assert!((uniform.loss - 2f64.ln()).abs() < 1e-12);
+        assert_eq!(s.describe(), format!("loss {:.4} accuracy 0.5000 F1 0.5000", s.loss));
+    }
+
+    /// Values from scikit-learn 1.9.1 and SciPy 1.17.1 on the same inputs.
+    #[test]
+    fn macro_f1_matthews_and_correlations_match_scikit_learn_and_scipy() {
+        // truth [0, 1, 2, 2, 1, 0], predictions [0, 2, 2, 2, 1, 1]
+        let logits = [1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0];
+        let s = scores(&logits, 3, classes(&[0, 1, 2, 2, 1, 0], true));
+        // f1_score(average="macro") = (2/3 + 1/2 + 4/5) / 3
+        assert!((s.macro_f1.expect("macro") - (2.0 / 3.0 + 0.5 + 0.8) / 3.0).abs() < 1e-12);
+        // matthews_corrcoef = 0.5222329678670935
+        assert!((s.matthews.expect("mcc") - 0.522_232_967_867_093_5).abs() < 1e-12);
+        assert_eq!(s.f1, None);
+        let binary = scores(&[1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0], 2, classes(&[0, 1, 0, 0], true));
+        // predictions [0, 1, 1, 0]: matthews_corrcoef = 0.5773502691896258
+        assert!((binary.matthews.expect("mcc") - 0.577_350_269_189_625_8).abs() < 1e-12);
+        let constant = scores(&[1.0, 0.0, 1.0, 0.0], 2, classes(&[0, 1], true));
+        assert_eq!(constant.matthews, Some(0.0));
+        let r = scores(&[1.0, 2.0, 2.0, 5.0], 1, Targets::Scores(&[1.5, 1.0, 3.0, 4.0]));
+        // pearsonr = 0.8036850414868039, spearmanr = 0.632455532033676, MSE = 0.8125
+        assert!((r.pearson.expect("pearson") - 0.803_685_041_486_803_9).abs() < 1e-12);
+        assert!((r.spearman.expect("spearman") - 0.632_455_532_033_676).abs() < 1e-12);
+        assert!((r.loss - 0.8125).abs() < 1e-12);
+        assert_eq!(r.accuracy, None);
+        assert_eq!(r.describe(), "loss 0.8125 Pearson 0.8037 Spearman 0.6325");
     }
 
     fn dev_scores(step: u64) -> EvalRecord {
-        EvalRecord { step, epoch: 1, split: "dev".into(), loss: 0.5, accuracy: 0.75, f1: 0.8, elapsed_s: 1.0 }
+        let scores = Scores { loss: 0.5, accuracy: Some(0.75), f1: Some(0.8), ..Scores::default() };
+        EvalRecord { step, epoch: 1, split: "dev".into(), scores, elapsed_s: 1.0 }
     }
 
     #[test]

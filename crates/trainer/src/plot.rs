@@ -1,4 +1,4 @@
-//! The end-of-run plot: training loss by step, dev accuracy and F1 by step, as a PNG.
+//! The end-of-run plot: training loss by step, the dev split's metrics by step, as a PNG.
 
 use std::path::Path;
 use std::sync::Once;
@@ -38,7 +38,7 @@ fn register_font() -> bool {
 
 static FOUND_FONT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Draws the training loss by step and dev accuracy and F1 by step, from `records`, into a PNG.
+/// Draws the training loss by step and the dev split's metrics by step, from `records`, into a PNG.
 pub(crate) fn plot(path: &Path, records: &[Record]) -> Result<(), TrainError> {
     let loss: Vec<(u64, f64)> = records
         .iter()
@@ -63,14 +63,34 @@ pub(crate) fn plot(path: &Path, records: &[Record]) -> Result<(), TrainError> {
     let max_loss = loss.iter().map(|p| p.1).fold(0.0f64, f64::max).max(1e-3) * 1.05;
     let mut chart = panel(&left, "training loss", max_step, 0.0..max_loss, text).map_err(|e| fail(&e))?;
     chart.draw_series(LineSeries::new(loss.iter().copied(), &BLUE)).map_err(|e| fail(&e))?;
-    let mut chart = panel(&right, "dev accuracy (blue), F1 (red)", max_step, 0.5..1.0, text).map_err(|e| fail(&e))?;
-    let accuracy = evals.iter().map(|e| (e.step, e.accuracy));
-    chart.draw_series(LineSeries::new(accuracy, &BLUE).point_size(4)).map_err(|e| fail(&e))?;
-    let f1 = evals.iter().map(|e| (e.step, e.f1));
-    chart.draw_series(LineSeries::new(f1, &RED).point_size(4)).map_err(|e| fail(&e))?;
+    // The dev split's metrics, one line each: a correlation can be below 0.
+    let dev: Vec<&&EvalRecord> = evals.iter().filter(|e| e.split == "dev").collect();
+    let names: Vec<&str> =
+        dev.first().map(|e| e.scores.metrics().iter().map(|(n, _)| *n).collect()).unwrap_or_default();
+    let lowest = dev.iter().flat_map(|e| e.scores.metrics()).map(|(_, v)| v).fold(0.5f64, f64::min);
+    let floor = (lowest * 10.0).floor() / 10.0;
+    let caption = format!(
+        "dev {}",
+        names
+            .iter()
+            .zip(COLOURS.iter().map(|(c, _)| c))
+            .map(|(n, c)| format!("{n} ({c})"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let mut chart = panel(&right, &caption, max_step, floor..1.0, text).map_err(|e| fail(&e))?;
+    for (name, (_, colour)) in names.iter().zip(COLOURS) {
+        let line = dev
+            .iter()
+            .filter_map(|e| e.scores.metrics().into_iter().find(|(n, _)| n == name).map(|(_, v)| (e.step, v)));
+        chart.draw_series(LineSeries::new(line, colour).point_size(4)).map_err(|e| fail(&e))?;
+    }
     root.present().map_err(|e| fail(&e))?;
     Ok(())
 }
+
+/// The colours of the metric lines, named for the caption.
+const COLOURS: [(&str, RGBColor); 3] = [("blue", BLUE), ("red", RED), ("green", GREEN)];
 
 type Coords = Cartesian2d<plotters::coord::types::RangedCoordu64, plotters::coord::types::RangedCoordf64>;
 

@@ -1,32 +1,37 @@
-//! `ringtune eval` and `ringtune predict`: a trained model on dev or test.
+//! `ringtune eval` and `ringtune predict`: a trained model on a labelled file or a file to
+//! label, read as the run's task reads its files (`task.json`).
 
 use std::fmt::Write as _;
 use std::path::Path;
 
-use ringtune_bert::load_params;
-use ringtune_mrpc::{load_split, PairTokenizer, ReadOptions};
+use ringtune_bert::{load_params, ProblemType};
+use ringtune_data::{load_file, LabelSet, PairTokenizer, ReadOptions};
 use ringtune_ops::Kernels;
 use ringtune_runtime::{FlatBuffer, Runtime, SessionOptions};
 
 use crate::engine::Evaluator;
+use crate::evaluation::{evaluate, label_set, predict_logits, Scoring, TaskFile};
 use crate::metrics::{predictions, Scores};
 use crate::model::ModelDir;
-use crate::train::{evaluate, predict_logits};
 use crate::TrainError;
 
-/// A trained model ready to score pairs.
+/// A trained model ready to score or label a task's rows.
 pub struct Predictor {
     model: ModelDir,
+    task: TaskFile,
+    labels: LabelSet,
     params: FlatBuffer,
     tokenizer: PairTokenizer,
     evaluator: Evaluator,
 }
 
 impl Predictor {
-    /// Loads a model folder (a training run's output, or any Hugging Face BERT folder).
+    /// Loads a model folder (a training run's output, or any Hugging Face BERT folder, which is
+    /// taken to be for MRPC).
     pub fn open(dir: &Path, max_len: usize, options: &SessionOptions) -> Result<Self, TrainError> {
         let model = ModelDir::open(dir)?;
         model.check_max_len(max_len)?;
+        let task = TaskFile::read(dir)?;
         let mut params = FlatBuffer::zeros(model.layout.total_len());
         let report = load_params(&model.weight_files(&[]), &model.config, &model.layout, 0, &mut params)?;
         if !report.initialized.is_empty() {
@@ -38,33 +43,65 @@ impl Predictor {
         }
         let tokenizer = PairTokenizer::from_model_dir(dir, max_len)?;
         let evaluator = Evaluator::new(Runtime::get()?, &model.config, &model.layout, Kernels::Mlas, options)?;
-        Ok(Predictor { model, params, tokenizer, evaluator })
+        let labels = label_set(&model.config);
+        Ok(Predictor { model, task, labels, params, tokenizer, evaluator })
     }
 
-    /// Loss, accuracy and F1 on a labelled TSV file.
-    pub fn evaluate(&mut self, tsv: &Path, batch: usize) -> Result<Scores, TrainError> {
-        let (examples, _) = load_split(tsv, &self.tokenizer, ReadOptions::default())?;
+    /// The task's scores on a labelled file (every row must be readable and labelled with one
+    /// of the model's labels).
+    pub fn evaluate(&mut self, file: &Path, batch: usize) -> Result<Scores, TrainError> {
+        let layout = self.task.layout(file)?;
+        let (examples, rows) = load_file(file, &layout, &self.labels, &self.tokenizer, ReadOptions::default())?;
         if examples.is_empty() {
-            return Err(TrainError::Other(format!("{} has no rows to evaluate", tsv.display())));
+            return Err(TrainError::Other(format!("{} has no rows to evaluate", file.display())));
         }
-        if examples.iter().any(|e| e.label.is_none()) {
-            return Err(TrainError::Other(format!("{} has no labels to evaluate against", tsv.display())));
+        if !rows.labelled {
+            return Err(TrainError::Other(format!("{} has no labels to evaluate against", file.display())));
         }
         let c = &self.model.config;
-        evaluate(&mut self.evaluator, &self.params, &examples, batch, c.pad_token_id, c.num_labels)
+        evaluate(&mut self.evaluator, &self.params, &examples, batch, c.pad_token_id, Scoring::new(c, &self.task.task))
     }
 
-    /// GLUE-format predictions (`index<TAB>prediction`) for a TSV file, written to `out`.
-    pub fn predict(&mut self, tsv: &Path, batch: usize, out: &Path) -> Result<usize, TrainError> {
-        let (examples, data) = load_split(tsv, &self.tokenizer, ReadOptions::default())?;
+    /// GLUE-format predictions (`index<TAB>prediction`: the row's id, and the label's name or
+    /// the score) for a file, written to `out`; labels the file has are not read.
+    pub fn predict(&mut self, file: &Path, batch: usize, out: &Path) -> Result<usize, TrainError> {
+        let layout = self.task.layout(file)?;
+        let mut rows = ringtune_data::read_rows(file, &layout)?;
+        if let Some(bad) = rows.bad.first() {
+            return Err(TrainError::Other(format!(
+                "{} bad row(s) in {}, the first {bad}: every row needs its text to be predicted",
+                rows.bad.len(),
+                file.display()
+            )));
+        }
+        rows.rows.iter_mut().for_each(|r| r.label = None);
+        let (examples, _) = ringtune_data::examples(&rows, &self.labels, &self.tokenizer)?;
         let c = &self.model.config;
-        let (logits, _) = predict_logits(&mut self.evaluator, &self.params, &examples, batch, c.pad_token_id)?;
+        let predicted = predict_logits(&mut self.evaluator, &self.params, &examples, batch, c.pad_token_id)?;
         let mut text = String::from("index\tprediction\n");
-        for (pair, label) in data.pairs.iter().zip(predictions(&logits, c.num_labels)) {
-            let index = pair.index.unwrap_or(pair.line - 2);
-            let _ = writeln!(text, "{index}\t{label}");
+        match c.problem {
+            ProblemType::Regression => {
+                for (row, score) in rows.rows.iter().zip(&predicted.logits) {
+                    let _ = writeln!(text, "{}\t{score}", row.id);
+                }
+            }
+            ProblemType::SingleLabel => {
+                for (row, class) in rows.rows.iter().zip(predictions(&predicted.logits, c.num_labels)) {
+                    let _ = writeln!(text, "{}\t{}", row.id, written_label(self.labels.name_of(class), class));
+                }
+            }
         }
         ringtune_files::write_atomically(out, text.as_bytes())?;
         Ok(examples.len())
+    }
+}
+
+/// A class as a prediction file writes it: its name, or its id where the head never named it
+/// (`LABEL_<id>`, Hugging Face's default).
+fn written_label(name: &str, class: usize) -> String {
+    if name == format!("LABEL_{class}") {
+        class.to_string()
+    } else {
+        name.to_string()
     }
 }

@@ -39,7 +39,7 @@ impl Trace {
 }
 
 /// Runs `trace.steps` steps on `batches` (one per step); returns each step's loss.
-pub fn replay(engine: &mut Engine, batches: &[ringtune_mrpc::Batch], trace: &Trace) -> Result<Vec<f32>, TrainError> {
+pub fn replay(engine: &mut Engine, batches: &[ringtune_data::Batch], trace: &Trace) -> Result<Vec<f32>, TrainError> {
     if batches.len() < trace.steps {
         return Err(TrainError::Other(format!("{} steps but {} batches", trace.steps, batches.len())));
     }

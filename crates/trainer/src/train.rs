@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use ringtune_bert::{load_params, ModelConfig, ParamLayout};
 use ringtune_collective::{RingMode, Wire};
-use ringtune_mrpc::{
-    epoch_order, shard, steps_per_epoch, Batch, Example, Padding, PairTokenizer, ReadOptions, ShardMode,
+use ringtune_data::{
+    epoch_order, shard, steps_per_epoch, Batch, Example, LabelSet, Padding, PairTokenizer, Problem, ReadOptions,
+    ShardMode, Source, Task, REPORTED_ROWS,
 };
 use ringtune_optim::{AdamW, AdamWConfig, AdamWState, LinearWarmupDecay};
 use ringtune_runtime::{FlatBuffer, Runtime, SessionOptions};
@@ -20,7 +21,8 @@ use serde::Serialize;
 
 use crate::checkpoint::{self, Meta, Progress};
 use crate::engine::{Engine, Evaluator, SyncHooks};
-use crate::metrics::{scores, EvalRecord, MetricsFile, Record, Scores, StepRecord};
+use crate::evaluation::{evaluate, Scoring, TaskFile};
+use crate::metrics::{EvalRecord, MetricsFile, Record, Scores, StepRecord};
 use crate::model::{GraphChoices, ModelDir};
 use crate::recipe::{param_groups, warmup_steps};
 use crate::{TrainConfig, TrainError};
@@ -135,7 +137,7 @@ pub struct Summary {
     pub train_samples_per_s: f64,
     /// Wall time of this invocation, evaluation included.
     pub wall_s: f64,
-    /// The last dev evaluation.
+    /// The last evaluation of the `dev` split.
     pub dev: Option<Scores>,
     /// Where the outputs are.
     pub output: PathBuf,
@@ -206,9 +208,13 @@ pub enum Continue {
 /// The data and model a run reads.
 struct Inputs {
     model: ModelDir,
+    /// The model's config with the task's head.
     config: ModelConfig,
+    task: Task,
+    text_columns: Vec<String>,
     train: Vec<Example>,
-    dev: Option<Vec<Example>>,
+    /// The splits scored after each epoch (`dev`, and MNLI's `dev_mismatched`), in name order.
+    evals: Vec<(String, Vec<Example>)>,
     tokenizer_files: Vec<PathBuf>,
 }
 
@@ -275,6 +281,13 @@ impl<'s> TrainingRun<'s> {
             .map_err(|e| TrainError::Other(format!("{}: {e}", plan.checkpoints.display())))?;
         let mut params = FlatBuffer::zeros(layout.total_len());
         let report = load_params(&inputs.model.weight_files(&[]), &inputs.config, &layout, cfg.seed, &mut params)?;
+        if !report.replaced.is_empty() {
+            tracing::warn!(
+                "the model's head is for another number of labels ({}): a new one for the task's {}",
+                report.replaced.join(", "),
+                inputs.config.num_labels
+            );
+        }
         if !report.initialized.is_empty() {
             tracing::info!("initialised from seed {}: {}", cfg.seed, report.initialized.join(", "));
         }
@@ -569,32 +582,28 @@ impl<'s> TrainingRun<'s> {
         if self.rank != 0 {
             return Ok(());
         }
-        let (Some(dev), Some(evaluator)) = (&self.inputs.dev, self.evaluator.as_mut()) else { return Ok(()) };
+        let Some(evaluator) = self.evaluator.as_mut() else { return Ok(()) };
         let c = &self.inputs.config;
-        let scores =
-            evaluate(evaluator, self.engine.params(), dev, self.cfg.eval_batch_size, c.pad_token_id, c.num_labels)?;
-        self.log.bar.suspend(|| {
-            tracing::info!(
-                epoch = epoch + 1,
-                step = self.progress.step,
-                "dev loss {:.4} accuracy {:.4} F1 {:.4}",
-                scores.loss,
-                scores.accuracy,
-                scores.f1
-            )
-        });
-        if let Some(m) = self.log.metrics.as_mut() {
-            m.write(&Record::Eval(EvalRecord {
-                step: self.progress.step,
-                epoch: epoch + 1,
-                split: "dev".into(),
-                loss: scores.loss,
-                accuracy: scores.accuracy,
-                f1: scores.f1,
-                elapsed_s: self.log.started.elapsed().as_secs_f64(),
-            }))?;
+        let scoring = Scoring::new(c, &self.inputs.task.name);
+        for (split, examples) in &self.inputs.evals {
+            let scores =
+                evaluate(evaluator, self.engine.params(), examples, self.cfg.eval_batch_size, c.pad_token_id, scoring)?;
+            self.log.bar.suspend(|| {
+                tracing::info!(epoch = epoch + 1, step = self.progress.step, "{split} {}", scores.describe())
+            });
+            if let Some(m) = self.log.metrics.as_mut() {
+                m.write(&Record::Eval(EvalRecord {
+                    step: self.progress.step,
+                    epoch: epoch + 1,
+                    split: split.clone(),
+                    scores,
+                    elapsed_s: self.log.started.elapsed().as_secs_f64(),
+                }))?;
+            }
+            if split == "dev" {
+                self.log.last_dev = Some(scores);
+            }
         }
-        self.log.last_dev = Some(scores);
         Ok(())
     }
 
@@ -664,32 +673,75 @@ impl Drop for TrainingRun<'_> {
     }
 }
 
+/// The model folder with the head its task's labels need: the parameter layout that every
+/// node's gradient sync must be built for (it reads, or tokenizes and caches, the task's data).
+pub fn task_model(cfg: &TrainConfig, root: &Path) -> Result<ModelDir, TrainError> {
+    Ok(read_inputs(cfg, root)?.model)
+}
+
 fn read_inputs(cfg: &TrainConfig, root: &Path) -> Result<Inputs, TrainError> {
-    let model = ModelDir::open(&resolve(root, &cfg.model))?;
+    let mut model = ModelDir::open(&resolve(root, &cfg.model))?;
+    model.check_max_len(cfg.max_len)?;
+    let tokenizer = PairTokenizer::from_model_dir(&model.dir, cfg.max_len)?;
+    let task = cfg.task(root)?;
+    let cache = ringtune_data::cache_file(&task, &model.dir, cfg.max_len);
+    let prepared = ringtune_data::prepare(&task, &tokenizer, ReadOptions { skip_bad: cfg.skip_bad }, Some(&cache))?;
+    if let ringtune_data::CacheUse::Rebuilt(why) = &prepared.how {
+        tracing::warn!("{why}: tokenized again");
+    }
+    report_skipped(&prepared.skipped);
+    let mut data = prepared.data;
+    model.config = with_head(&model, &data.labels);
+    model.layout = ringtune_bert::layout(&model.config);
     let mut config = model.config.clone();
     if let Some(p) = cfg.dropout {
         config = config.with_dropout(p);
     }
-    model.check_max_len(cfg.max_len)?;
-    let tokenizer = PairTokenizer::from_model_dir(&model.dir, cfg.max_len)?;
-    let data = match &cfg.data {
-        Some(d) => resolve(root, d),
-        None => ringtune_mrpc::data_dir(root)?.path,
-    };
-    let cache = ringtune_mrpc::cache_file(&model.dir, cfg.max_len);
-    let (mut splits, how, _) = ringtune_mrpc::prepare(&data, &tokenizer, ReadOptions::default(), Some(&cache))?;
-    if let ringtune_mrpc::CacheUse::Rebuilt(why) = how {
-        tracing::warn!("{why}: tokenized again");
-    }
-    let train =
-        splits.remove("train").ok_or_else(|| TrainError::Other(format!("{} has no train.tsv", data.display())))?;
+    let train = data
+        .splits
+        .remove("train")
+        .ok_or_else(|| TrainError::Other(format!("task {} has no training split", task.name)))?;
+    let evals: Vec<(String, Vec<Example>)> =
+        data.splits.into_iter().filter(|(name, _)| name.starts_with("dev")).collect();
     let tokenizer_files = ["tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"]
         .iter()
         .map(|f| model.dir.join(f))
         .filter(|p| p.exists())
         .collect();
-    tracing::info!(data = %data.display(), train = train.len(), dev = splits.get("dev").map_or(0, Vec::len), "data ready");
-    Ok(Inputs { model, config, train, dev: splits.remove("dev"), tokenizer_files })
+    let source = match &task.source {
+        Source::Glue { dir, .. } => dir.display().to_string(),
+        Source::Files { train, .. } => train.display().to_string(),
+    };
+    let labels = match data.labels.problem() {
+        Problem::Regression => "a score".to_string(),
+        Problem::Classification => data.labels.names().join(", "),
+    };
+    tracing::info!(task = %task.name, data = %source, train = train.len(), dev = evals.first().map_or(0, |(_, e)| e.len()), %labels, "data ready");
+    Ok(Inputs { model, config, task, text_columns: data.text_columns, train, evals, tokenizer_files })
+}
+
+/// The model's config with the head `labels` need: one output per class, named as the data
+/// names them, or one score. A checkpoint's head of another size is refused when it loads.
+fn with_head(model: &ModelDir, labels: &LabelSet) -> ModelConfig {
+    let problem = match labels.problem() {
+        Problem::Classification => ringtune_bert::ProblemType::SingleLabel,
+        Problem::Regression => ringtune_bert::ProblemType::Regression,
+    };
+    model.config.clone().with_labels(problem, labels.names())
+}
+
+/// Logs the rows `--skip-bad` skipped: how many, and the first ones by file and line.
+fn report_skipped(skipped: &[ringtune_data::BadRow]) {
+    if skipped.is_empty() {
+        return;
+    }
+    tracing::warn!("--skip-bad: skipped {} bad row(s)", skipped.len());
+    for row in skipped.iter().take(REPORTED_ROWS) {
+        tracing::warn!("  skipped {row}");
+    }
+    if skipped.len() > REPORTED_ROWS {
+        tracing::warn!("  ... and {} more", skipped.len() - REPORTED_ROWS);
+    }
 }
 
 fn plan(cfg: &TrainConfig, root: &Path, inputs: &Inputs, world: usize) -> Result<Plan, TrainError> {
@@ -806,38 +858,6 @@ fn progress_bar(total: u64) -> ProgressBar {
     bar
 }
 
-/// Scores of `examples` (in order) under `params`.
-pub fn evaluate(
-    evaluator: &mut Evaluator,
-    params: &[f32],
-    examples: &[Example],
-    batch_size: usize,
-    pad_id: i64,
-    classes: usize,
-) -> Result<Scores, TrainError> {
-    let _span = tracing::debug_span!("evaluate").entered();
-    let (logits, labels) = predict_logits(evaluator, params, examples, batch_size, pad_id)?;
-    Ok(scores(&logits, classes, &labels))
-}
-
-/// Logits of every example, in order, and their labels.
-pub fn predict_logits(
-    evaluator: &mut Evaluator,
-    params: &[f32],
-    examples: &[Example],
-    batch_size: usize,
-    pad_id: i64,
-) -> Result<(Vec<f32>, Vec<i64>), TrainError> {
-    let order: Vec<usize> = (0..examples.len()).collect();
-    let mut logits = Vec::new();
-    let mut labels = Vec::new();
-    for batch in ringtune_mrpc::batches(examples, &order, batch_size, Padding::Dynamic, pad_id) {
-        logits.extend(evaluator.logits(params, &batch)?);
-        labels.extend(batch.labels);
-    }
-    Ok((logits, labels))
-}
-
 /// The trained model as Hugging Face files plus the ONNX inference model and the plot.
 fn write_outputs(output: &Path, inputs: &Inputs, layout: &ParamLayout, params: &[f32]) -> Result<(), TrainError> {
     let _span = tracing::debug_span!("outputs").entered();
@@ -845,6 +865,12 @@ fn write_outputs(output: &Path, inputs: &Inputs, layout: &ParamLayout, params: &
     let config =
         serde_json::to_string_pretty(&inputs.config.to_hf_json()).map_err(|e| TrainError::Other(e.to_string()))?;
     ringtune_files::write_atomically(&output.join("config.json"), config.as_bytes())?;
+    let label_column = match &inputs.task.source {
+        Source::Files { label_column, .. } => Some(label_column.clone().unwrap_or_else(|| "label".into())),
+        Source::Glue { .. } => None,
+    };
+    TaskFile { task: inputs.task.name.clone(), text_columns: inputs.text_columns.clone(), label_column }
+        .write(output)?;
     for file in &inputs.tokenizer_files {
         if let Some(name) = file.file_name() {
             std::fs::copy(file, output.join(name))

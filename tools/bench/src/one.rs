@@ -10,7 +10,7 @@ use clap::{Parser, ValueEnum};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use ringtune_bert::ModelConfig;
-use ringtune_mrpc::Batch;
+use ringtune_data::Batch;
 use ringtune_ops::{KernelChoice, Kernels, PrecisionChoice, Recompute};
 use ringtune_optim::{AdamW, AdamWConfig};
 use ringtune_runtime::{Arena, FlatBuffer, Runtime, SessionOptions};
@@ -145,6 +145,7 @@ fn synthetic_batch(rows: usize, seq: usize, vocab: usize, seed: u64) -> Batch {
         token_type_ids: vec![0; rows * seq],
         attention_mask: vec![0; rows * seq],
         labels: (0..rows).map(|_| rng.random_range(0..2)).collect(),
+        scores: vec![0.0; rows],
         indices: (0..rows).collect(),
     };
     for r in 0..rows {

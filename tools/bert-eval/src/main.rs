@@ -89,7 +89,7 @@ fn main() -> Result<()> {
 }
 
 /// A batch (the fixtures' `batch.safetensors` layout, names after `prefix`) as a padded batch.
-fn read_batch(path: &std::path::Path, prefix: &str) -> Result<ringtune_mrpc::Batch> {
+fn read_batch(path: &std::path::Path, prefix: &str) -> Result<ringtune_data::Batch> {
     let tensors = read_tensor_file(path)?;
     let get = |name: &str| -> Result<(&[usize], &[i64])> {
         let name = &format!("{prefix}{name}");
@@ -111,13 +111,14 @@ fn read_batch(path: &std::path::Path, prefix: &str) -> Result<ringtune_mrpc::Bat
     if label_shape != [*rows] {
         bail!("{}: labels is {label_shape:?}, expected [{rows}]", path.display());
     }
-    Ok(ringtune_mrpc::Batch {
+    Ok(ringtune_data::Batch {
         rows: *rows,
         seq: *seq,
         input_ids: ids.to_vec(),
         token_type_ids: types,
         attention_mask: mask.to_vec(),
         labels: labels.to_vec(),
+        scores: vec![0.0; *rows],
         indices: (0..*rows).collect(),
     })
 }

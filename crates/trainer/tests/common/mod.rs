@@ -33,7 +33,7 @@ pub(crate) fn tiny_model(dir: &Path) -> PathBuf {
 
 /// The first `train` and `dev` rows of the real MRPC files, as a data folder.
 pub(crate) fn small_mrpc(dir: &Path, train: usize, dev: usize) -> PathBuf {
-    let source = ringtune_mrpc::data_dir(&root()).unwrap_or_else(|e| panic!("{e}")).path;
+    let source = ringtune_data::data_dir(&root()).unwrap_or_else(|e| panic!("{e}")).path;
     let data = dir.join("mrpc");
     std::fs::create_dir_all(&data).expect("dir");
     for (file, rows) in [("train.tsv", train), ("dev.tsv", dev)] {

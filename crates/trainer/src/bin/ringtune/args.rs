@@ -8,7 +8,7 @@ use ringtune_ops::{KernelChoice, PrecisionChoice, Recompute};
 use ringtune_runtime::Provider;
 use ringtune_trainer::TrainConfig;
 
-/// Fine-tunes BERT on MRPC across CPU nodes with a custom ONNX trainer.
+/// Fine-tunes BERT on GLUE's tasks or your own files across CPU nodes with a custom ONNX trainer.
 #[derive(Parser)]
 #[command(version, about, args_override_self = true)]
 pub(crate) struct Cli {
@@ -18,11 +18,11 @@ pub(crate) struct Cli {
 
 #[derive(Subcommand)]
 pub(crate) enum Command {
-    /// Fine-tunes a model on MRPC.
+    /// Fine-tunes a model on a GLUE task (MRPC by default) or your own files.
     Train(Box<TrainArgs>),
-    /// Scores a model on a labelled split (loss, accuracy, F1).
+    /// Scores a trained model on a labelled file with its task's metrics.
     Eval(UseArgs),
-    /// Writes GLUE-format predictions (index, prediction) for test.tsv.
+    /// Writes GLUE-format predictions (index, label name or score) for a file.
     Predict(PredictArgs),
     /// Makes a cluster CA and one certificate per node (`ca.pem`, `node-<rank>.pem`, `.key`).
     Certs {
@@ -62,9 +62,35 @@ pub(crate) struct TrainArgs {
     /// Model folder (config.json, model.safetensors, tokenizer).
     #[arg(long)]
     model: Option<PathBuf>,
-    /// MRPC folder (default: MRPC_DIR, data/mrpc, ../shared/data/mrpc).
+    /// GLUE task: cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli (default: mrpc).
+    #[arg(long)]
+    task: Option<String>,
+    /// The GLUE task's folder (mrpc: MRPC_DIR, data/mrpc, ../shared/data/mrpc; others:
+    /// GLUE_DIR/<Task>, data/<Task>).
     #[arg(long)]
     data: Option<PathBuf>,
+    /// Your own training file instead of a GLUE task: .csv, .tsv or .jsonl.
+    #[arg(long)]
+    train_file: Option<PathBuf>,
+    /// Your file scored after each epoch.
+    #[arg(long)]
+    validation_file: Option<PathBuf>,
+    /// Your file to predict later (`ringtune predict`).
+    #[arg(long)]
+    test_file: Option<PathBuf>,
+    /// Text columns of your files, one or two, comma separated (default: sentence1,sentence2,
+    /// sentence or text).
+    #[arg(long, value_delimiter = ',')]
+    text_columns: Option<Vec<String>>,
+    /// Label column of your files (default: label).
+    #[arg(long)]
+    label_column: Option<String>,
+    /// Outputs of the head (default: the number of training labels; 1: a regression).
+    #[arg(long)]
+    num_labels: Option<usize>,
+    /// Skip malformed rows (each logged with its file and line) instead of failing.
+    #[arg(long)]
+    skip_bad: bool,
     /// Output folder.
     #[arg(long)]
     output: Option<PathBuf>,
@@ -198,7 +224,8 @@ pub(crate) struct UseArgs {
     /// A trained model folder (a run's output).
     #[arg(long)]
     pub(crate) model: PathBuf,
-    /// The TSV file (default: dev.tsv of the MRPC folder).
+    /// The file, read as the model's task reads it (default: the task's dev file for eval, its
+    /// test file for predict).
     #[arg(long)]
     pub(crate) file: Option<PathBuf>,
     /// Maximum tokens per pair.
@@ -227,14 +254,15 @@ pub(crate) fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
     // `..`, so a flag added there and not listed here does not compile. A flag given overrides
     // the file; settings that are optional in the config stay optional.
     macro_rules! settings {
-        (set: [$($set:ident),*], optional: [$($optional:ident),*]) => {{
-            let TrainArgs { config, resume: _, cluster: _, $($set,)* $($optional,)* } = args;
+        (set: [$($set:ident),*], optional: [$($optional:ident),*], flags: [$($flag:ident),*]) => {{
+            let TrainArgs { config, resume: _, cluster: _, $($set,)* $($optional,)* $($flag,)* } = args;
             let mut c = match config {
                 Some(path) => TrainConfig::from_toml_file(path)?,
                 None => TrainConfig::default(),
             };
             $( if let Some(v) = $set { c.$set = v.clone(); } )*
             $( if $optional.is_some() { c.$optional = $optional.clone(); } )*
+            $( if *$flag { c.$flag = true; } )*
             c
         }};
     }
@@ -262,7 +290,19 @@ pub(crate) fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
             stop_after,
             param_check_every
         ],
-        optional: [data, dropout, global_batch_size]
+        optional: [
+            task,
+            data,
+            train_file,
+            validation_file,
+            test_file,
+            text_columns,
+            label_column,
+            num_labels,
+            dropout,
+            global_batch_size
+        ],
+        flags: [skip_bad]
     );
     c.validate()?;
     Ok(c)
@@ -279,14 +319,24 @@ mod tests {
         let line = "ringtune train --model m --data d --output o --epochs 5 --batch-size 7 --global-batch-size 14 --learning-rate 0.5 \
             --warmup-ratio 0.25 --weight-decay 0.125 --max-len 64 --seed 9 --dropout 0.2 --threads 1 \
             --provider auto --kernels mlas --precision bf16 --max-grad-norm 2 --log-every 3 \
-            --checkpoint-every 11 --keep-checkpoints 4 --max-steps 13 --stop-after 12 --param-check-every 17";
+            --checkpoint-every 11 --keep-checkpoints 4 --max-steps 13 --stop-after 12 --param-check-every 17 \
+            --task t --train-file tr.csv --validation-file va.jsonl --test-file te.tsv --text-columns q,a \
+            --label-column y --num-labels 3 --skip-bad";
         let Command::Train(args) = Cli::parse_from(line.split_whitespace()).command else {
             panic!("not a train command");
         };
         let c = train_config(&args).expect("valid settings");
         let expected = TrainConfig {
             model: "m".into(),
+            task: Some("t".into()),
             data: Some("d".into()),
+            train_file: Some("tr.csv".into()),
+            validation_file: Some("va.jsonl".into()),
+            test_file: Some("te.tsv".into()),
+            text_columns: Some(vec!["q".into(), "a".into()]),
+            label_column: Some("y".into()),
+            num_labels: Some(3),
+            skip_bad: true,
             output: "o".into(),
             epochs: 5,
             batch_size: 7,

@@ -23,8 +23,17 @@ fn root() -> PathBuf {
     std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."))
 }
 
-fn default_file(name: &str) -> Result<PathBuf> {
-    Ok(ringtune_mrpc::data_dir(&root())?.path.join(name))
+/// The file `eval` (split `dev`) or `predict` (split `test`) reads when none is given: that
+/// split of the model's GLUE task, where training finds the task's folder.
+fn default_file(model: &std::path::Path, split: &str) -> Result<PathBuf> {
+    let task = ringtune_trainer::evaluation::TaskFile::read(model)?;
+    if task.task == "files" {
+        bail!("{} was trained on your own files: name the file to read with --file", model.display());
+    }
+    let glue = ringtune_data::GlueTask::from_name(&task.task)?;
+    let dir = ringtune_data::glue_dir(&root(), glue)?.path;
+    let file = glue.splits().iter().find(|(s, _)| *s == split).map(|(_, f)| *f).unwrap_or("dev.tsv");
+    Ok(dir.join(file))
 }
 
 fn main() -> Result<()> {
@@ -60,15 +69,15 @@ fn main() -> Result<()> {
         Command::Eval(args) => {
             let file = match &args.file {
                 Some(f) => f.clone(),
-                None => default_file("dev.tsv")?,
+                None => default_file(&args.model, "dev")?,
             };
             let s = predictor(&args)?.evaluate(&file, args.batch_size)?;
-            println!("{}: loss {:.4} accuracy {:.4} F1 {:.4}", file.display(), s.loss, s.accuracy, s.f1);
+            println!("{}: {}", file.display(), s.describe());
         }
         Command::Predict(args) => {
             let file = match &args.common.file {
                 Some(f) => f.clone(),
-                None => default_file("test.tsv")?,
+                None => default_file(&args.common.model, "test")?,
             };
             let n = predictor(&args.common)?.predict(&file, args.common.batch_size, &args.out)?;
             println!("{n} predictions for {} -> {}", file.display(), args.out.display());
@@ -92,7 +101,7 @@ fn train(args: &TrainArgs) -> Result<()> {
         return Ok(());
     };
     let _rank = tracing::info_span!("rank", rank = cluster.rank).entered();
-    let model = ringtune_trainer::model::ModelDir::open(&root().join(&config.model))?;
+    let model = ringtune_trainer::train::task_model(&config, &root())?;
     let mut sync = QuicSync::join(&cluster, &model)?;
     let summary = ringtune_trainer::train::train(&config, &root(), start(args.resume), Some(&mut sync))?;
     sync.shutdown();
@@ -119,7 +128,10 @@ fn predictor(args: &UseArgs) -> Result<Predictor> {
 fn print_summary(s: &ringtune_trainer::train::Summary) {
     println!("steps        {}", s.steps);
     if let Some(dev) = &s.dev {
-        println!("dev accuracy {:.4}\ndev F1       {:.4}\ndev loss     {:.4}", dev.accuracy, dev.f1, dev.loss);
+        for (name, value) in dev.metrics() {
+            println!("{:<12} {value:.4}", format!("dev {name}"));
+        }
+        println!("dev loss     {:.4}", dev.loss);
     }
     println!(
         "train        {:.2} samples/s\nwall         {:.1} s\noutput       {}",

@@ -1,10 +1,11 @@
 //! The tokenized cache: every split's examples in one binary file, with a versioned header,
 //! the hash of the tokenizer, settings and source files it was built from, and a checksum.
 //!
-//! Layout (little endian): magic `RTMRPC01`, version `u32`, fingerprint `[u8; 32]`, split count
-//! `u32`; per split: name length `u16` and name, example count `u32`, then per example label
-//! `i8` (-1 for none), truncated `u8`, length `u16`, ids `u32 x len`, types `u8 x len`; last,
-//! the sha256 of everything before it.
+//! Layout (little endian): magic `RTDATA01`, version `u32`, fingerprint `[u8; 32]`; the task's
+//! labels and text columns as JSON (length `u32`, then the text); split count `u32`; per split:
+//! name length `u16` and name, example count `u32`, then per example the label (tag `u8`: 0
+//! none, 1 a class then `u32`, 2 a score then `f32`), truncated `u8`, length `u16`, ids
+//! `u32 x len`, types `u8 x len`; last, the sha256 of everything before it.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -12,28 +13,66 @@ use std::path::Path;
 use sha2::{Digest, Sha256};
 
 use crate::error::DataError;
-use crate::Example;
+use crate::{Example, Label, LabelSet, Problem};
 
-const MAGIC: &[u8; 8] = b"RTMRPC01";
+const MAGIC: &[u8; 8] = b"RTDATA01";
 /// The cache format version; a different one is stale.
-pub const CACHE_VERSION: u32 = 1;
+pub const CACHE_VERSION: u32 = 2;
 
-/// Tokenized splits by name (`train`, `dev`, `test`).
+/// Tokenized splits by name (`train`, `dev`, `test`, ...).
 pub type Splits = BTreeMap<String, Vec<Example>>;
 
+/// A task's tokenized splits, its labels and the text columns they were read from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskData {
+    /// The labels (classes in id order, or a score).
+    pub labels: LabelSet,
+    /// The text columns of the training file.
+    pub text_columns: Vec<String>,
+    /// The splits.
+    pub splits: Splits,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Header {
+    regression: bool,
+    names: Vec<String>,
+    text_columns: Vec<String>,
+}
+
 /// Writes the cache atomically.
-pub fn save_cache(path: &Path, fingerprint: &[u8; 32], splits: &Splits) -> Result<(), DataError> {
+pub fn save_cache(path: &Path, fingerprint: &[u8; 32], data: &TaskData) -> Result<(), DataError> {
     let mut out = Vec::new();
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&CACHE_VERSION.to_le_bytes());
     out.extend_from_slice(fingerprint);
+    let header = Header {
+        regression: data.labels.problem() == Problem::Regression,
+        names: data.labels.names().to_vec(),
+        text_columns: data.text_columns.clone(),
+    };
+    let header = serde_json::to_vec(&header)
+        .map_err(|e| DataError::CorruptCache { path: path.into(), reason: e.to_string() })?;
+    out.extend_from_slice(&(header.len() as u32).to_le_bytes());
+    out.extend_from_slice(&header);
+    let splits = &data.splits;
     out.extend_from_slice(&(splits.len() as u32).to_le_bytes());
     for (name, examples) in splits {
         out.extend_from_slice(&(name.len() as u16).to_le_bytes());
         out.extend_from_slice(name.as_bytes());
         out.extend_from_slice(&(examples.len() as u32).to_le_bytes());
         for e in examples {
-            out.push(e.label.map_or(-1i8, |l| l as i8) as u8);
+            match e.label {
+                None => out.push(0),
+                Some(Label::Class(c)) => {
+                    out.push(1);
+                    out.extend_from_slice(&c.to_le_bytes());
+                }
+                Some(Label::Score(s)) => {
+                    out.push(2);
+                    out.extend_from_slice(&s.to_le_bytes());
+                }
+            }
             out.push(e.truncated as u8);
             out.extend_from_slice(&(e.ids.len() as u16).to_le_bytes());
             for id in &e.ids {
@@ -50,11 +89,11 @@ pub fn save_cache(path: &Path, fingerprint: &[u8; 32], splits: &Splits) -> Resul
 }
 
 /// Reads the cache; a different fingerprint or version is stale, damage is corrupt.
-pub fn load_cache(path: &Path, fingerprint: &[u8; 32]) -> Result<Splits, DataError> {
+pub fn load_cache(path: &Path, fingerprint: &[u8; 32]) -> Result<TaskData, DataError> {
     let bytes = std::fs::read(path).map_err(|source| DataError::Io { path: path.into(), source })?;
     let corrupt = |reason: &str| DataError::CorruptCache { path: path.into(), reason: reason.into() };
     if bytes.len() < MAGIC.len() + 4 + 32 + 4 + 32 || &bytes[..8] != MAGIC {
-        return Err(corrupt("not a ringtune MRPC cache"));
+        return Err(corrupt("not a ringtune data cache"));
     }
     let (body, checksum) = bytes.split_at(bytes.len() - 32);
     if Sha256::digest(body).as_slice() != checksum {
@@ -74,6 +113,12 @@ pub fn load_cache(path: &Path, fingerprint: &[u8; 32]) -> Result<Splits, DataErr
             reason: "built from another tokenizer, other settings or other data files".into(),
         });
     }
+    let header_len = r.u32().ok_or_else(|| corrupt("truncated header"))? as usize;
+    let header: Header = r
+        .take(header_len)
+        .and_then(|bytes| serde_json::from_slice(bytes).ok())
+        .ok_or_else(|| corrupt("unreadable labels"))?;
+    let labels = if header.regression { LabelSet::regression() } else { LabelSet::classes(&header.names) };
     let mut splits = Splits::new();
     let count = r.u32().ok_or_else(|| corrupt("truncated header"))?;
     for _ in 0..count {
@@ -91,7 +136,7 @@ pub fn load_cache(path: &Path, fingerprint: &[u8; 32]) -> Result<Splits, DataErr
     if r.at != body.len() {
         return Err(corrupt("trailing bytes"));
     }
-    Ok(splits)
+    Ok(TaskData { labels, text_columns: header.text_columns, splits })
 }
 
 struct Cursor<'a> {
@@ -115,12 +160,17 @@ impl<'a> Cursor<'a> {
     }
 
     fn example(&mut self) -> Option<Example> {
-        let label = self.take(1)?[0] as i8;
+        let label = match self.take(1)?[0] {
+            0 => None,
+            1 => Some(Label::Class(self.u32()?)),
+            2 => Some(Label::Score(f32::from_bits(self.u32()?))),
+            _ => return None,
+        };
         let truncated = self.take(1)?[0] != 0;
         let len = self.u16()? as usize;
         let ids = self.take(len * 4)?.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
         let type_ids = self.take(len)?.to_vec();
-        Some(Example { ids, type_ids, label: (label >= 0).then_some(label as u8), truncated })
+        Some(Example { ids, type_ids, label, truncated })
     }
 }
 
@@ -128,10 +178,14 @@ impl<'a> Cursor<'a> {
 mod tests {
     use super::*;
 
-    fn splits() -> Splits {
+    fn data() -> TaskData {
         let e =
             |n: u32, label| Example { ids: (0..n).collect(), type_ids: vec![0; n as usize], label, truncated: n > 3 };
-        [("train".to_string(), vec![e(3, Some(1)), e(5, Some(0))]), ("test".to_string(), vec![e(2, None)])].into()
+        let splits = [
+            ("train".to_string(), vec![e(3, Some(Label::Class(1))), e(5, Some(Label::Score(-2.5)))]),
+            ("test".to_string(), vec![e(2, None)]),
+        ];
+        TaskData { labels: LabelSet::classes(&["no", "yes"]), text_columns: vec!["text".into()], splits: splits.into() }
     }
 
     #[test]
@@ -139,10 +193,14 @@ mod tests {
         let dir = tempfile::tempdir().expect("dir");
         let path = dir.path().join("mrpc.cache");
         let fp = [7u8; 32];
-        save_cache(&path, &fp, &splits()).expect("save");
-        assert_eq!(load_cache(&path, &fp).expect("load"), splits());
+        save_cache(&path, &fp, &data()).expect("save");
+        assert_eq!(load_cache(&path, &fp).expect("load"), data());
+        let regression = TaskData { labels: LabelSet::regression(), ..data() };
+        save_cache(&path, &fp, &regression).expect("save");
+        assert_eq!(load_cache(&path, &fp).expect("load"), regression);
+        save_cache(&path, &fp, &data()).expect("save");
         let stale = load_cache(&path, &[8u8; 32]).expect_err("stale");
-        assert!(matches!(stale, DataError::StaleCache { .. }) && stale.to_string().contains("mrpc-prep"), "{stale}");
+        assert!(matches!(stale, DataError::StaleCache { .. }) && stale.to_string().contains("data-prep"), "{stale}");
         let mut bytes = std::fs::read(&path).expect("read");
         let mid = bytes.len() / 2;
         bytes[mid] ^= 1;

@@ -137,7 +137,20 @@ impl PairTokenizer {
 
     /// Encodes many pairs (in parallel), in order.
     pub fn encode_pairs(&self, pairs: &[(&str, &str)]) -> Result<Vec<Encoded>, DataError> {
-        let inputs: Vec<tokenizers::EncodeInput<'_>> = pairs.iter().map(|&(a, b)| (a, b).into()).collect();
+        let texts: Vec<(&str, Option<&str>)> = pairs.iter().map(|&(a, b)| (a, Some(b))).collect();
+        self.encode_texts(&texts)
+    }
+
+    /// Encodes many texts (in parallel), in order: a pair where the second is there
+    /// (`[CLS] a [SEP] b [SEP]`), else one sentence (`[CLS] a [SEP]`, token types 0).
+    pub fn encode_texts(&self, texts: &[(&str, Option<&str>)]) -> Result<Vec<Encoded>, DataError> {
+        let inputs: Vec<tokenizers::EncodeInput<'_>> = texts
+            .iter()
+            .map(|&(a, b)| match b {
+                Some(b) => (a, b).into(),
+                None => a.into(),
+            })
+            .collect();
         let encodings = self
             .inner
             .encode_batch(inputs, true)

@@ -57,6 +57,30 @@ pub enum DataError {
         /// How many there are in all.
         total: usize,
     },
+    /// A file that cannot be read as its format at all (a JSON file that is not JSON).
+    #[error("{}: {reason}", .file.display())]
+    BadFile {
+        /// The file.
+        file: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The columns asked for (or the default ones) are not in a file.
+    #[error("{}: {reason}", .file.display())]
+    Columns {
+        /// The file.
+        file: PathBuf,
+        /// Which column is missing, and the file's columns.
+        reason: String,
+    },
+    /// The training labels make no task (one class only, too many for --num-labels, ...).
+    #[error("{}: {reason}", .file.display())]
+    Labels {
+        /// The training file.
+        file: PathBuf,
+        /// Why.
+        reason: String,
+    },
     /// The tokenizer could not be loaded or failed.
     #[error("tokenizer {path}: {reason}")]
     Tokenizer {
@@ -66,7 +90,7 @@ pub enum DataError {
         reason: String,
     },
     /// A tokenized cache that does not match the data or settings.
-    #[error("tokenized cache {path} is stale ({reason}); rebuild it with `mrpc-prep`")]
+    #[error("tokenized cache {path} is stale ({reason}); rebuild it with `data-prep`")]
     StaleCache {
         /// The cache file.
         path: PathBuf,
@@ -74,7 +98,7 @@ pub enum DataError {
         reason: String,
     },
     /// A damaged tokenized cache.
-    #[error("tokenized cache {path} is corrupt ({reason}); delete it and run `mrpc-prep` again")]
+    #[error("tokenized cache {path} is corrupt ({reason}); delete it and run `data-prep` again")]
     CorruptCache {
         /// The cache file.
         path: PathBuf,
@@ -85,7 +109,7 @@ pub enum DataError {
     #[error("{}: no labels (laid out as GLUE's test split, `index` first): training needs the labelled train.tsv and dev.tsv", .0.display())]
     Unlabelled(PathBuf),
     /// No data folder could be found.
-    #[error("no MRPC data: {0}")]
+    #[error("no data: {0}")]
     NoData(String),
     /// Invalid settings (batch size 0, rank out of range, ...).
     #[error("{0}")]

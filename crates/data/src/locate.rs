@@ -58,3 +58,31 @@ pub fn sha256_hex(path: &Path) -> Result<String, DataError> {
     let bytes = std::fs::read(path).map_err(|source| DataError::Io { path: path.into(), source })?;
     Ok(ringtune_files::hex(&Sha256::digest(&bytes)))
 }
+
+/// The folder of a GLUE task's files: MRPC as [`data_dir`] finds it; any other task in
+/// `GLUE_DIR/<folder>` (GLUE's download script's layout, `SST-2`), else `root/data/<folder>`.
+/// The error says where it looked and that `--data` names the folder.
+pub fn glue_dir(root: &Path, task: crate::GlueTask) -> Result<DataDir, DataError> {
+    if task == crate::GlueTask::Mrpc {
+        return data_dir(root);
+    }
+    let train = task.splits()[0].1;
+    let mut looked = Vec::new();
+    let from_env = std::env::var_os("GLUE_DIR").filter(|v| !v.is_empty()).map(PathBuf::from);
+    let candidates = from_env
+        .map(|dir| (dir.join(task.folder()), "GLUE_DIR"))
+        .into_iter()
+        .chain([(root.join("data").join(task.folder()), "the workspace data folder")]);
+    for (path, origin) in candidates {
+        if path.join(train).is_file() {
+            return Ok(DataDir { path, origin });
+        }
+        looked.push(path.display().to_string());
+    }
+    Err(DataError::NoData(format!(
+        "no {train} for {} in {} (GLUE_DIR {}); give the task's folder with --data DIR",
+        task.name(),
+        looked.join(" or "),
+        if std::env::var_os("GLUE_DIR").is_some() { "set" } else { "unset" }
+    )))
+}

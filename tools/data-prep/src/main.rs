@@ -1,5 +1,6 @@
-//! `mrpc-prep`: MRPC files to ringtune's tokenized cache, with statistics; `mrpc-prep fetch`
-//! gets the data (`just data`).
+//! `data-prep`: any task's files (a GLUE task, MRPC by default, or your own CSV, TSV or JSON
+//! lines) to ringtune's tokenized cache, with statistics and every bad row by file and line;
+//! `data-prep fetch` gets MRPC (`just data`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -8,27 +9,50 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use ringtune_mrpc::{
+use ringtune_data::{
     cache_file, data_dir, glue_labelled_tsv, glue_split, glue_test_tsv, prepare, read_dev_ids, read_pairs, sha256_hex,
-    CacheUse, PairTokenizer, ReadOptions, SplitStats, PINNED_SHA256,
+    CacheUse, PairTokenizer, Problem, ReadOptions, SplitStats, TaskChoice, PINNED_SHA256,
 };
 
-/// Tokenizes GLUE MRPC (train, dev, test) into a cache that training loads instantly.
+/// Tokenizes a task's splits into the cache that training loads instantly, with the same task
+/// flags as `ringtune train`.
 #[derive(Parser)]
 #[command(version)]
 struct Args {
     #[command(subcommand)]
     command: Option<Fetch>,
-    /// Folder with train.tsv, dev.tsv, test.tsv (default: MRPC_DIR, data/mrpc, ../shared/data/mrpc).
+    /// GLUE task: cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli (default: mrpc).
+    #[arg(long)]
+    task: Option<String>,
+    /// The GLUE task's folder (mrpc: MRPC_DIR, data/mrpc, ../shared/data/mrpc; others:
+    /// GLUE_DIR/<Task>, data/<Task>).
     #[arg(long)]
     data: Option<PathBuf>,
+    /// Your own training file instead of a GLUE task: .csv, .tsv or .jsonl.
+    #[arg(long)]
+    train_file: Option<PathBuf>,
+    /// Your validation file.
+    #[arg(long)]
+    validation_file: Option<PathBuf>,
+    /// Your test file.
+    #[arg(long)]
+    test_file: Option<PathBuf>,
+    /// Text columns of your files, one or two, comma separated.
+    #[arg(long, value_delimiter = ',')]
+    text_columns: Option<Vec<String>>,
+    /// Label column of your files (default: label).
+    #[arg(long)]
+    label_column: Option<String>,
+    /// Outputs of the head (default: the number of training labels; 1: a regression).
+    #[arg(long)]
+    num_labels: Option<usize>,
     /// Model folder with tokenizer.json or vocab.txt.
     #[arg(long, default_value = "models/all-MiniLM-L6-v2")]
     model: PathBuf,
     /// Maximum tokens per pair (truncation longest_first).
     #[arg(long, default_value_t = 128)]
     max_len: usize,
-    /// Cache file (default: .cache/mrpc/<model>-<max_len>.bin).
+    /// Cache file (default: .cache/<task>/<model>-<max_len>.bin).
     #[arg(long)]
     cache: Option<PathBuf>,
     /// Skip malformed rows (and report how many) instead of failing.
@@ -58,34 +82,53 @@ fn main() -> Result<()> {
     if let Some(Fetch::Fetch { dest }) = &args.command {
         return fetch(&root, &root.join(dest));
     }
-    let data = match &args.data {
-        Some(d) => d.clone(),
-        None => data_dir(&root)?.path,
+    let choice = TaskChoice {
+        task: args.task.clone(),
+        data: args.data.clone(),
+        train_file: args.train_file.clone(),
+        validation_file: args.validation_file.clone(),
+        test_file: args.test_file.clone(),
+        text_columns: args.text_columns.clone(),
+        label_column: args.label_column.clone(),
+        num_labels: args.num_labels,
     };
+    // Relative paths are the caller's, as `ringtune train` takes them.
+    let task = choice.task(&std::env::current_dir()?)?;
     let model = if args.model.is_absolute() { args.model.clone() } else { root.join(&args.model) };
     let tokenizer = PairTokenizer::from_model_dir(&model, args.max_len)?;
-    let cache = args.cache.clone().unwrap_or_else(|| cache_file(&model, args.max_len));
+    let cache = args.cache.clone().unwrap_or_else(|| cache_file(&task, &model, args.max_len));
     let started = Instant::now();
     let options = ReadOptions { skip_bad: args.skip_bad };
-    let (splits, how, skipped) = prepare(&data, &tokenizer, options, Some(&cache))?;
-    let what = match &how {
+    let prepared = prepare(&task, &tokenizer, options, Some(&cache))?;
+    let (splits, how, skipped) = (&prepared.data.splits, &prepared.how, &prepared.skipped);
+    let data = match &task.source {
+        ringtune_data::Source::Glue { dir, .. } => dir.display().to_string(),
+        ringtune_data::Source::Files { train, .. } => train.display().to_string(),
+    };
+    let what = match how {
         CacheUse::Loaded => "loaded from the cache".to_string(),
         CacheUse::Built => "tokenized".to_string(),
         CacheUse::Rebuilt(why) => format!("tokenized again ({why})"),
     };
+    let labels = &prepared.data.labels;
+    let labels = match labels.problem() {
+        Problem::Regression => "a score (regression)".to_string(),
+        Problem::Classification => labels.names().join(", "),
+    };
     println!(
-        "data   {}\nmodel  {}\ncache  {} ({what}, {:.2} s)",
-        data.display(),
+        "task   {}\ndata   {data}\ntext   {}\nlabels {labels}\nmodel  {}\ncache  {} ({what}, {:.2} s)",
+        task.name,
+        prepared.data.text_columns.join(", "),
         model.display(),
         cache.display(),
         started.elapsed().as_secs_f64()
     );
-    for (name, examples) in &splits {
+    for (name, examples) in splits {
         println!("{name:<6} {}", SplitStats::of(examples));
     }
     if !skipped.is_empty() {
         println!("skipped {} bad row(s):", skipped.len());
-        for row in skipped.iter().take(ringtune_mrpc::REPORTED_ROWS) {
+        for row in skipped.iter().take(ringtune_data::REPORTED_ROWS) {
             println!("  {row}");
         }
     }

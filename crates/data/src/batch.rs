@@ -1,23 +1,23 @@
 //! Examples and padded batches, laid out as ONNX Runtime wants them (`i64`, row major).
 
-use crate::Encoded;
+use crate::{Encoded, Label};
 
-/// One tokenized pair with its label.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One tokenized pair (or single text) with its label.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Example {
     /// Token ids.
     pub ids: Vec<u32>,
     /// Token types.
     pub type_ids: Vec<u8>,
     /// The label, when the split has labels.
-    pub label: Option<u8>,
+    pub label: Option<Label>,
     /// Whether truncation cut tokens.
     pub truncated: bool,
 }
 
 impl Example {
     /// An example from an encoding and a label.
-    pub fn new(encoded: Encoded, label: Option<u8>) -> Self {
+    pub fn new(encoded: Encoded, label: Option<Label>) -> Self {
         Example { ids: encoded.ids, type_ids: encoded.type_ids, label, truncated: encoded.truncated }
     }
 
@@ -42,7 +42,7 @@ pub enum Padding {
 }
 
 /// A padded batch.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Batch {
     /// Rows.
     pub rows: usize,
@@ -54,8 +54,10 @@ pub struct Batch {
     pub token_type_ids: Vec<i64>,
     /// `[rows, seq]` 1 for tokens, 0 for padding.
     pub attention_mask: Vec<i64>,
-    /// `[rows]` labels (0 where the split has none).
+    /// `[rows]` class labels (0 where the split has none, or its labels are scores).
     pub labels: Vec<i64>,
+    /// `[rows]` regression targets (0 where the split has none, or its labels are classes).
+    pub scores: Vec<f32>,
     /// The examples' positions in their split.
     pub indices: Vec<usize>,
 }
@@ -76,6 +78,7 @@ impl Batch {
             token_type_ids: vec![0; rows * seq],
             attention_mask: vec![0; rows * seq],
             labels: Vec::with_capacity(rows),
+            scores: Vec::with_capacity(rows),
             indices: indices.to_vec(),
         };
         for (r, &i) in indices.iter().enumerate() {
@@ -86,7 +89,8 @@ impl Batch {
                 b.token_type_ids[row + k] = t as i64;
                 b.attention_mask[row + k] = 1;
             }
-            b.labels.push(e.label.map_or(0, i64::from));
+            b.labels.push(e.label.and_then(Label::class).map_or(0, i64::from));
+            b.scores.push(e.label.and_then(Label::score).unwrap_or(0.0));
         }
         b
     }
@@ -117,8 +121,13 @@ pub fn batches<'a>(
 mod tests {
     use super::*;
 
-    fn ex(n: usize, label: u8) -> Example {
-        Example { ids: (1..=n as u32).collect(), type_ids: vec![0; n], label: Some(label), truncated: false }
+    fn ex(n: usize, label: u32) -> Example {
+        Example {
+            ids: (1..=n as u32).collect(),
+            type_ids: vec![0; n],
+            label: Some(Label::Class(label)),
+            truncated: false,
+        }
     }
 
     #[test]
@@ -128,7 +137,10 @@ mod tests {
         assert_eq!((b.rows, b.seq), (2, 3));
         assert_eq!(b.input_ids, vec![1, 2, 3, 1, 2, 0]);
         assert_eq!(b.attention_mask, vec![1, 1, 1, 1, 1, 0]);
-        assert_eq!(b.labels, vec![1, 1]);
+        assert_eq!((b.labels.as_slice(), b.scores.as_slice()), ([1, 1].as_slice(), [0.0, 0.0].as_slice()));
+        let scored = Example { label: Some(Label::Score(2.5)), ..ex(2, 0) };
+        let r = Batch::new(&[scored], &[0], Padding::Dynamic, 0);
+        assert_eq!((r.labels[0], r.scores[0]), (0, 2.5));
         let f = Batch::new(&examples, &[1], Padding::Fixed(8), 1);
         assert_eq!((f.seq, f.input_ids[7], f.tokens()), (8, 1, 5));
         let all: Vec<Batch> = batches(&examples, &[2, 1, 0], 2, Padding::Dynamic, 0).collect();

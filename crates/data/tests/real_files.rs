@@ -3,9 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use ringtune_mrpc::{
-    data_dir, glue_labelled_tsv, glue_split, load_split, prepare, read_dev_ids, read_pairs, sha256_hex, PairTokenizer,
-    ReadOptions, SplitStats, PINNED_SHA256,
+use ringtune_data::{
+    data_dir, glue_labelled_tsv, glue_split, load_file, prepare, read_dev_ids, read_pairs, sha256_hex, GlueTask, Label,
+    PairTokenizer, ReadOptions, SplitStats, Task, PINNED_SHA256,
 };
 
 fn root() -> PathBuf {
@@ -130,10 +130,19 @@ fn truncation_is_longest_first() {
 #[test]
 fn split_statistics_match_the_files() {
     let tok = PairTokenizer::from_model_dir(&model(), 128).expect("tokenizer");
-    let (examples, data) = load_split(&mrpc().join("train.tsv"), &tok, ReadOptions::default()).expect("train");
+    let mrpc_task = GlueTask::Mrpc;
+    let (examples, _) = load_file(
+        &mrpc().join("train.tsv"),
+        &mrpc_task.file_layout("train"),
+        &mrpc_task.labels(),
+        &tok,
+        ReadOptions::default(),
+    )
+    .expect("train");
+    let data = read_pairs(&mrpc().join("train.tsv"), ReadOptions::default()).expect("pairs");
     let stats = SplitStats::of(&examples);
     assert_eq!(stats.pairs, data.pairs.len());
-    assert_eq!(stats.positives, Some(data.positives()));
+    assert_eq!(stats.classes, Some(vec![data.pairs.len() - data.positives(), data.positives()]));
     assert!(stats.max <= 128 && stats.p50 < stats.p95 && stats.p95 <= stats.max, "{stats}");
     // Every example starts with [CLS] and ends with [SEP].
     let (cls, sep) = (tok.token_id("[CLS]").expect("cls"), tok.token_id("[SEP]").expect("sep"));
@@ -146,13 +155,14 @@ fn a_train_split_without_labels_is_refused_by_name() {
     let dir = tempfile::tempdir().expect("dir");
     let test_layout = "index\t#1 ID\t#2 ID\t#1 String\t#2 String\n0\t1\t2\tA cat sat.\tA cat was sitting.\n";
     std::fs::write(dir.path().join("train.tsv"), test_layout).expect("train.tsv");
-    let err = prepare(dir.path(), &tok, ReadOptions::default(), None).expect_err("unlabelled train").to_string();
+    let task = Task::glue(GlueTask::Mrpc, dir.path());
+    let err = prepare(&task, &tok, ReadOptions::default(), None).expect_err("unlabelled train").to_string();
     assert!(err.contains("train.tsv") && err.contains("no labels"), "{err}");
     // The same file as test.tsv beside a labelled train.tsv is what GLUE ships.
     std::fs::rename(dir.path().join("train.tsv"), dir.path().join("test.tsv")).expect("rename");
     let labelled = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\tA cat sat.\tA cat was sitting.\n";
     std::fs::write(dir.path().join("train.tsv"), labelled).expect("train.tsv");
-    let (splits, _, _) = prepare(dir.path(), &tok, ReadOptions::default(), None).expect("labelled train");
-    assert_eq!(splits["train"][0].label, Some(1));
+    let splits = prepare(&task, &tok, ReadOptions::default(), None).expect("labelled train").data.splits;
+    assert_eq!(splits["train"][0].label, Some(Label::Class(1)));
     assert_eq!(splits["test"][0].label, None);
 }
