@@ -74,7 +74,7 @@ data PROFILE="release": setup
     cargo run -q --profile {{PROFILE}} -p ringtune-data-prep -- fetch
     cargo run -q --profile {{PROFILE}} -p ringtune-data-prep
 
-# Fine-tunes all-MiniLM-L6-v2 on MRPC with the standard recipe (runs/minilm-mrpc); prints dev accuracy and F1.
+# Fine-tunes all-MiniLM-L6-v2 on MRPC with the standard recipe (runs/minilm-mrpc), or on any task (--task, --train-file); prints the dev metrics.
 train *ARGS: data
     cargo run -q --release -p ringtune-trainer --bin ringtune -- train {{ARGS}}
 

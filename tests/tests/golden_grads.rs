@@ -50,9 +50,33 @@ fn tiny_mpnet_gradients_match_pytorch() {
     }
 }
 
+/// Heads beyond two classes (`tests/fixtures/pytorch-heads`, made by its `make_heads.py`): three
+/// labels with mean cross-entropy, and a regression with mean squared error.
+#[test]
+fn three_label_and_regression_head_gradients_match_pytorch() {
+    let heads = ringtune_tests::root().join("tests/fixtures/pytorch-heads");
+    for case in ["tiny-bert-3label", "tiny-bert-regression"] {
+        let config = ModelConfig::from_dir(&heads.join(case)).expect("config");
+        let expected = if case.ends_with("regression") {
+            (1, ringtune_bert::ProblemType::Regression)
+        } else {
+            (3, ringtune_bert::ProblemType::SingleLabel)
+        };
+        assert_eq!((config.num_labels, config.problem), expected, "{case}");
+        for (kernels, tol, out_tol) in kernel_cases("three_label_and_regression_head_gradients_match_pytorch") {
+            fixture_gradients(&heads.join(case), kernels, tol, out_tol);
+        }
+    }
+}
+
 /// A seeded fixture with every parameter's gradient stored.
 fn every_parameter(case: &str, kernels: Kernels, tol: f64, out_tol: f32) {
-    let dir = fixtures().join(case);
+    fixture_gradients(&fixtures().join(case), kernels, tol, out_tol);
+}
+
+/// The fixture in `dir`: loss, logits and every parameter's gradient.
+fn fixture_gradients(dir: &std::path::Path, kernels: Kernels, tol: f64, out_tol: f32) {
+    let dir = dir.to_path_buf();
     let config = ModelConfig::from_dir(&dir).expect("config");
     let mut engine = engine(&config, &[dir.join("model.safetensors")], kernels);
     let out = engine.step(&read_batch(&dir.join("batch.safetensors"))).expect("step");
