@@ -14,10 +14,10 @@ use ringtune_ops::grad_ready::GradSink;
 use ringtune_ops::param_ready::ParamSource;
 use ringtune_runtime::{FlatBuffer, SessionOptions};
 use ringtune_tests::{fixtures, minilm_dir, read_batch, runtime};
-use ringtune_trainer::distributed::sync_plan;
 use ringtune_trainer::engine::{Engine, SyncHooks};
 use ringtune_trainer::model::GraphChoices;
 use ringtune_trainer::model::ModelDir;
+use ringtune_trainer::sync::sync_plan;
 
 /// Which gradients arrived, in order.
 #[derive(Default)]

@@ -5,7 +5,8 @@
 //! every frame checked against the schedule; all-reduce, reduce-scatter or all-gather, in `f32` or
 //! bf16 on the wire), gradient buckets and which rank owns which piece, row-sparse averaging of
 //! embedding tables, the wire format of frames, the [`Transport`] trait with a blocking driver,
-//! and an in-memory transport for tests.
+//! [`Collective`] (the ring's operations in one order, their ids allocated in one place), and
+//! an in-memory transport for tests.
 //!
 //! Does not own: networking (`quic`), or what the buffer holds (`bert`'s layout, hashed into the
 //! handshake by the caller).
@@ -37,6 +38,7 @@ compile_error!("ringtune-collective sends floats as their in-memory bytes: littl
 mod bucket;
 mod frame;
 mod memory;
+mod ops;
 mod payload;
 mod ring;
 mod sparse;
@@ -46,6 +48,7 @@ mod wire;
 pub use bucket::{plan_buckets, Bucket, BucketKind, SyncPlan};
 pub use frame::{Header, Hello, Kind, Phase, HEADER_LEN, MAX_PAYLOAD, VERSION};
 pub use memory::{memory_ring, MemoryTransport};
+pub use ops::Collective;
 pub use payload::Payload;
 pub use ring::{float_payload, RingAllReduce, RingGather, RingMode, Schedule};
 pub use sparse::{all_reduce_rows, decode_rows, encode_rows, pack_rows, union_rows, unpack_rows, used_rows};

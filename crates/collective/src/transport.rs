@@ -10,11 +10,16 @@ pub trait Transport {
     fn rank(&self) -> usize;
     /// Ranks in the ring.
     fn world(&self) -> usize;
+    /// Elements per pipeline segment of a ring operation over this transport.
+    fn segment(&self) -> usize;
     /// Queues a frame to the next rank.
     fn send(&mut self, header: Header, payload: Payload) -> Result<(), CollectiveError>;
     /// The next frame from the previous rank (its payload in the chunks it arrived in); fails
     /// when the rank vanished or a deadline passed.
     fn recv(&mut self) -> Result<(Header, Payload), CollectiveError>;
+    /// Leaves the ring because of `reason`: the neighbours' operations fail at once, naming
+    /// this rank and the reason, rather than at their deadlines.
+    fn abort(&mut self, reason: &str);
 }
 
 /// Replaces `grads` by its mean over all ranks (operation id `op`; segments of `segment`

@@ -6,6 +6,7 @@
 use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;
 
+use ringtune_collective::{Collective, RingMode, Wire};
 use ringtune_quic::certs::generate;
 use ringtune_quic::{Peers, QuicRing, RingOptions, Tuning};
 
@@ -30,11 +31,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 tuning: Tuning::default(),
             };
             Ok(std::thread::spawn(move || -> Result<Vec<f32>, String> {
-                let mut ring = QuicRing::join(options).map_err(|e| e.to_string())?;
+                let mut ring = Collective::new(QuicRing::join(options).map_err(|e| e.to_string())?);
                 let mut grads = vec![rank as f32 + 1.0; 1 << 20];
-                let (op, segment) = (ring.next_op(), ring.segment());
-                ringtune_collective::all_reduce_mean(&mut ring, op, &mut grads, segment).map_err(|e| e.to_string())?;
-                ring.shutdown();
+                ring.run(&mut grads, RingMode::AllReduceMean, Wire::F32).map_err(|e| e.to_string())?;
+                ring.into_transport().shutdown();
                 Ok(grads)
             }))
         })

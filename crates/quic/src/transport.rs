@@ -93,7 +93,6 @@ pub struct QuicRing {
     received: usize,
     deadline: Duration,
     segment: usize,
-    next_op: u64,
 }
 
 impl QuicRing {
@@ -129,7 +128,6 @@ impl QuicRing {
             received: 0,
             deadline: options.deadline,
             segment: options.tuning.segment.max(1),
-            next_op: 1,
         };
         if options.world == 1 {
             return Ok(ring);
@@ -169,12 +167,6 @@ impl QuicRing {
         Ok(ring)
     }
 
-    /// A fresh operation id (every rank calls collectives in the same order).
-    pub fn next_op(&mut self) -> u64 {
-        self.next_op += 1;
-        self.next_op
-    }
-
     /// What this node's links have done so far, summed over them (counters only grow: take
     /// differences around what you measure).
     pub fn stats(&self) -> LinkStats {
@@ -188,20 +180,6 @@ impl QuicRing {
             sum.datagram_size = sum.datagram_size.max(s.path.current_mtu);
             sum
         })
-    }
-
-    /// Elements per pipeline segment.
-    pub fn segment(&self) -> usize {
-        self.segment
-    }
-
-    /// Closes every link with `reason`, so that the neighbours fail at once instead of at
-    /// their deadline.
-    pub fn abort(&mut self, reason: &str) {
-        let text = format!("rank {}: {reason}", self.rank);
-        for conn in &self.conns {
-            conn.close(VarInt::from_u32(1), text.as_bytes());
-        }
     }
 
     /// Leaves the ring after the last operation: every queued frame sent and read by the
@@ -264,6 +242,19 @@ impl Transport for QuicRing {
 
     fn world(&self) -> usize {
         self.world
+    }
+
+    fn segment(&self) -> usize {
+        self.segment
+    }
+
+    /// Closes every link with `reason`, so that the neighbours fail at once instead of at
+    /// their deadline.
+    fn abort(&mut self, reason: &str) {
+        let text = format!("rank {}: {reason}", self.rank);
+        for conn in &self.conns {
+            conn.close(VarInt::from_u32(1), text.as_bytes());
+        }
     }
 
     fn send(&mut self, header: Header, payload: Payload) -> Result<(), CollectiveError> {
@@ -387,8 +378,7 @@ mod tests {
         let rank0 = std::thread::spawn(move || {
             let mut ring = QuicRing::join(honest).map_err(|e| e.to_string())?;
             let mut grads = vec![1.0f32; 1000];
-            let op = ring.next_op();
-            ringtune_collective::all_reduce_mean(&mut ring, op, &mut grads, 100).map_err(|e| e.to_string())
+            ringtune_collective::all_reduce_mean(&mut ring, 2, &mut grads, 100).map_err(|e| e.to_string())
         });
 
         let rt = tokio::runtime::Runtime::new().expect("runtime");

@@ -4,7 +4,7 @@
 use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
-use ringtune_collective::all_reduce_mean;
+use ringtune_collective::{all_reduce_mean, Collective, RingMode, Transport, Wire};
 use ringtune_quic::certs::{generate, ClusterCerts, NodeIdentity};
 use ringtune_quic::{Peers, QuicRing, RingOptions, Tuning};
 
@@ -50,14 +50,12 @@ fn run_ring(world: usize, peers: impl Fn(&[u16]) -> Peers) {
         .map(|rank| {
             let o = options(&certs, rank, world, &ports, peers(&ports), Duration::from_secs(20));
             std::thread::spawn(move || {
-                let mut ring = QuicRing::join(o).expect("join");
+                let mut ring = Collective::new(QuicRing::join(o).expect("join"));
                 let mut grads = data(rank, len);
                 for _ in 0..2 {
-                    let op = ring.next_op();
-                    let segment = ring.segment();
-                    all_reduce_mean(&mut ring, op, &mut grads, segment).expect("all-reduce");
+                    ring.run(&mut grads, RingMode::AllReduceMean, Wire::F32).expect("all-reduce");
                 }
-                ring.shutdown();
+                ring.into_transport().shutdown();
                 grads
             })
         })
@@ -94,16 +92,14 @@ fn a_vanished_rank_fails_every_other_rank_within_the_deadline() {
             std::thread::spawn(move || -> Result<(), String> {
                 let mut ring = QuicRing::join(o).map_err(|e| e.to_string())?;
                 let mut grads = data(rank, 50_000);
-                let op = ring.next_op();
-                all_reduce_mean(&mut ring, op, &mut grads, 4096).map_err(|e| e.to_string())?;
+                all_reduce_mean(&mut ring, 2, &mut grads, 4096).map_err(|e| e.to_string())?;
                 if rank == 2 {
                     // Rank 2 dies: its links go away mid-job.
                     drop(ring);
                     return Ok(());
                 }
                 let started = Instant::now();
-                let op = ring.next_op();
-                let result = all_reduce_mean(&mut ring, op, &mut grads, 4096).map_err(|e| e.to_string());
+                let result = all_reduce_mean(&mut ring, 3, &mut grads, 4096).map_err(|e| e.to_string());
                 let err = result.expect_err("rank 2 is gone");
                 ring.abort(&err);
                 assert!(started.elapsed() < deadline + Duration::from_secs(2), "took {:?}", started.elapsed());
@@ -137,8 +133,7 @@ fn a_stalled_rank_is_named_at_the_deadline() {
                     return Ok(());
                 }
                 let mut grads = data(rank, 10_000);
-                let op = ring.next_op();
-                all_reduce_mean(&mut ring, op, &mut grads, 4096).map_err(|e| e.to_string())
+                all_reduce_mean(&mut ring, 2, &mut grads, 4096).map_err(|e| e.to_string())
             })
         })
         .collect();

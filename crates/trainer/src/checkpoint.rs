@@ -79,7 +79,7 @@ pub struct Checkpoint {
 }
 
 fn err(path: &Path, reason: impl std::fmt::Display) -> TrainError {
-    TrainError::Other(format!("checkpoint {}: {reason}", path.display()))
+    TrainError::Checkpoint { path: path.into(), reason: reason.to_string() }
 }
 
 /// The file name of the checkpoint after `step`.

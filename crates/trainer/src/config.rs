@@ -135,8 +135,12 @@ impl Default for TrainConfig {
 impl TrainConfig {
     /// Reads a TOML file.
     pub fn from_toml_file(path: &Path) -> Result<Self, TrainError> {
-        let text = std::fs::read_to_string(path).map_err(|e| TrainError::Other(format!("{}: {e}", path.display())))?;
-        toml::from_str(&text).map_err(|e| TrainError::Other(format!("{}: {e}", path.display())))
+        let text = std::fs::read_to_string(path).map_err(|source| TrainError::Io { path: path.into(), source })?;
+        toml::from_str(&text).map_err(|e| TrainError::Malformed {
+            path: path.into(),
+            line: None,
+            reason: e.to_string(),
+        })
     }
 
     /// Examples per step on each of `world` nodes.
@@ -144,16 +148,18 @@ impl TrainConfig {
         match self.global_batch_size {
             None => Ok(self.batch_size),
             Some(global) if global.is_multiple_of(world.max(1)) => Ok(global / world.max(1)),
-            Some(global) => {
-                Err(TrainError::Other(format!("--global-batch-size {global} does not split evenly over {world} nodes")))
-            }
+            Some(global) => Err(TrainError::Setting {
+                flag: "global-batch-size",
+                value: global.to_string(),
+                expected: format!("a multiple of the {world} nodes"),
+            }),
         }
     }
 
     /// Checks every setting; the message names the setting, its value and the allowed range.
     pub fn validate(&self) -> Result<(), TrainError> {
-        let bad = |name: &str, value: String, expected: &str| {
-            Err(TrainError::Other(format!("--{name} {value} is not allowed: {expected}")))
+        let bad = |flag: &'static str, value: String, expected: &str| {
+            Err(TrainError::Setting { flag, value, expected: expected.to_string() })
         };
         if self.epochs == 0 {
             return bad("epochs", self.epochs.to_string(), "train for at least 1 epoch");

@@ -146,9 +146,8 @@ impl Engine {
             feeds.push((SEED_INPUT, TensorView::i64(&[1], &self.dropout_seed)));
         }
         let out = self.binding.run(&mut self.session, &feeds)?;
-        let loss =
-            out[0].as_f32().and_then(|v| v.first().copied()).ok_or_else(|| TrainError::Other("no loss".into()))?;
-        let logits = out[1].as_f32().map(<[f32]>::to_vec).ok_or_else(|| TrainError::Other("no logits".into()))?;
+        let loss = out[0].as_f32().and_then(|v| v.first().copied()).ok_or(TrainError::MissingOutput("loss"))?;
+        let logits = out[1].as_f32().map(<[f32]>::to_vec).ok_or(TrainError::MissingOutput("logits"))?;
         Ok(StepOutput { loss, logits })
     }
 
@@ -230,6 +229,6 @@ impl Evaluator {
             feeds.push((entry.name.as_str(), TensorView::f32(shape, &params[entry.range()])));
         }
         let out = self.session.run(&feeds, &[ringtune_bert::LOGITS])?;
-        out[0].as_f32().map(<[f32]>::to_vec).ok_or_else(|| TrainError::Other("no logits".into()))
+        out[0].as_f32().map(<[f32]>::to_vec).ok_or(TrainError::MissingOutput("logits"))
     }
 }

@@ -24,7 +24,105 @@ pub enum TrainError {
     /// Our operators (oneDNN, rewrites).
     #[error(transparent)]
     Ops(#[from] ringtune_ops::OpsError),
+    /// The optimizer (its settings, a restored state of another size).
+    #[error(transparent)]
+    Optim(#[from] ringtune_optim::OptimError),
+    /// Joining the QUIC ring (certificates, rendezvous, a refused handshake).
+    #[error(transparent)]
+    Quic(#[from] ringtune_quic::QuicError),
+    /// The gradient sync failed; the reason names the node when one is to blame.
+    #[error("gradient sync failed: {reason}")]
+    Sync {
+        /// What failed, as the ring or a peer told it.
+        reason: String,
+    },
+    /// The gradients' global norm is NaN or infinite: no parameter was changed.
+    #[error("{}", not_finite(*.norm, *.nodes))]
+    NotFinite {
+        /// The norm found.
+        norm: f64,
+        /// Nodes in the run (on several, another node's gradients may be the cause).
+        nodes: usize,
+    },
+    /// A file that could not be read or opened.
+    #[error("{}: {source}", .path.display())]
+    Io {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A file that is not what it should be (a settings file, a metrics line, a task file).
+    #[error("{}{}: {reason}", .path.display(), .line.map(|l| format!(" line {l}")).unwrap_or_default())]
+    Malformed {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The line, when the file is read line by line.
+        line: Option<usize>,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A value that did not serialize (a record, a config).
+    #[error("serializing: {0}")]
+    Serialize(#[from] serde_json::Error),
+    /// A setting that is not allowed, with what is.
+    #[error("--{flag} {value} is not allowed: {expected}")]
+    Setting {
+        /// The flag.
+        flag: &'static str,
+        /// Its value.
+        value: String,
+        /// What would be allowed.
+        expected: String,
+    },
+    /// A checkpoint that cannot be read or used.
+    #[error("checkpoint {}: {reason}", .path.display())]
+    Checkpoint {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// `--resume` cannot go on: no usable checkpoint, or one of another run.
+    #[error("--resume: {0}")]
+    Resume(String),
+    /// The session returned no tensor of this name.
+    #[error("the session returned no {0}")]
+    MissingOutput(&'static str),
+    /// A fresh run's output folder holds an earlier run.
+    #[error("{} holds an earlier run (checkpoints, metrics.jsonl): continue it with --resume, or give another --output", .output.display())]
+    EarlierRun {
+        /// The folder.
+        output: std::path::PathBuf,
+    },
+    /// The mean loss of a step is NaN or infinite: no step was taken.
+    #[error("step {step}: the loss is {loss}; lower --learning-rate (now {lr})")]
+    LossNotFinite {
+        /// The step.
+        step: u64,
+        /// The loss.
+        loss: f32,
+        /// The run's peak learning rate.
+        lr: f64,
+    },
+    /// A step of the run failed.
+    #[error("step {step}: {source}")]
+    Step {
+        /// The optimizer step it was.
+        step: u64,
+        /// Why.
+        source: Box<TrainError>,
+    },
     /// Anything else, with its explanation.
     #[error("{0}")]
     Other(String),
+}
+
+fn not_finite(norm: f64, nodes: usize) -> String {
+    let cause = if nodes > 1 {
+        "a node's own gradients overflowed (lower --learning-rate) or a node sent non-finite values"
+    } else {
+        "lower --learning-rate"
+    };
+    format!("the gradients are not finite (global norm {norm}): no step was taken; {cause}")
 }

@@ -108,7 +108,7 @@ pub const TASK_FILE: &str = "task.json";
 impl TaskFile {
     /// Writes `dir/task.json`.
     pub fn write(&self, dir: &Path) -> Result<(), TrainError> {
-        let json = serde_json::to_string_pretty(self).map_err(|e| TrainError::Other(e.to_string()))?;
+        let json = serde_json::to_string_pretty(self)?;
         Ok(ringtune_files::write_atomically(&dir.join(TASK_FILE), json.as_bytes())?)
     }
 
@@ -117,12 +117,15 @@ impl TaskFile {
     pub fn read(dir: &Path) -> Result<Self, TrainError> {
         let path = dir.join(TASK_FILE);
         match std::fs::read_to_string(&path) {
-            Ok(text) => serde_json::from_str(&text)
-                .map_err(|e| TrainError::Other(format!("{}: not a ringtune task file ({e})", path.display()))),
+            Ok(text) => serde_json::from_str(&text).map_err(|e| TrainError::Malformed {
+                path: path.clone(),
+                line: None,
+                reason: format!("not a ringtune task file ({e})"),
+            }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 Ok(TaskFile { task: GlueTask::Mrpc.name().into(), text_columns: Vec::new(), label_column: None })
             }
-            Err(e) => Err(TrainError::Other(format!("{}: {e}", path.display()))),
+            Err(source) => Err(TrainError::Io { path, source }),
         }
     }
 

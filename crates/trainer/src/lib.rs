@@ -1,9 +1,10 @@
 //! The training loop, evaluation, checkpoints, metrics and the `ringtune` command line.
 //!
 //! Owns: everything a training run does from the outside (configuration, progress, metrics,
-//! checkpoints, outputs); it wires the other crates together. On several nodes: the gradient
-//! buffer the backward pass hands gradients into, the sync thread that reduces buckets while
-//! the pass runs, and the sharded optimizer's exchanges.
+//! checkpoints, outputs); it wires the other crates together. The optimizer step, one path for
+//! one node or many (`optimizer`). On several nodes (`sync`): the gradient buffer the backward
+//! pass hands gradients into, the sync thread that reduces buckets while the pass runs, and the
+//! sharded optimizer's exchanges, over any ring transport.
 //!
 //! Does not own: the model graph (`bert`), gradients (`autodiff`), ONNX Runtime (`runtime`),
 //! the optimizer (`optim`) or the network (`collective`, `quic`).
@@ -15,19 +16,18 @@
 
 pub mod checkpoint;
 mod config;
-pub mod distributed;
 pub mod engine;
 mod error;
 pub mod evaluation;
-mod handoff;
 pub mod info;
 pub mod metrics;
 pub mod model;
-mod param_gather;
+pub mod optimizer;
 mod plot;
 pub mod predict;
 pub mod recipe;
 pub mod replay;
+pub mod sync;
 pub mod train;
 
 pub use config::TrainConfig;

@@ -41,23 +41,65 @@ pub struct StepRecord {
     pub samples_per_s: f64,
     /// Seconds since the run started.
     pub elapsed_s: f64,
-    /// Mean seconds per step building the batch.
-    pub data_s: f64,
-    /// Mean seconds per step in the forward and backward run.
-    pub forward_backward_s: f64,
-    /// Mean seconds per step spent on gradient sync that the backward pass did not hide
-    /// (waiting for the last buckets after it, the optimizer's exchanges).
-    pub sync_s: f64,
-    /// Mean seconds per step of gradient sync in all, hidden or not (multi-node runs).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sync_total_s: Option<f64>,
+    /// Mean seconds per step in each phase.
+    #[serde(flatten)]
+    pub times: StepTimes,
     /// The gradients' number format on the wire, `bf16` or `fp32` (multi-node runs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wire: Option<String>,
     /// Megabytes of gradients each node sent per ring pass, per step.
     pub sync_mb: f64,
-    /// Mean seconds per step in clipping and AdamW.
+}
+
+/// Where a step's time went, in seconds, as the training loop measured it (in a metrics line,
+/// the means over its window).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepTimes {
+    /// Building the batch.
+    pub data_s: f64,
+    /// The forward and backward run, less the forward pass's waits for parameters.
+    pub forward_backward_s: f64,
+    /// Gradient sync the backward pass did not hide: the wait for the last buckets after it,
+    /// the optimizer's exchanges, the forward pass's waits for parameters still on their way.
+    pub sync_s: f64,
+    /// Clipping and AdamW, less the optimizer's exchanges.
     pub optimizer_s: f64,
+    /// Gradient sync in all, hidden or not (multi-node runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync_total_s: Option<f64>,
+}
+
+impl StepTimes {
+    /// The whole step.
+    pub fn step_s(&self) -> f64 {
+        self.data_s + self.forward_backward_s + self.sync_s + self.optimizer_s
+    }
+
+    /// Each phase's sum with `other`'s.
+    pub fn plus(&self, other: &StepTimes) -> StepTimes {
+        let total = match (self.sync_total_s, other.sync_total_s) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0.0) + b.unwrap_or(0.0)),
+        };
+        StepTimes {
+            data_s: self.data_s + other.data_s,
+            forward_backward_s: self.forward_backward_s + other.forward_backward_s,
+            sync_s: self.sync_s + other.sync_s,
+            optimizer_s: self.optimizer_s + other.optimizer_s,
+            sync_total_s: total,
+        }
+    }
+
+    /// Each phase divided by `n` (the mean of `n` steps' sum).
+    pub fn per(&self, n: f64) -> StepTimes {
+        StepTimes {
+            data_s: self.data_s / n,
+            forward_backward_s: self.forward_backward_s / n,
+            sync_s: self.sync_s / n,
+            optimizer_s: self.optimizer_s / n,
+            sync_total_s: self.sync_total_s.map(|t| t / n),
+        }
+    }
 }
 
 impl Record {
@@ -88,13 +130,15 @@ pub struct EvalRecord {
 
 /// Every record of a metrics file; a line that is not one is an error naming file and line.
 pub fn read_records(path: &Path) -> Result<Vec<Record>, TrainError> {
-    let text = std::fs::read_to_string(path).map_err(|e| TrainError::Other(format!("{}: {e}", path.display())))?;
+    let text = std::fs::read_to_string(path).map_err(|source| TrainError::Io { path: path.into(), source })?;
     text.lines()
         .enumerate()
         .filter(|(_, line)| !line.trim().is_empty())
         .map(|(i, line)| {
-            serde_json::from_str(line).map_err(|e| {
-                TrainError::Other(format!("{} line {}: not a metrics record ({e})", path.display(), i + 1))
+            serde_json::from_str(line).map_err(|e| TrainError::Malformed {
+                path: path.into(),
+                line: Some(i + 1),
+                reason: format!("not a metrics record ({e})"),
             })
         })
         .collect()
@@ -103,7 +147,7 @@ pub fn read_records(path: &Path) -> Result<Vec<Record>, TrainError> {
 /// The records of a metrics file that can be read, and how many lines could not: a run
 /// killed mid-write leaves a partial last line, which must not cost the plot of the rest.
 pub(crate) fn read_readable_records(path: &Path) -> Result<(Vec<Record>, usize), TrainError> {
-    let text = std::fs::read_to_string(path).map_err(|e| TrainError::Other(format!("{}: {e}", path.display())))?;
+    let text = std::fs::read_to_string(path).map_err(|source| TrainError::Io { path: path.into(), source })?;
     let lines: Vec<&str> = text.lines().filter(|line| !line.trim().is_empty()).collect();
     let records: Vec<Record> = lines.iter().filter_map(|line| serde_json::from_str(line).ok()).collect();
     let unreadable = lines.len() - records.len();
@@ -301,7 +345,7 @@ impl MetricsFile {
             .create(true)
             .append(true)
             .open(path)
-            .map_err(|e| TrainError::Other(format!("{}: {e}", path.display())))?;
+            .map_err(|source| TrainError::Io { path: path.into(), source })?;
         Ok(MetricsFile { out: BufWriter::new(file) })
     }
 
@@ -318,17 +362,17 @@ impl MetricsFile {
                 dropped
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
-            Err(e) => return Err(TrainError::Other(format!("{}: {e}", path.display()))),
+            Err(source) => return Err(TrainError::Io { path: path.into(), source }),
         };
         Ok((Self::open(path)?, dropped))
     }
 
     /// Writes one record and flushes it.
     pub fn write(&mut self, record: &Record) -> Result<(), TrainError> {
-        let line = serde_json::to_string(record).map_err(|e| TrainError::Other(e.to_string()))?;
+        let line = serde_json::to_string(record)?;
         writeln!(self.out, "{line}")
             .and_then(|_| self.out.flush())
-            .map_err(|e| TrainError::Other(format!("metrics.jsonl: {e}")))
+            .map_err(|source| TrainError::Io { path: "metrics.jsonl".into(), source })
     }
 }
 
@@ -429,13 +473,9 @@ mod tests {
             grad_norm: 1.0,
             samples_per_s: 10.0,
             elapsed_s: 1.0,
-            data_s: 0.0,
-            forward_backward_s: 0.1,
-            sync_s: 0.0,
-            sync_total_s: None,
+            times: StepTimes { forward_backward_s: 0.1, ..StepTimes::default() },
             wire: None,
             sync_mb: 0.0,
-            optimizer_s: 0.0,
         };
         let record = |kind: &str, step: u64| {
             let record = if kind == "eval" { Record::Eval(dev_scores(step)) } else { Record::Step(step_record(step)) };

@@ -8,6 +8,7 @@ use serde::Deserialize;
 
 use crate::engine::Engine;
 use crate::recipe::param_groups;
+use crate::sync::OneNode;
 use crate::TrainError;
 
 /// The optimizer settings of a trace.
@@ -33,8 +34,12 @@ pub struct Trace {
 impl Trace {
     /// Reads a `steps.json`.
     pub fn from_file(path: &Path) -> Result<Self, TrainError> {
-        let text = std::fs::read_to_string(path).map_err(|e| TrainError::Other(format!("{}: {e}", path.display())))?;
-        serde_json::from_str(&text).map_err(|e| TrainError::Other(format!("{}: {e}", path.display())))
+        let text = std::fs::read_to_string(path).map_err(|source| TrainError::Io { path: path.into(), source })?;
+        serde_json::from_str(&text).map_err(|e| TrainError::Malformed {
+            path: path.into(),
+            line: None,
+            reason: e.to_string(),
+        })
     }
 }
 
@@ -45,13 +50,12 @@ pub fn replay(engine: &mut Engine, batches: &[ringtune_data::Batch], trace: &Tra
     }
     let config = AdamWConfig { beta1: trace.betas[0] as f32, beta2: trace.betas[1] as f32, eps: trace.eps as f32 };
     let groups = param_groups(engine.layout(), trace.weight_decay);
-    let mut adam = AdamW::new(config, &groups, engine.params().len()).map_err(|e| TrainError::Other(e.to_string()))?;
+    let mut adam = AdamW::new(config, &groups, engine.params().len())?;
     let mut losses = Vec::with_capacity(trace.steps);
     for batch in &batches[..trace.steps] {
         losses.push(engine.step(batch)?.loss);
         let (params, grads) = engine.params_and_grads();
-        adam.clip_and_step(params, grads, trace.max_grad_norm, trace.lr as f32)
-            .map_err(|e| TrainError::Other(e.to_string()))?;
+        crate::optimizer::step(&mut adam, params, grads, &mut OneNode, trace.max_grad_norm, trace.lr as f32, 1)?;
     }
     Ok(losses)
 }

@@ -6,87 +6,26 @@
 
 mod common;
 
-use std::net::UdpSocket;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::cluster::{certs, free_ports, l2, on_loopback, params, train_on_nodes};
 use common::{config, small_mrpc, tiny_model};
 use ringtune_collective::Wire;
-use ringtune_quic::Peers;
-use ringtune_trainer::distributed::{ClusterOptions, QuicSync};
-use ringtune_trainer::train::{GradSync, Start, SyncMode};
+use ringtune_trainer::sync::{GradSync, QuicSync, SyncMode};
+use ringtune_trainer::train::Start;
 use ringtune_trainer::TrainConfig;
-
-fn free_ports(n: usize) -> Vec<u16> {
-    let sockets: Vec<UdpSocket> = (0..n).map(|_| UdpSocket::bind("127.0.0.1:0").expect("port")).collect();
-    sockets.iter().map(|s| s.local_addr().expect("addr").port()).collect()
-}
-
-fn params(output: &Path) -> Vec<f32> {
-    let t = ringtune_bert::read_tensor_file(&output.join("model.safetensors")).expect("weights");
-    t.values().flat_map(|v| v.f32s().expect("f32").to_vec()).collect()
-}
 
 /// The modes compared: overlap and a sharded optimizer in `f32`, neither, and both in bf16.
 const BOTH: SyncMode = SyncMode { wire: Wire::F32, overlap: true, shard_optimizer: true };
 const NEITHER: SyncMode = SyncMode { wire: Wire::F32, overlap: false, shard_optimizer: false };
 const BF16: SyncMode = SyncMode { wire: Wire::Bf16, overlap: true, shard_optimizer: true };
 
-/// Rank `rank` of a ring on loopback at `ports` (one per rank).
-fn on_loopback(rank: usize, ports: &[u16], certs: &Path, deadline: Duration, mode: SyncMode) -> ClusterOptions {
-    ClusterOptions {
-        rank,
-        world: ports.len(),
-        peers: Peers::List(ports.iter().map(|p| format!("127.0.0.1:{p}")).collect()),
-        certs: certs.to_path_buf(),
-        listen: std::net::SocketAddr::from(([127, 0, 0, 1], ports[rank])),
-        deadline,
-        lanes: 1,
-        mtu: None,
-        mode,
-    }
-}
-
-fn train_on_nodes(base: &TrainConfig, world: usize, root: &Path, certs: &Path, mode: SyncMode) -> PathBuf {
-    train_on_nodes_from(base, world, root, certs, mode, Start::Fresh, &format!("world-{world}"))
-}
-
-fn train_on_nodes_from(
-    base: &TrainConfig,
-    world: usize,
-    root: &Path,
-    certs: &Path,
-    mode: SyncMode,
-    start: Start,
-    name: &str,
-) -> PathBuf {
-    let ports = free_ports(world);
-    let output = base.output.join(name);
-    let handles: Vec<_> = (0..world)
-        .map(|rank| {
-            let cfg = TrainConfig { output: output.clone(), ..base.clone() };
-            let cluster = on_loopback(rank, &ports, certs, Duration::from_secs(30), mode);
-            let root = root.to_path_buf();
-            std::thread::spawn(move || {
-                let model = ringtune_trainer::model::ModelDir::open(&cfg.model).expect("model");
-                let mut sync = QuicSync::join(&cluster, &model).expect("join");
-                let summary = ringtune_trainer::train::train(&cfg, &root, start, Some(&mut sync)).expect("train");
-                sync.shutdown();
-                summary.steps
-            })
-        })
-        .collect();
-    let steps: Vec<u64> = handles.into_iter().map(|h| h.join().expect("rank")).collect();
-    assert!(steps.iter().all(|&s| s == steps[0]), "every rank takes the same steps: {steps:?}");
-    output
-}
-
 #[test]
 fn two_and_four_nodes_reach_the_single_node_parameters() {
     let dir = tempfile::tempdir().expect("dir");
-    let certs = dir.path().join("certs");
-    ringtune_quic::certs::write(&certs, &ringtune_quic::certs::generate(4).expect("certs")).expect("write");
+    let certs = certs(dir.path(), 4);
     // 200 examples: divisible by 2 and 4, so no rank sees padding the single node does not.
     let base = TrainConfig { epochs: 1, dropout: Some(0.0), param_check_every: 5, ..config(dir.path(), "runs") };
     let init = params(&base.model);
@@ -95,7 +34,7 @@ fn two_and_four_nodes_reach_the_single_node_parameters() {
             TrainConfig { batch_size: world * b, output: base.output.join(format!("single-{world}")), ..base.clone() };
         ringtune_trainer::train::train(&single, dir.path(), Start::Fresh, None).expect("single node");
         let multi = TrainConfig { batch_size: b, ..base.clone() };
-        let out = train_on_nodes(&multi, world, dir.path(), &certs, BOTH);
+        let out = train_on_nodes(&multi, world, dir.path(), &certs, BOTH, Start::Fresh, &format!("world-{world}"));
         let (a, m) = (params(&single.output), params(&out));
         let moved: f64 = a.iter().zip(&init).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>().sqrt();
         let diff: f64 = a.iter().zip(&m).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>().sqrt();
@@ -109,15 +48,10 @@ fn two_and_four_nodes_reach_the_single_node_parameters() {
     }
 }
 
-fn l2(a: &[f32], b: &[f32]) -> f64 {
-    a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>().sqrt()
-}
-
 #[test]
 fn overlap_and_a_sharded_optimizer_change_no_bit_and_bf16_little() {
     let dir = tempfile::tempdir().expect("dir");
-    let certs = dir.path().join("certs");
-    ringtune_quic::certs::write(&certs, &ringtune_quic::certs::generate(4).expect("certs")).expect("write");
+    let certs = certs(dir.path(), 4);
     // Dropout on: each rank draws its own masks, so ranks hold different gradients.
     let base = TrainConfig {
         epochs: 1,
@@ -131,7 +65,7 @@ fn overlap_and_a_sharded_optimizer_change_no_bit_and_bf16_little() {
     for world in [2usize, 4] {
         let run = |mode: SyncMode, name: &str| {
             let cfg = TrainConfig { output: base.output.join(format!("{name}-{world}")), ..base.clone() };
-            params(&train_on_nodes(&cfg, world, dir.path(), &certs, mode))
+            params(&train_on_nodes(&cfg, world, dir.path(), &certs, mode, Start::Fresh, &format!("world-{world}")))
         };
         let (neither, both, bf16) = (run(NEITHER, "neither"), run(BOTH, "both"), run(BF16, "bf16"));
         assert!(l2(&neither, &init) > 1e-3, "training moved the parameters");
@@ -146,24 +80,23 @@ fn overlap_and_a_sharded_optimizer_change_no_bit_and_bf16_little() {
 #[test]
 fn a_sharded_run_resumes_bit_for_bit_and_on_another_number_of_nodes() {
     let dir = tempfile::tempdir().expect("dir");
-    let certs = dir.path().join("certs");
-    ringtune_quic::certs::write(&certs, &ringtune_quic::certs::generate(4).expect("certs")).expect("write");
+    let certs = certs(dir.path(), 4);
     let base = TrainConfig { epochs: 1, batch_size: 4, checkpoint_every: 4, ..config(dir.path(), "runs") };
     let whole = TrainConfig { stop_after: 12, ..base.clone() };
-    let straight = params(&train_on_nodes_from(&whole, 4, dir.path(), &certs, BOTH, Start::Fresh, "straight"));
+    let straight = params(&train_on_nodes(&whole, 4, dir.path(), &certs, BOTH, Start::Fresh, "straight"));
     let first = TrainConfig { stop_after: 6, ..base.clone() };
-    train_on_nodes_from(&first, 4, dir.path(), &certs, BOTH, Start::Fresh, "split");
+    train_on_nodes(&first, 4, dir.path(), &certs, BOTH, Start::Fresh, "split");
     // The 4-node checkpoint of step 6 is continued on 4 nodes, and (a copy) on 3.
     let step6 = ringtune_trainer::checkpoint::file_name(6);
     let three = base.output.join("three/checkpoints");
     std::fs::create_dir_all(&three).expect("dir");
     std::fs::copy(base.output.join("split/checkpoints").join(&step6), three.join(&step6)).expect("copy");
-    let resumed = params(&train_on_nodes_from(&whole, 4, dir.path(), &certs, BOTH, Start::Resume, "split"));
+    let resumed = params(&train_on_nodes(&whole, 4, dir.path(), &certs, BOTH, Start::Resume, "split"));
     assert!(straight.iter().zip(&resumed).all(|(a, b)| a.to_bits() == b.to_bits()), "resumed on 4 nodes");
 
     // On 3 nodes the moments re-shard.
     let more = TrainConfig { stop_after: 10, ..base.clone() };
-    let out = train_on_nodes_from(&more, 3, dir.path(), &certs, BOTH, Start::Resume, "three");
+    let out = train_on_nodes(&more, 3, dir.path(), &certs, BOTH, Start::Resume, "three");
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).expect("summary")).expect("json");
     assert_eq!(summary["steps"], 10);
@@ -199,8 +132,7 @@ fn hand_over(sync: &QuicSync, layout: &ringtune_bert::ParamLayout, count: usize)
 #[test]
 fn nodes_with_other_sync_settings_are_refused_by_name() {
     let dir = tempfile::tempdir().expect("dir");
-    let certs = dir.path().join("certs");
-    ringtune_quic::certs::write(&certs, &ringtune_quic::certs::generate(2).expect("certs")).expect("write");
+    let certs = certs(dir.path(), 2);
     let model = tiny_model(dir.path());
     let gather_after = SyncMode { overlap: false, ..BOTH };
     for (other, flag) in [(BF16, "--wire"), (gather_after, "--overlap")] {
@@ -226,8 +158,7 @@ fn nodes_with_other_sync_settings_are_refused_by_name() {
 #[test]
 fn a_node_lost_or_failing_mid_backward_stops_the_others_by_name() {
     let dir = tempfile::tempdir().expect("dir");
-    let certs = dir.path().join("certs");
-    ringtune_quic::certs::write(&certs, &ringtune_quic::certs::generate(3).expect("certs")).expect("write");
+    let certs = certs(dir.path(), 3);
     let model = tiny_model(dir.path());
     let layout = ringtune_trainer::model::ModelDir::open(&model).expect("model").layout;
     let deadline = Duration::from_secs(3);
@@ -276,8 +207,7 @@ fn a_node_lost_or_failing_mid_backward_stops_the_others_by_name() {
 #[test]
 fn gradients_that_are_not_finite_stop_every_node_before_the_step() {
     let dir = tempfile::tempdir().expect("dir");
-    let certs = dir.path().join("certs");
-    ringtune_quic::certs::write(&certs, &ringtune_quic::certs::generate(2).expect("certs")).expect("write");
+    let certs = certs(dir.path(), 2);
     let model = tiny_model(dir.path());
     let layout = ringtune_trainer::model::ModelDir::open(&model).expect("model").layout;
     let nodes = join_nodes(&model, &certs, 2, Duration::from_secs(5));
@@ -305,7 +235,10 @@ fn gradients_that_are_not_finite_stop_every_node_before_the_step() {
                     .and_then(|adam| adam.owning(pieces))
                     .expect("adam");
                 let mut params = vec![1.0f32; len];
-                let error = sync.optimize(&mut adam, &mut params, 1.0, 1e-3, 1).expect_err("no step").to_string();
+                let (grads, exchange) = sync.optimizer_view();
+                let error = ringtune_trainer::optimizer::step(&mut adam, &mut params, grads, exchange, 1.0, 1e-3, 1)
+                    .expect_err("no step")
+                    .to_string();
                 (error, params.iter().all(|&p| p == 1.0))
             })
         })
@@ -348,8 +281,7 @@ fn latest_step(output: &Path) -> u64 {
 fn a_killed_node_fails_the_others_by_name_and_resume_finishes_the_run() {
     let dir = tempfile::tempdir().expect("dir");
     let world = 3;
-    let certs = dir.path().join("certs");
-    ringtune_quic::certs::write(&certs, &ringtune_quic::certs::generate(world).expect("certs")).expect("write");
+    let certs = certs(dir.path(), world);
     let model = tiny_model(dir.path());
     let data = small_mrpc(dir.path(), 200, 20);
     let output = dir.path().join("run");

@@ -2,14 +2,17 @@
 //! sentences, two and three string labels, a regression, and a GLUE task by name; each through
 //! training, an interrupted run resumed to the same weights, `ringtune eval` and `ringtune
 //! predict` (labels by name, scores for the regression). Bad rows are named by file and line.
+//! Three labels and a regression on two nodes end where one node does.
 
 mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::tiny_model;
+use common::{cluster, tiny_model};
+use ringtune_collective::Wire;
 use ringtune_trainer::metrics::{read_records, Record, Scores};
+use ringtune_trainer::sync::SyncMode;
 use ringtune_trainer::train::Start;
 use ringtune_trainer::TrainConfig;
 
@@ -339,4 +342,55 @@ fn bad_rows_are_named_by_file_and_line_and_skip_bad_counts_them() {
     let skipped = TrainConfig { skip_bad: true, max_steps: 2, ..cfg };
     let summary = ringtune_trainer::train::train(&skipped, dir.path(), Start::Fresh, None).expect("skip bad");
     assert_eq!(summary.steps, 2);
+}
+
+/// A three-label head and a regression head on two nodes (overlap and a sharded optimizer on)
+/// reach the parameters of one node with their global batch: the heads' gradients are reduced
+/// and their shards stepped like every other parameter.
+#[test]
+fn three_labels_and_a_regression_on_two_nodes_reach_the_single_node_parameters() {
+    let dir = tempfile::tempdir().expect("dir");
+    let model = tiny_model(dir.path());
+    let certs = cluster::certs(dir.path(), 2);
+    let mode = SyncMode { wire: Wire::F32, overlap: true, shard_optimizer: true };
+    let classes = dir.path().join("classes");
+    let scores = dir.path().join("scores");
+    for folder in [&classes, &scores] {
+        std::fs::create_dir_all(folder).expect("dir");
+    }
+    let [train, dev, _] = files(&classes, "jsonl", three_classes, write_jsonl);
+    let three =
+        TrainConfig { train_file: Some(train), validation_file: Some(dev), ..base(dir.path(), &model, "three") };
+    let [train, dev, _] = files(&scores, "tsv", scored, write_tsv);
+    let regression = TrainConfig {
+        train_file: Some(train),
+        validation_file: Some(dev),
+        text_columns: Some(vec!["question".into(), "answer".into()]),
+        label_column: Some("score".into()),
+        ..base(dir.path(), &model, "regression")
+    };
+    // The encoder the heads sit on (the heads start new: the model's is for two labels).
+    let encoder = |dir: &Path| -> Vec<f32> {
+        let tensors = ringtune_bert::read_tensor_file(&dir.join("model.safetensors")).expect("weights");
+        tensors
+            .iter()
+            .filter(|(name, _)| !name.starts_with("classifier"))
+            .flat_map(|(_, t)| t.f32s().expect("f32").to_vec())
+            .collect()
+    };
+    let init = encoder(&model);
+    for task in [three, regression] {
+        // No dropout: each rank would draw its own masks, which one node does not.
+        let task = TrainConfig { dropout: Some(0.0), batch_size: 8, ..task };
+        ringtune_trainer::train::train(&task, dir.path(), Start::Fresh, None).expect("one node");
+        let halves = TrainConfig { batch_size: 4, ..task.clone() };
+        let out = cluster::train_on_nodes(&halves, 2, dir.path(), &certs, mode, Start::Fresh, "two-nodes");
+        let (one, two) = (cluster::params(&task.output), cluster::params(&out));
+        assert_eq!(one.len(), two.len());
+        let (moved, diff) = (cluster::l2(&encoder(&task.output), &init), cluster::l2(&one, &two));
+        eprintln!("{}: moved {moved:e}, two nodes {diff:e} away", task.output.display());
+        assert!(moved > 1e-3, "training moved the parameters ({moved})");
+        assert!(diff / moved < 1e-5, "{}: two nodes are {diff:e} away after a {moved:e} update", task.output.display());
+        assert_eq!(config_json(&out), config_json(&task.output), "the two runs save the same config.json");
+    }
 }

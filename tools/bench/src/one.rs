@@ -17,6 +17,7 @@ use ringtune_runtime::{Arena, FlatBuffer, Runtime, SessionOptions};
 use ringtune_trainer::engine::{Engine, Evaluator, SyncHooks};
 use ringtune_trainer::model::GraphChoices;
 use ringtune_trainer::recipe::param_groups;
+use ringtune_trainer::sync::OneNode;
 use serde::{Deserialize, Serialize};
 
 /// What `one` measures.
@@ -192,14 +193,14 @@ fn step_fn(one: &One, config: &ModelConfig, kernels: Kernels, batch: Batch) -> R
                 &options,
                 SyncHooks::default(),
             )?));
-            let stepped = engine.clone();
+            let (stepped, threads) = (engine.clone(), one.threads);
             let floats_mib = layout.total_len() as f64 * 4.0 / MIB;
             Stepper {
                 step: Box::new(move || {
                     let mut engine = stepped.borrow_mut();
                     engine.step(&batch)?;
                     let (params, grads) = engine.params_and_grads();
-                    adam.clip_and_step(params, grads, 1.0, 2e-5)?;
+                    ringtune_trainer::optimizer::step(&mut adam, params, grads, &mut OneNode, 1.0, 2e-5, threads)?;
                     Ok(())
                 }),
                 memory: Box::new(move |peak_rss_mib| {

@@ -55,14 +55,13 @@ fn phases(metrics: &Path) -> Result<Phases> {
     }
     let n = steps.len() as f64;
     let mean = |field: fn(&StepRecord) -> f64| steps.iter().map(|s| field(s)).sum::<f64>() / n;
-    let (fb, sync, opt) = (mean(|s| s.forward_backward_s), mean(|s| s.sync_s), mean(|s| s.optimizer_s));
     Ok(Phases {
-        forward_backward: fb,
-        sync,
-        sync_total: mean(|s| s.sync_total_s.unwrap_or(s.sync_s)),
+        forward_backward: mean(|s| s.times.forward_backward_s),
+        sync: mean(|s| s.times.sync_s),
+        sync_total: mean(|s| s.times.sync_total_s.unwrap_or(s.times.sync_s)),
         sync_mb: mean(|s| s.sync_mb),
-        optimizer: opt,
-        step: fb + sync + opt + mean(|s| s.data_s),
+        optimizer: mean(|s| s.times.optimizer_s),
+        step: mean(|s| s.times.step_s()),
     })
 }
 

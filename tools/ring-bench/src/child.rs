@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use ringtune_collective::all_reduce_mean;
+use ringtune_collective::{Collective, RingMode, Wire};
 use ringtune_quic::certs::NodeIdentity;
 use ringtune_quic::{LinkStats, Peers, QuicRing, RingOptions, Tuning};
 use serde::{Deserialize, Serialize};
@@ -96,13 +96,11 @@ pub(crate) fn run(plan: ChildPlan<'_>) -> Result<()> {
         rendezvous_deadline: Duration::from_secs(30),
         tuning: plan.tuning,
     };
-    let mut ring = QuicRing::join(options)?;
-    let segment = ring.segment();
+    let mut ring = Collective::new(QuicRing::join(options)?);
     for &floats in plan.floats {
         let original: Vec<f32> = (0..floats).map(|i| value(rank, i)).collect();
         let mut grads = original.clone();
-        let op = ring.next_op();
-        all_reduce_mean(&mut ring, op, &mut grads, segment)?;
+        ring.run(&mut grads, RingMode::AllReduceMean, Wire::F32)?;
         let mut max_error = 0.0f64;
         if plan.verify {
             for (i, g) in grads.iter().enumerate() {
@@ -113,17 +111,16 @@ pub(crate) fn run(plan: ChildPlan<'_>) -> Result<()> {
                 bail!("rank {rank}: the result differs from the serial mean by {max_error}");
             }
         }
-        let (links, errors) = (ring.stats(), udp_buffer_errors());
+        let (links, errors) = (ring.transport().stats(), udp_buffer_errors());
         let (mut seconds, mut cpu_s) = (Vec::new(), 0.0);
         for _ in 0..plan.repeats {
             grads.copy_from_slice(&original);
-            let op = ring.next_op();
             let (t, cpu) = (Instant::now(), cpu_seconds());
-            all_reduce_mean(&mut ring, op, &mut grads, segment)?;
+            ring.run(&mut grads, RingMode::AllReduceMean, Wire::F32)?;
             seconds.push(t.elapsed().as_secs_f64());
             cpu_s += cpu_seconds() - cpu;
         }
-        let links: LinkStats = ring.stats().since(&links);
+        let links: LinkStats = ring.transport().stats().since(&links);
         let payload_bytes = (2 * (world - 1) * floats * 4 / world * plan.repeats) as u64;
         let report = ChildReport {
             rank,
@@ -145,6 +142,6 @@ pub(crate) fn run(plan: ChildPlan<'_>) -> Result<()> {
         println!("{}", serde_json::to_string(&report)?);
     }
     std::io::stdout().flush()?;
-    ring.shutdown();
+    ring.into_transport().shutdown();
     Ok(())
 }

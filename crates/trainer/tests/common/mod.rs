@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use ringtune_trainer::metrics::{read_records, Record};
 use ringtune_trainer::TrainConfig;
 
+pub(crate) mod cluster;
+
 pub(crate) fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }

@@ -6,8 +6,7 @@ use std::net::SocketAddr;
 use anyhow::{bail, Context, Result};
 use ringtune_collective::Wire;
 use ringtune_quic::Peers;
-use ringtune_trainer::distributed::ClusterOptions;
-use ringtune_trainer::train::SyncMode;
+use ringtune_trainer::sync::{ClusterOptions, SyncMode};
 
 use crate::args::{ClusterArgs, WireFormat};
 

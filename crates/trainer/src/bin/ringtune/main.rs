@@ -13,8 +13,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use ringtune_runtime::SessionOptions;
-use ringtune_trainer::distributed::QuicSync;
 use ringtune_trainer::predict::Predictor;
+use ringtune_trainer::sync::QuicSync;
 use ringtune_trainer::train::Start;
 
 use crate::args::{Cli, Command, TrainArgs, UseArgs};

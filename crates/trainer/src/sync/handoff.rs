@@ -13,7 +13,7 @@ use std::sync::mpsc::Sender;
 
 use ringtune_ops::grad_ready::GradSink;
 
-use crate::param_gather::ParamsPtr;
+use super::param_gather::ParamsPtr;
 
 /// A flat `f32` buffer written from several threads, each range by one at a time.
 pub(crate) struct SharedGrads {

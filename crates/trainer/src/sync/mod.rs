@@ -1,0 +1,186 @@
+//! Training on several nodes: the gradient sync a run's loop drives, generic over the
+//! collective's [`Transport`](ringtune_collective::Transport) ([`RingSync`]; over QUIC,
+//! [`QuicSync`]), and what the optimizer step exchanges ([`Exchange`]; on one node,
+//! [`OneNode`], which exchanges nothing).
+//!
+//! The sync offers collectives only: reduce a step's buckets while the backward pass runs
+//! ([`GradSync::begin`], [`GradSync::finish`]), the norm's sums and the parameters' share
+//! ([`Exchange`]), the checks that keep nodes in step. The loop owns the optimizer and steps it
+//! the same way on any number of nodes (`crate::optimizer`).
+
+mod handoff;
+mod param_gather;
+mod quic;
+mod ring;
+#[cfg(test)]
+mod tests;
+
+use std::ops::Range;
+use std::time::Duration;
+
+use ringtune_collective::{BucketKind, RingMode, SyncPlan, Wire};
+use ringtune_optim::{AdamW, AdamWState};
+
+pub use quic::{ClusterOptions, QuicSync};
+pub use ring::RingSync;
+
+use crate::engine::SyncHooks;
+use crate::model::ModelDir;
+use crate::TrainError;
+
+/// How a multi-node run syncs its gradients and splits its optimizer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SyncMode {
+    /// The gradients' number format on the wire (sums are `f32` at every hop either way).
+    pub wire: Wire,
+    /// Buckets are reduced while the backward pass still runs (else after it).
+    pub overlap: bool,
+    /// Each node keeps optimizer state for, and steps, its shard of the parameters only; the
+    /// updated parameters are then all-gathered.
+    pub shard_optimizer: bool,
+}
+
+impl SyncMode {
+    /// The ring operation that reduces a dense bucket: all-reduce, or only the reduce-scatter
+    /// when each node steps its shard alone.
+    pub fn bucket_mode(&self) -> RingMode {
+        if self.shard_optimizer {
+            RingMode::ReduceScatterMean
+        } else {
+            RingMode::AllReduceMean
+        }
+    }
+
+    /// `bf16` or `fp32`, as the flag says it.
+    pub fn wire_name(&self) -> &'static str {
+        match self.wire {
+            Wire::Bf16 => "bf16",
+            Wire::F32 => "fp32",
+        }
+    }
+
+    /// The parameters' all-gather runs behind the next step's forward pass.
+    pub fn gathers_behind(&self) -> bool {
+        self.shard_optimizer && self.overlap
+    }
+}
+
+/// The buckets of `model`'s gradients on `world` nodes, its word-embedding table last.
+pub fn sync_plan(model: &ModelDir, world: usize) -> SyncPlan {
+    let layout = &model.layout;
+    let tensors: Vec<Range<usize>> = layout.entries().iter().map(|e| e.range()).collect();
+    let name = ringtune_bert::word_embeddings_name(&model.config);
+    let table = layout.entries().iter().position(|e| e.name == name).and_then(|i| {
+        let shape = &layout.entries()[i].shape;
+        (shape.len() >= 2).then(|| (i, shape[1..].iter().product()))
+    });
+    SyncPlan::new(&tensors, layout.total_len(), table, world)
+}
+
+/// Rows of the word-embedding table of `plan`, when it has one.
+fn table_rows(plan: &SyncPlan) -> Option<usize> {
+    plan.buckets.iter().find_map(|b| match b.kind {
+        BucketKind::Table { width } => Some(b.range.len() / width.max(1)),
+        BucketKind::Dense => None,
+    })
+}
+
+/// Gradient averaging across nodes and the checks that keep nodes in step. A single node
+/// trains with no `GradSync`.
+///
+/// A step goes: [`GradSync::begin`] (before the forward and backward run when overlapping,
+/// after it otherwise), the run (whose `GradReady` nodes hand each gradient to the sink of
+/// [`GradSync::hooks`], and whose `ParamReady` nodes wait for the parameters the last step's
+/// [`Exchange::share_params`] is still gathering), [`GradSync::finish`], then the loop's
+/// optimizer step over [`GradSync::optimizer_view`]. Whatever reads the parameters outside a
+/// step calls [`GradSync::settle`] first.
+pub trait GradSync {
+    /// This node's rank.
+    fn rank(&self) -> usize;
+    /// Number of nodes.
+    fn world(&self) -> usize;
+    /// How this node syncs.
+    fn mode(&self) -> SyncMode;
+    /// Where the training session hands each gradient as the backward pass produces it (the
+    /// gradients live in the sync's buffer), and where its parameters' readers wait for the
+    /// values still being gathered (when the gather runs behind the next forward pass).
+    fn hooks(&self) -> SyncHooks;
+    /// The pieces of the flat buffer this node's optimizer steps (`None`: all of it).
+    fn optimizer_pieces(&self) -> Option<Vec<Range<usize>>>;
+    /// A step begins: buckets are reduced as their gradients arrive. `token_ids` are this
+    /// node's batch's input ids (the rows of the word-embedding table it touches).
+    fn begin(&mut self, token_ids: &[i64]) -> Result<(), TrainError>;
+    /// The step's forward or backward pass failed: the other nodes are told `reason`.
+    fn abandon(&mut self, reason: &str);
+    /// Waits for every bucket, and returns the mean of `loss` over the nodes.
+    fn finish(&mut self, loss: f32) -> Result<Averaged, TrainError>;
+    /// After [`GradSync::finish`]: the averaged gradients (this node's pieces of them, when
+    /// the optimizer is sharded) and what the optimizer step exchanges.
+    fn optimizer_view(&mut self) -> (&mut [f32], &mut dyn Exchange);
+    /// The optimizer's state over the whole buffer, its moments gathered from the nodes when
+    /// it is sharded (`None`: `adam` holds them all). Every node calls it at the same step.
+    fn full_moments(&mut self, adam: &AdamW) -> Result<Option<AdamWState>, TrainError>;
+    /// Fails unless every node holds parameters with this hash.
+    fn check_params(&mut self, hash: [u8; 32]) -> Result<(), TrainError>;
+    /// Returns once the parameters of the last step are all in place on this node (the
+    /// all-gather behind the forward pass has ended), or with the reason they never will be.
+    fn settle(&mut self) -> Result<(), TrainError>;
+    /// The run is over or left on an error path: a gather still under way is cut short (the
+    /// ring is closed with the reason) and has ended when this returns, so the parameters'
+    /// buffer is written no more.
+    fn release(&mut self);
+}
+
+/// What the optimizer step exchanges with the other nodes.
+pub trait Exchange {
+    /// Nodes in the run.
+    fn nodes(&self) -> usize;
+    /// The pieces of a buffer of `len` floats whose squared sums this node computes, in the
+    /// order [`Exchange::share_sums`] takes them.
+    fn norm_pieces(&self, len: usize) -> Vec<Range<usize>>;
+    /// Every piece's squared sum, in one order on every node, from this node's own.
+    fn share_sums(&mut self, mine: Vec<f64>) -> Result<Vec<f64>, TrainError>;
+    /// This node has stepped its pieces: puts every node's parameters in place (at once, or
+    /// behind the next step's forward pass).
+    fn share_params(&mut self, params: &mut [f32]) -> Result<(), TrainError>;
+    /// The step failed for `reason`: the other nodes are told.
+    fn fail(&mut self, reason: &str);
+}
+
+/// One node: nothing to exchange.
+pub struct OneNode;
+
+impl Exchange for OneNode {
+    fn nodes(&self) -> usize {
+        1
+    }
+
+    fn norm_pieces(&self, len: usize) -> Vec<Range<usize>> {
+        std::iter::once(0..len).collect()
+    }
+
+    fn share_sums(&mut self, mine: Vec<f64>) -> Result<Vec<f64>, TrainError> {
+        Ok(mine)
+    }
+
+    fn share_params(&mut self, _params: &mut [f32]) -> Result<(), TrainError> {
+        Ok(())
+    }
+
+    fn fail(&mut self, _reason: &str) {}
+}
+
+/// What one step's gradient sync did.
+#[derive(Debug, Clone, Copy)]
+pub struct Averaged {
+    /// The mean of every node's loss.
+    pub loss: f32,
+    /// Bytes of gradients this node sent per ring pass (the embedding table counts only the
+    /// rows some node used).
+    pub bytes: usize,
+    /// Time the sync thread spent reducing buckets and gathering parameters (the gather behind
+    /// this step's forward pass: the last step's), hidden or not.
+    pub busy: Duration,
+    /// Time the forward pass waited for parameters still being gathered (exposed sync).
+    pub params_wait: Duration,
+}

@@ -1,0 +1,78 @@
+//! The sync over the QUIC ring: joining it (certificates, rendezvous, a handshake of the settings
+//! every node must share) and leaving it cleanly.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ringtune_collective::{Collective, Wire};
+use ringtune_quic::certs::NodeIdentity;
+use ringtune_quic::{Peers, QuicRing, RingOptions, Tuning};
+
+use super::{sync_plan, RingSync, SyncMode};
+use crate::model::ModelDir;
+use crate::TrainError;
+
+/// The gradient sync over QUIC.
+pub type QuicSync = RingSync<QuicRing>;
+
+/// How this node joins a multi-node run.
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    /// This node's rank.
+    pub rank: usize,
+    /// Nodes in the run.
+    pub world: usize,
+    /// Every rank's `host:port`, or the coordinator's.
+    pub peers: Peers,
+    /// Folder with `ca.pem` and this node's `node-<rank>.pem` and `.key`.
+    pub certs: PathBuf,
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// Longest wait for a neighbour.
+    pub deadline: Duration,
+    /// Connections per neighbour.
+    pub lanes: usize,
+    /// UDP payload size of every link (`None`: each path's).
+    pub mtu: Option<u16>,
+    /// How gradients are reduced and the optimizer split.
+    pub mode: SyncMode,
+}
+
+/// The layout hash the nodes compare when they connect, with the settings that must agree on
+/// every node (a node reducing in bf16 cannot pair with one expecting `f32`; with a sharded
+/// optimizer, overlap decides the order of the parameters' all-gather).
+fn handshake_hash(layout: [u8; 32], mode: &SyncMode) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(layout);
+    h.update([u8::from(mode.wire == Wire::Bf16), u8::from(mode.shard_optimizer), u8::from(mode.gathers_behind())]);
+    h.finalize().into()
+}
+
+impl RingSync<QuicRing> {
+    /// Joins the ring of `options` for training `model` (whose parameter layout, wire format
+    /// and optimizer sharding must agree on every node), and starts the sync thread.
+    pub fn join(options: &ClusterOptions, model: &ModelDir) -> Result<Self, TrainError> {
+        let identity = NodeIdentity::load(&options.certs, options.rank)?;
+        let ring = QuicRing::join(RingOptions {
+            rank: options.rank,
+            world: options.world,
+            layout: handshake_hash(model.layout.hash(), &options.mode),
+            identity,
+            listen: options.listen,
+            peers: options.peers.clone(),
+            deadline: options.deadline,
+            rendezvous_deadline: options.deadline.max(Duration::from_secs(120)),
+            tuning: Tuning { lanes: options.lanes, mtu: options.mtu, ..Tuning::default() },
+        })?;
+        RingSync::start(Collective::new(ring), sync_plan(model, options.world), &model.layout, options.mode)
+    }
+
+    /// Leaves the ring cleanly: every queued frame delivered, then the links closed.
+    pub fn shutdown(self) {
+        if let Some(ring) = self.into_transport() {
+            ring.shutdown();
+        }
+    }
+}

@@ -1,0 +1,454 @@
+//! The gradient sync over any ring transport: a sync thread that reduces gradient buckets as the
+//! backward pass hands them over (or after it, without overlap), in bf16 or `f32` on the wire;
+//! the optimizer step's exchanges (the norm's sums, the all-gather of a sharded optimizer's
+//! parameters, which with overlap the sync thread runs behind the next step's forward pass);
+//! parameter checks.
+//!
+//! The loop and the sync thread share the transport through one lock, taken for one whole
+//! operation at a time: operation ids come from [`Collective`] in the order the calls take it,
+//! the same on every node because the step's protocol orders the calls.
+
+use std::ops::Range;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ringtune_bert::ParamLayout;
+use ringtune_collective::{used_rows, BucketKind, Collective, RingMode, SyncPlan, Transport, Wire};
+use ringtune_ops::grad_ready::GradSink;
+use ringtune_ops::param_ready::ParamSource;
+use ringtune_optim::{AdamW, AdamWState};
+
+use super::handoff::{Handoff, SharedGrads, ToSync};
+use super::param_gather::{ParamGather, ParamsPtr};
+use super::{table_rows, Averaged, Exchange, GradSync, SyncMode};
+use crate::engine::SyncHooks;
+use crate::TrainError;
+
+/// What the sync thread reports when a step's buckets are reduced.
+struct Reduced {
+    floats: usize,
+    busy: Duration,
+}
+
+/// The ring's operations, shared by the loop and the sync thread.
+type SharedRing<T> = Arc<Mutex<Collective<T>>>;
+
+fn lock<T>(ring: &Mutex<Collective<T>>) -> MutexGuard<'_, Collective<T>> {
+    // An operation that panicked has left the ring broken, which its next operation reports.
+    ring.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Gradient sync over a ring of `T`.
+pub struct RingSync<T: Transport> {
+    grads: Arc<SharedGrads>,
+    tensors: Vec<Range<usize>>,
+    exchange: RingExchange<T>,
+    worker: Worker,
+    reduced: Receiver<Result<Reduced, String>>,
+    table_rows: Option<usize>,
+    /// A step has begun and not yet finished.
+    in_step: bool,
+}
+
+/// The optimizer step's exchanges over the ring, and the ring's other whole-buffer operations.
+struct RingExchange<T: Transport> {
+    ring: SharedRing<T>,
+    plan: Arc<SyncPlan>,
+    /// The parameters' all-gather behind the next forward pass (sharded, overlapping runs).
+    gather: Option<Arc<ParamGather>>,
+    mode: SyncMode,
+    rank: usize,
+    to_sync: Sender<ToSync>,
+}
+
+impl<T: Transport + Send + 'static> RingSync<T> {
+    /// Starts the sync thread over `ring` for gradients of `layout`, bucketed by `plan`.
+    pub fn start(
+        ring: Collective<T>,
+        plan: SyncPlan,
+        layout: &ParamLayout,
+        mode: SyncMode,
+    ) -> Result<Self, TrainError> {
+        let plan = Arc::new(plan);
+        let rank = ring.rank();
+        let grads = Arc::new(SharedGrads::zeros(layout.total_len()));
+        let gather = mode.gathers_behind().then(|| Arc::new(ParamGather::new(&plan, layout.entries().len())));
+        let ring = Arc::new(Mutex::new(ring));
+        let (to_sync, from_loop) = mpsc::channel();
+        let (report, reduced) = mpsc::channel();
+        let worker = SyncThread {
+            ring: ring.clone(),
+            plan: plan.clone(),
+            grads: grads.clone(),
+            gather: gather.clone(),
+            mode,
+            from_loop,
+            report,
+            ready: Vec::new(),
+            stopped: false,
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("ringtune-sync-{rank}"))
+            .spawn(move || worker.run())
+            .map_err(|e| TrainError::Other(format!("starting the sync thread: {e}")))?;
+        Ok(RingSync {
+            grads,
+            tensors: layout.entries().iter().map(|e| e.range()).collect(),
+            table_rows: table_rows(&plan),
+            exchange: RingExchange { ring, plan, gather, mode, rank, to_sync: to_sync.clone() },
+            worker: Worker { to_sync, thread: Some(thread) },
+            reduced,
+            in_step: false,
+        })
+    }
+}
+
+impl<T: Transport> RingSync<T> {
+    /// Stops the sync thread (once the parameters' gather, if one is under way, has ended) and
+    /// returns the transport, to close it cleanly.
+    pub fn into_transport(mut self) -> Option<T> {
+        let _ = self.settle();
+        let RingSync { exchange, worker, .. } = self;
+        // The sync thread holds the ring too: stop it first.
+        drop(worker);
+        let ring = Arc::try_unwrap(exchange.ring).ok()?;
+        Some(ring.into_inner().unwrap_or_else(|p| p.into_inner()).into_transport())
+    }
+}
+
+impl<T: Transport> RingExchange<T> {
+    /// Fails the run: tells the other nodes why (closing the links) and returns the error.
+    fn abort_with(&self, reason: impl std::fmt::Display) -> TrainError {
+        let reason = reason.to_string();
+        lock(&self.ring).abort(&reason);
+        TrainError::Sync { reason }
+    }
+
+    /// All-gathers `buffer` (as long as the parameters) bucket by bucket: each node's pieces
+    /// go to every other node.
+    fn all_gather(&self, buffer: &mut [f32]) -> Result<(), TrainError> {
+        let mut ring = lock(&self.ring);
+        for bucket in &self.plan.buckets {
+            ring.all_gather(&mut buffer[bucket.range.clone()]).map_err(sync_error)?;
+        }
+        Ok(())
+    }
+
+    /// Every rank's `value`, in rank order.
+    fn gather(&self, value: Bytes) -> Result<Vec<Bytes>, TrainError> {
+        lock(&self.ring).gather(value).map_err(sync_error)
+    }
+
+    /// Returns once the gather behind the forward pass, if one is under way, has ended.
+    fn settle(&self) -> Result<(), TrainError> {
+        match &self.gather {
+            Some(gather) => gather.settle().map_err(|reason| self.abort_with(reason)),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A failed ring operation (the collective has told the neighbours).
+fn sync_error(e: impl std::fmt::Display) -> TrainError {
+    TrainError::Sync { reason: e.to_string() }
+}
+
+impl<T: Transport> Exchange for RingExchange<T> {
+    fn nodes(&self) -> usize {
+        self.plan.world()
+    }
+
+    fn norm_pieces(&self, _len: usize) -> Vec<Range<usize>> {
+        if self.mode.shard_optimizer {
+            self.plan.owned_by(self.rank)
+        } else {
+            self.plan.pieces().into_iter().map(|(_, r)| r).collect()
+        }
+    }
+
+    /// Sharded, each node holds its own pieces' sums: the others' come from their owners.
+    fn share_sums(&mut self, mine: Vec<f64>) -> Result<Vec<f64>, TrainError> {
+        if !self.mode.shard_optimizer {
+            return Ok(mine);
+        }
+        let pieces = self.plan.pieces();
+        let bytes: Vec<u8> = mine.iter().flat_map(|s| s.to_le_bytes()).collect();
+        let values = self.gather(Bytes::from(bytes))?;
+        let mut per_rank = Vec::with_capacity(values.len());
+        for (rank, bytes) in values.iter().enumerate() {
+            let expected = pieces.iter().filter(|(owner, _)| *owner == rank).count();
+            if bytes.len() != expected * 8 {
+                return Err(self
+                    .abort_with(format!("rank {rank} sent {} bytes of norms for its {expected} pieces", bytes.len())));
+            }
+            let sums: Vec<f64> =
+                bytes.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap_or_default())).collect();
+            per_rank.push(sums.into_iter());
+        }
+        Ok(pieces.iter().map(|(owner, _)| per_rank[*owner].next().unwrap_or(f64::NAN)).collect())
+    }
+
+    fn share_params(&mut self, params: &mut [f32]) -> Result<(), TrainError> {
+        if let Some(gather) = &self.gather {
+            gather.begin();
+            if self.to_sync.send(ToSync::Gather(ParamsPtr::new(params))).is_err() {
+                // Nobody will gather: end it here, so that nothing waits for it.
+                gather.gathering().end(Err("the sync thread has stopped".into()));
+                return Err(self.abort_with("the sync thread has stopped"));
+            }
+            Ok(())
+        } else if self.mode.shard_optimizer {
+            self.all_gather(params)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn fail(&mut self, reason: &str) {
+        lock(&self.ring).abort(reason);
+    }
+}
+
+/// The sync thread's handle: stopped and joined when dropped.
+struct Worker {
+    to_sync: Sender<ToSync>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.to_sync.send(ToSync::Stop);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl<T: Transport> GradSync for RingSync<T> {
+    fn rank(&self) -> usize {
+        self.exchange.rank
+    }
+
+    fn world(&self) -> usize {
+        self.exchange.plan.world()
+    }
+
+    fn mode(&self) -> SyncMode {
+        self.exchange.mode
+    }
+
+    fn hooks(&self) -> SyncHooks {
+        let sink: Arc<dyn GradSink> = Arc::new(Handoff {
+            grads: self.grads.clone(),
+            tensors: self.tensors.clone(),
+            to_sync: self.worker.to_sync.clone(),
+        });
+        let params = self.exchange.gather.clone().map(|g| g as Arc<dyn ParamSource>);
+        SyncHooks { grads: Some(sink), params }
+    }
+
+    fn optimizer_pieces(&self) -> Option<Vec<Range<usize>>> {
+        self.exchange.mode.shard_optimizer.then(|| self.exchange.plan.owned_by(self.exchange.rank))
+    }
+
+    fn begin(&mut self, token_ids: &[i64]) -> Result<(), TrainError> {
+        let used_rows = match self.table_rows {
+            Some(rows) => used_rows(token_ids, rows).map_err(|e| self.exchange.abort_with(e))?,
+            None => Vec::new(),
+        };
+        self.worker
+            .to_sync
+            .send(ToSync::Begin { used_rows })
+            .map_err(|_| self.exchange.abort_with("the sync thread has stopped"))?;
+        self.in_step = true;
+        Ok(())
+    }
+
+    fn abandon(&mut self, reason: &str) {
+        if self.in_step {
+            let _ = self.worker.to_sync.send(ToSync::Abandon(reason.to_string()));
+            // The sync thread answers the step it was in with the reason (once a gather under
+            // way has ended); the reason is known, so the answer is only waited for briefly.
+            let _ = self.reduced.recv_timeout(Duration::from_secs(5));
+            self.in_step = false;
+        } else {
+            let _ = self.exchange.abort_with(reason);
+        }
+    }
+
+    fn finish(&mut self, loss: f32) -> Result<Averaged, TrainError> {
+        self.in_step = false;
+        let reduced = match self.reduced.recv() {
+            Ok(Ok(r)) => r,
+            Ok(Err(reason)) => return Err(TrainError::Sync { reason }),
+            Err(_) => return Err(TrainError::Sync { reason: "the sync thread stopped".into() }),
+        };
+        let mut mean_loss = [loss];
+        lock(&self.exchange.ring).run(&mut mean_loss, RingMode::AllReduceMean, Wire::F32).map_err(sync_error)?;
+        let bytes = reduced.floats * self.exchange.mode.wire.bytes_per_value();
+        // The gather measured here is the one behind this step's forward pass (the last
+        // step's parameters).
+        let (params_wait, gathering) = self.exchange.gather.as_ref().map(|g| g.take_times()).unwrap_or_default();
+        Ok(Averaged { loss: mean_loss[0], bytes, busy: reduced.busy + gathering, params_wait })
+    }
+
+    #[allow(unsafe_code)]
+    fn optimizer_view(&mut self) -> (&mut [f32], &mut dyn Exchange) {
+        // SAFETY: the step is finished (`finish` had every bucket's report): the sync thread
+        // waits for the next `Begin`, no session runs, and `&mut self` keeps the loop from
+        // starting one while the slice lives, so this is the only use of the buffer.
+        let grads = unsafe { self.grads.range_mut(0..self.grads.len()) };
+        (grads, &mut self.exchange)
+    }
+
+    fn settle(&mut self) -> Result<(), TrainError> {
+        self.exchange.settle()
+    }
+
+    fn release(&mut self) {
+        if let Some(gather) = self.exchange.gather.clone() {
+            if gather.in_flight() {
+                // The ring's next operation fails at once; the one under way, by its deadline.
+                let _ = self.exchange.abort_with("the training run ended while parameters were being gathered");
+                let _ = gather.settle();
+            }
+        }
+    }
+
+    fn full_moments(&mut self, adam: &AdamW) -> Result<Option<AdamWState>, TrainError> {
+        if !self.exchange.mode.shard_optimizer {
+            return Ok(None);
+        }
+        // The ring's operations must come in one order on every node: the gather first.
+        self.settle()?;
+        let len = self.grads.len();
+        let (mut m, mut v) = (vec![0.0f32; len], vec![0.0f32; len]);
+        adam.place_moments(&mut m, &mut v);
+        self.exchange.all_gather(&mut m)?;
+        self.exchange.all_gather(&mut v)?;
+        Ok(Some(AdamWState { step: adam.state().step, m, v }))
+    }
+
+    fn check_params(&mut self, hash: [u8; 32]) -> Result<(), TrainError> {
+        self.settle()?;
+        let hashes = self.exchange.gather(Bytes::copy_from_slice(&hash))?;
+        let differ: Vec<usize> =
+            hashes.iter().enumerate().filter(|(_, h)| h.as_ref() != hash).map(|(r, _)| r).collect();
+        if differ.is_empty() {
+            Ok(())
+        } else {
+            let rank = self.exchange.rank;
+            Err(self
+                .exchange
+                .abort_with(format!("parameters diverged: ranks {differ:?} hold other parameters than rank {rank}")))
+        }
+    }
+}
+
+/// The thread that reduces buckets while the backward pass goes on.
+struct SyncThread<T: Transport> {
+    ring: SharedRing<T>,
+    plan: Arc<SyncPlan>,
+    grads: Arc<SharedGrads>,
+    gather: Option<Arc<ParamGather>>,
+    mode: SyncMode,
+    from_loop: Receiver<ToSync>,
+    report: Sender<Result<Reduced, String>>,
+    /// Which parameters' gradients have arrived this step.
+    ready: Vec<bool>,
+    /// `Stop` arrived in the middle of a step.
+    stopped: bool,
+}
+
+impl<T: Transport> SyncThread<T> {
+    fn run(mut self) {
+        let tensors = self.plan.buckets.iter().flat_map(|b| b.tensors.iter().copied()).max().map_or(0, |m| m + 1);
+        self.ready = vec![false; tensors];
+        while let Ok(message) = self.from_loop.recv() {
+            match message {
+                ToSync::Ready(t) => self.mark(t),
+                // Nothing was in flight: the step had not begun here.
+                ToSync::Abandon(_) => self.ready.fill(false),
+                ToSync::Stop => return,
+                ToSync::Gather(params) => self.gather_params(&params),
+                ToSync::Begin { used_rows } => {
+                    let _span = tracing::debug_span!("sync_buckets").entered();
+                    let result = self.reduce_step(&used_rows);
+                    self.ready.fill(false);
+                    if self.report.send(result).is_err() || self.stopped {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    fn mark(&mut self, tensor: usize) {
+        if let Some(r) = self.ready.get_mut(tensor) {
+            *r = true;
+        }
+    }
+
+    fn abort(&self, reason: &str) -> String {
+        lock(&self.ring).abort(reason);
+        reason.to_string()
+    }
+
+    /// All-gathers the parameters bucket by bucket in forward order (the reverse of the plan's),
+    /// marking each in as it lands, while the next step's forward pass waits for them.
+    #[allow(unsafe_code)]
+    fn gather_params(&mut self, params: &ParamsPtr) {
+        let Some(gather) = self.gather.clone() else { return };
+        let _span = tracing::debug_span!("param_gather").entered();
+        let gathering = gather.gathering();
+        let plan = self.plan.clone();
+        for (index, bucket) in plan.buckets.iter().enumerate().rev() {
+            // SAFETY: the training loop sent this buffer after its optimizer step and reads or
+            // writes the parameters again only after `settle` (or `release`); the session's
+            // readers of this bucket wait until it is marked in below.
+            let slice = unsafe { params.range_mut(bucket.range.clone()) };
+            if let Err(e) = lock(&self.ring).all_gather(slice) {
+                return gathering.end(Err(e.to_string()));
+            }
+            gathering.arrive(index);
+        }
+        gathering.end(Ok(()));
+    }
+
+    /// Reduces every bucket in plan order, each as soon as all its gradients have arrived.
+    #[allow(unsafe_code)]
+    fn reduce_step(&mut self, used_rows: &[u32]) -> Result<Reduced, String> {
+        let plan = self.plan.clone();
+        let (mut floats, mut busy) = (0, Duration::ZERO);
+        for bucket in &plan.buckets {
+            while !bucket.tensors.iter().all(|&t| self.ready.get(t).copied().unwrap_or(true)) {
+                match self.from_loop.recv() {
+                    Ok(ToSync::Ready(t)) => self.mark(t),
+                    Ok(ToSync::Abandon(reason)) => return Err(self.abort(&reason)),
+                    Ok(ToSync::Begin { .. }) | Ok(ToSync::Gather(_)) | Ok(ToSync::Stop) | Err(_) => {
+                        self.stopped = true;
+                        return Err(self.abort("the training loop left a step unfinished"));
+                    }
+                }
+            }
+            let started = Instant::now();
+            let mut ring = lock(&self.ring);
+            // SAFETY: every gradient of this bucket has arrived this step, so ONNX Runtime's
+            // thread is done with its range, and the training loop waits for this report.
+            let buffer = unsafe { self.grads.range_mut(bucket.range.clone()) };
+            let wire = self.mode.wire;
+            let done = match bucket.kind {
+                BucketKind::Dense => ring.run(buffer, self.mode.bucket_mode(), wire).map(|()| bucket.range.len()),
+                BucketKind::Table { width } => {
+                    ring.all_reduce_rows(buffer, width, used_rows, wire).map(|rows| rows * width)
+                }
+            };
+            floats += done.map_err(|e| e.to_string())?;
+            busy += started.elapsed();
+        }
+        Ok(Reduced { floats, busy })
+    }
+}

@@ -1,0 +1,207 @@
+//! The sync's protocol on the collective's in-memory ring, without sockets or sessions: each
+//! rank is a thread that hands gradients over as a backward pass would, then steps the
+//! optimizer through [`crate::optimizer::step`] as the loop does.
+
+use std::time::{Duration, Instant};
+
+use ringtune_bert::ParamLayout;
+use ringtune_collective::{memory_ring, BucketKind, Collective, MemoryTransport, SyncPlan, Wire};
+use ringtune_optim::{AdamW, AdamWConfig, Group};
+
+use super::{GradSync, RingSync, SyncMode};
+use crate::TrainError;
+
+/// A table of 1000 rows of 8 (index 0, its bucket last), then dense tensors over several
+/// buckets.
+fn layout() -> ParamLayout {
+    ParamLayout::new(vec![
+        ("table".into(), vec![1000, 8]),
+        ("a".into(), vec![300_000]),
+        ("b".into(), vec![200_000]),
+        ("c".into(), vec![70_001]),
+    ])
+}
+
+fn plan(layout: &ParamLayout, world: usize) -> SyncPlan {
+    let tensors: Vec<_> = layout.entries().iter().map(|e| e.range()).collect();
+    SyncPlan::new(&tensors, layout.total_len(), Some((0, 8)), world)
+}
+
+const WORLD: usize = 3;
+const DEADLINE: Duration = Duration::from_secs(2);
+
+/// Rank `rank`'s gradient of parameter `tensor`: the table only on the rows its tokens use.
+fn grad(layout: &ParamLayout, rank: usize, tensor: usize) -> Vec<f32> {
+    let entry = &layout.entries()[tensor];
+    (0..entry.len())
+        .map(|i| {
+            if tensor == 0 && !tokens(rank).contains(&((i / 8) as i64)) {
+                0.0
+            } else {
+                ((i * 7 + rank * 13 + tensor) % 97) as f32 / 97.0 - 0.5
+            }
+        })
+        .collect()
+}
+
+fn tokens(rank: usize) -> Vec<i64> {
+    vec![1, 5 + rank as i64, 900]
+}
+
+/// Every rank's sync over one in-memory ring.
+fn nodes(mode: SyncMode) -> Vec<RingSync<MemoryTransport>> {
+    let layout = layout();
+    memory_ring(WORLD, DEADLINE)
+        .into_iter()
+        .map(|t| RingSync::start(Collective::new(t), plan(&layout, WORLD), &layout, mode).expect("start"))
+        .collect()
+}
+
+/// Runs `work` on every rank's thread; the results in rank order.
+fn on_ranks<R: Send + 'static>(
+    mode: SyncMode,
+    work: impl Fn(usize, RingSync<MemoryTransport>) -> R + Send + Sync + Clone + 'static,
+) -> Vec<R> {
+    let handles: Vec<_> = nodes(mode)
+        .into_iter()
+        .enumerate()
+        .map(|(rank, sync)| {
+            let work = work.clone();
+            std::thread::spawn(move || work(rank, sync))
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().expect("no panic")).collect()
+}
+
+/// A backward pass's hand-over: parameters from the last, as `GradReady` sees them.
+fn hand_over(sync: &RingSync<MemoryTransport>, rank: usize, tensors: impl Iterator<Item = usize>) {
+    let sink = sync.hooks().grads.expect("a gradient sink");
+    let layout = layout();
+    for t in tensors {
+        sink.take(t, &grad(&layout, rank, t)).expect("take");
+    }
+}
+
+fn all_tensors() -> impl Iterator<Item = usize> {
+    (0..layout().entries().len()).rev()
+}
+
+const PLAIN: SyncMode = SyncMode { wire: Wire::F32, overlap: true, shard_optimizer: false };
+
+#[test]
+fn buckets_handed_over_mid_pass_reduce_to_every_ranks_mean() {
+    let results = on_ranks(PLAIN, |rank, mut sync| {
+        sync.begin(&tokens(rank)).expect("begin");
+        hand_over(&sync, rank, all_tensors());
+        let averaged = sync.finish(rank as f32).expect("reduced");
+        let grads = sync.optimizer_view().0.to_vec();
+        (averaged, grads)
+    });
+    let layout = layout();
+    let plan = plan(&layout, WORLD);
+    assert!(plan.buckets.len() > 2, "several buckets: {:?}", plan.buckets);
+    let dense: usize = plan.buckets.iter().filter(|b| b.kind == BucketKind::Dense).map(|b| b.range.len()).sum();
+    for (rank, (averaged, grads)) in results.iter().enumerate() {
+        assert_eq!(averaged.loss, 1.0, "rank {rank}: the mean of the losses 0, 1, 2");
+        // The table moves only the rows some rank used: 1, 5, 6, 7 and 900.
+        assert_eq!(averaged.bytes, (dense + 5 * 8) * 4, "rank {rank}");
+        assert!(grads.iter().zip(&results[0].1).all(|(a, b)| a.to_bits() == b.to_bits()), "rank {rank} differs");
+    }
+    for (t, entry) in layout.entries().iter().enumerate() {
+        let each: Vec<Vec<f32>> = (0..WORLD).map(|r| grad(&layout, r, t)).collect();
+        let mean: Vec<f32> = (0..entry.len()).map(|i| each.iter().map(|g| g[i]).sum::<f32>() / WORLD as f32).collect();
+        let got = &results[0].1[entry.range()];
+        let worst = got.iter().zip(&mean).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+        assert!(worst < 1e-6, "{}: off by {worst}", entry.name);
+    }
+}
+
+/// One optimizer step of every rank, through the loop's step; each rank's parameters after it.
+fn step_all(mode: SyncMode) -> Vec<Vec<f32>> {
+    on_ranks(mode, move |rank, mut sync| {
+        let len = layout().total_len();
+        let groups =
+            [Group { range: 0..len / 2, weight_decay: 0.01 }, Group { range: len / 2..len, weight_decay: 0.0 }];
+        let mut adam = AdamW::new(AdamWConfig::default(), &groups, len).expect("adam");
+        if let Some(pieces) = sync.optimizer_pieces() {
+            adam = adam.owning(pieces).expect("pieces");
+        }
+        let mut params = vec![0.25f32; len];
+        sync.begin(&tokens(rank)).expect("begin");
+        hand_over(&sync, rank, all_tensors());
+        sync.finish(0.0).expect("reduced");
+        let (grads, exchange) = sync.optimizer_view();
+        // Clipped: the norm is far above 0.5.
+        crate::optimizer::step(&mut adam, &mut params, grads, exchange, 0.5, 1e-2, 1).expect("step");
+        sync.settle().expect("gathered");
+        params
+    })
+}
+
+#[test]
+fn a_sharded_step_gathered_at_once_or_behind_changes_no_bit() {
+    let whole = step_all(PLAIN);
+    let sharded = step_all(SyncMode { overlap: false, shard_optimizer: true, ..PLAIN });
+    let behind = step_all(SyncMode { overlap: true, shard_optimizer: true, ..PLAIN });
+    assert!(whole[0].iter().any(|&p| p != 0.25), "the step moved the parameters");
+    for (name, run) in [("sharded", &sharded), ("gathered behind", &behind)] {
+        for (rank, params) in run.iter().enumerate() {
+            let same = params.iter().zip(&whole[0]).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{name}, rank {rank}: other parameters than the unsharded step's");
+        }
+    }
+}
+
+#[test]
+fn a_rank_that_abandons_its_step_stops_the_others_with_its_reason() {
+    let started = Instant::now();
+    let results = on_ranks(PLAIN, |rank, mut sync| {
+        sync.begin(&tokens(rank)).expect("begin");
+        if rank == 2 {
+            sync.abandon("its forward or backward pass failed: out of memory");
+            return None;
+        }
+        hand_over(&sync, rank, all_tensors());
+        Some(sync.finish(0.0).expect_err("the step fails"))
+    });
+    for (rank, error) in results.into_iter().enumerate().take(2) {
+        let error = error.expect("an error");
+        assert!(matches!(error, TrainError::Sync { .. }), "rank {rank}: {error:?}");
+        let text = error.to_string();
+        assert!(text.contains("rank 2") && text.contains("out of memory"), "rank {rank}: {text}");
+    }
+    // At once, by the abort's reason, not at the ring's deadline.
+    assert!(started.elapsed() < DEADLINE, "took {:?}", started.elapsed());
+}
+
+#[test]
+fn a_rank_lost_mid_backward_is_named_by_every_other() {
+    let started = Instant::now();
+    let results = on_ranks(PLAIN, |rank, mut sync| {
+        sync.begin(&tokens(rank)).expect("begin");
+        if rank == 1 {
+            // Half its gradients, then its run is gone (the sync dropped mid-step).
+            hand_over(&sync, rank, all_tensors().take(2));
+            drop(sync);
+            return None;
+        }
+        hand_over(&sync, rank, all_tensors());
+        Some(sync.finish(0.0).expect_err("the step fails").to_string())
+    });
+    for rank in [0, 2] {
+        let error = results[rank].clone().expect("an error");
+        assert!(error.contains("rank 1"), "rank {rank}: {error}");
+    }
+    // At once, by the abort's reason, not at the ring's deadline.
+    assert!(started.elapsed() < DEADLINE, "took {:?}", started.elapsed());
+}
+
+#[test]
+fn parameters_that_diverged_are_named_by_rank() {
+    let results = on_ranks(PLAIN, |rank, mut sync| {
+        let hash = if rank == 1 { [1u8; 32] } else { [0u8; 32] };
+        sync.check_params(hash).map_err(|e| e.to_string())
+    });
+    assert!(results[0].as_ref().expect_err("rank 1 differs").contains("ranks [1]"), "{results:?}");
+    assert!(results.iter().all(Result::is_err), "{results:?}");
+}

@@ -1,0 +1,115 @@
+//! A run's checkpoints: saved at the same step on every node (a sharded optimizer's moments
+//! gathered first), and the newest usable one resumed.
+
+use ringtune_optim::AdamWState;
+
+use super::TrainingRun;
+use crate::checkpoint::{self, Meta};
+use crate::TrainError;
+
+impl TrainingRun<'_> {
+    /// Continues from the newest checkpoint that loads (older ones tried when newer ones are
+    /// refused, every refusal logged): parameters, optimizer state and data position; returns
+    /// the step it goes on from. A folder with no checkpoint yet (a run that stopped before its
+    /// first) goes on from the start; one whose checkpoints all fail to load is an error.
+    pub(super) fn resume(&mut self) -> Result<u64, TrainError> {
+        let checkpoints = &self.plan.checkpoints;
+        let (found, refused) = checkpoint::latest_valid(checkpoints, &self.plan.layout_hash);
+        for refusal in &refused {
+            tracing::warn!("{}; trying an older checkpoint", refusal.reason);
+        }
+        let Some((path, ckpt)) = found else {
+            let finished = self.plan.output.join("summary.json").exists();
+            return match (refused.is_empty(), finished) {
+                (true, false) => {
+                    tracing::warn!(
+                        "--resume: no checkpoint in {} yet: starting from the beginning",
+                        checkpoints.display()
+                    );
+                    Ok(0)
+                }
+                // Started over, a finished run whose checkpoints were removed would lose its model.
+                (true, true) => Err(TrainError::Resume(format!(
+                    "{} holds a finished run (summary.json) and no checkpoint to go on from",
+                    self.plan.output.display()
+                ))),
+                (false, _) => {
+                    let why: Vec<&str> = refused.iter().map(|r| r.reason.as_str()).collect();
+                    Err(TrainError::Resume(format!(
+                        "no usable checkpoint in {} ({})",
+                        checkpoints.display(),
+                        why.join("; ")
+                    )))
+                }
+            };
+        };
+        if self.rank == 0 {
+            for refusal in &refused {
+                match checkpoint::set_aside(&refusal.path) {
+                    Ok(aside) => tracing::warn!("kept the refused checkpoint as {}", aside.display()),
+                    Err(e) => tracing::warn!("{e}"),
+                }
+            }
+        }
+        if ckpt.meta.seed != self.cfg.seed {
+            return Err(TrainError::Resume(format!(
+                "{} was made with seed {}, not {}",
+                path.display(),
+                ckpt.meta.seed,
+                self.cfg.seed
+            )));
+        }
+        self.engine.params_mut().copy_from_slice(&ckpt.params);
+        self.adam.restore(AdamWState { step: ckpt.meta.adam_step, m: ckpt.m, v: ckpt.v })?;
+        let batch_in_epoch = ckpt.meta.resume_batch(self.world, self.plan.batch_size);
+        self.progress = ckpt.meta.progress.clone();
+        if batch_in_epoch != self.progress.batch_in_epoch {
+            // Another number of nodes, or another batch per node, cuts the epoch into other
+            // batches.
+            tracing::warn!(
+                from_nodes = ckpt.meta.world,
+                to_nodes = self.world,
+                from_node_batch = ckpt.meta.node_batch,
+                to_node_batch = self.plan.batch_size,
+                "resuming with another global batch split: epoch {} goes on at batch {batch_in_epoch}, not {}",
+                self.progress.epoch + 1,
+                self.progress.batch_in_epoch
+            );
+            self.progress.batch_in_epoch = batch_in_epoch;
+        }
+        self.log.bar.set_position(self.progress.step);
+        tracing::info!(checkpoint = %path.display(), step = self.progress.step, "resumed");
+        Ok(self.progress.step)
+    }
+
+    /// Every node calls it at the same step (a sharded optimizer's moments are gathered
+    /// first); the lead writes the checkpoint.
+    pub(super) fn save_checkpoint(&mut self) -> Result<(), TrainError> {
+        let _span = tracing::debug_span!("checkpoint").entered();
+        self.settle()?;
+        let gathered = match self.sync.as_deref_mut() {
+            Some(sync) => sync.full_moments(&self.adam)?,
+            None => None,
+        };
+        if self.rank != 0 {
+            return Ok(());
+        }
+        let state = self.adam.state();
+        let (m, v) = match &gathered {
+            Some(full) => (full.m.as_slice(), full.v.as_slice()),
+            None => (state.m.as_slice(), state.v.as_slice()),
+        };
+        let meta = Meta {
+            progress: self.progress.clone(),
+            seed: self.cfg.seed,
+            layout_hash: self.plan.layout_hash.clone(),
+            total_len: self.engine.params().len(),
+            adam_step: state.step,
+            world: self.world,
+            node_batch: Some(self.plan.batch_size),
+        };
+        let path = self.plan.checkpoints.join(checkpoint::file_name(self.progress.step));
+        checkpoint::save(&path, &meta, self.engine.params(), m, v)?;
+        checkpoint::prune(&self.plan.checkpoints, self.cfg.keep_checkpoints)
+    }
+}

@@ -1,0 +1,173 @@
+//! What a run reads and plans before its first step: the task's data, the model with the
+//! task's head, the output folder, the schedule and the sessions.
+
+use std::path::{Path, PathBuf};
+
+use ringtune_bert::ModelConfig;
+use ringtune_data::{
+    steps_per_epoch, Example, LabelSet, PairTokenizer, Problem, ReadOptions, ShardMode, Source, Task, REPORTED_ROWS,
+};
+use ringtune_optim::LinearWarmupDecay;
+use ringtune_runtime::{FlatBuffer, Runtime, SessionOptions};
+
+use crate::checkpoint;
+use crate::engine::{Engine, Evaluator, SyncHooks};
+use crate::model::{GraphChoices, ModelDir};
+use crate::recipe::warmup_steps;
+use crate::{TrainConfig, TrainError};
+
+pub(super) fn resolve(root: &Path, path: &Path) -> PathBuf {
+    if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        root.join(path)
+    }
+}
+
+/// The data and model a run reads.
+pub(super) struct Inputs {
+    pub(super) model: ModelDir,
+    /// The model's config with the task's head.
+    pub(super) config: ModelConfig,
+    pub(super) task: Task,
+    pub(super) text_columns: Vec<String>,
+    pub(super) train: Vec<Example>,
+    /// The splits scored after each epoch (`dev`, and MNLI's `dev_mismatched`), in name order.
+    pub(super) evals: Vec<(String, Vec<Example>)>,
+    pub(super) tokenizer_files: Vec<PathBuf>,
+}
+
+/// Where the run writes and how far it goes.
+pub(super) struct Plan {
+    pub(super) output: PathBuf,
+    pub(super) checkpoints: PathBuf,
+    pub(super) layout_hash: String,
+    pub(super) batch_size: usize,
+    pub(super) batches_per_epoch: u64,
+    pub(super) total: u64,
+    pub(super) schedule: LinearWarmupDecay,
+}
+
+/// The model folder with the head its task's labels need: the parameter layout that every
+/// node's gradient sync must be built for (it reads, or tokenizes and caches, the task's data).
+pub fn task_model(cfg: &TrainConfig, root: &Path) -> Result<ModelDir, TrainError> {
+    Ok(read_inputs(cfg, root)?.model)
+}
+
+pub(super) fn read_inputs(cfg: &TrainConfig, root: &Path) -> Result<Inputs, TrainError> {
+    let mut model = ModelDir::open(&resolve(root, &cfg.model))?;
+    model.check_max_len(cfg.max_len)?;
+    let tokenizer = PairTokenizer::from_model_dir(&model.dir, cfg.max_len)?;
+    let task = cfg.task(root)?;
+    let cache = ringtune_data::cache_file(&task, &model.dir, cfg.max_len);
+    let prepared = ringtune_data::prepare(&task, &tokenizer, ReadOptions { skip_bad: cfg.skip_bad }, Some(&cache))?;
+    if let ringtune_data::CacheUse::Rebuilt(why) = &prepared.how {
+        tracing::warn!("{why}: tokenized again");
+    }
+    report_skipped(&prepared.skipped);
+    let mut data = prepared.data;
+    model.config = with_head(&model, &data.labels);
+    model.layout = ringtune_bert::layout(&model.config);
+    let mut config = model.config.clone();
+    if let Some(p) = cfg.dropout {
+        config = config.with_dropout(p);
+    }
+    let train = data
+        .splits
+        .remove("train")
+        .ok_or_else(|| TrainError::Other(format!("task {} has no training split", task.name)))?;
+    let evals: Vec<(String, Vec<Example>)> =
+        data.splits.into_iter().filter(|(name, _)| name.starts_with("dev")).collect();
+    let tokenizer_files = ["tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"]
+        .iter()
+        .map(|f| model.dir.join(f))
+        .filter(|p| p.exists())
+        .collect();
+    let source = match &task.source {
+        Source::Glue { dir, .. } => dir.display().to_string(),
+        Source::Files { train, .. } => train.display().to_string(),
+    };
+    let labels = match data.labels.problem() {
+        Problem::Regression => "a score".to_string(),
+        Problem::Classification => data.labels.names().join(", "),
+    };
+    tracing::info!(task = %task.name, data = %source, train = train.len(), dev = evals.first().map_or(0, |(_, e)| e.len()), %labels, "data ready");
+    Ok(Inputs { model, config, task, text_columns: data.text_columns, train, evals, tokenizer_files })
+}
+
+/// The model's config with the head `labels` need: one output per class, named as the data
+/// names them, or one score. A checkpoint's head of another size is refused when it loads.
+fn with_head(model: &ModelDir, labels: &LabelSet) -> ModelConfig {
+    let problem = match labels.problem() {
+        Problem::Classification => ringtune_bert::ProblemType::SingleLabel,
+        Problem::Regression => ringtune_bert::ProblemType::Regression,
+    };
+    model.config.clone().with_labels(problem, labels.names())
+}
+
+/// Logs the rows `--skip-bad` skipped: how many, and the first ones by file and line.
+fn report_skipped(skipped: &[ringtune_data::BadRow]) {
+    if skipped.is_empty() {
+        return;
+    }
+    tracing::warn!("--skip-bad: skipped {} bad row(s)", skipped.len());
+    for row in skipped.iter().take(REPORTED_ROWS) {
+        tracing::warn!("  skipped {row}");
+    }
+    if skipped.len() > REPORTED_ROWS {
+        tracing::warn!("  ... and {} more", skipped.len() - REPORTED_ROWS);
+    }
+}
+
+pub(super) fn plan(cfg: &TrainConfig, root: &Path, inputs: &Inputs, world: usize) -> Result<Plan, TrainError> {
+    let output = resolve(root, &cfg.output);
+    let batch_size = cfg.node_batch(world)?;
+    let batches_per_epoch = steps_per_epoch(inputs.train.len(), world, batch_size, ShardMode::Pad) as u64;
+    let mut total = batches_per_epoch * cfg.epochs as u64;
+    if cfg.max_steps > 0 {
+        total = total.min(cfg.max_steps);
+    }
+    let schedule = LinearWarmupDecay { peak: cfg.learning_rate, warmup: warmup_steps(cfg.warmup_ratio, total), total };
+    Ok(Plan {
+        checkpoints: output.join("checkpoints"),
+        output,
+        layout_hash: ringtune_files::hex(&inputs.model.layout.hash()),
+        batch_size,
+        batches_per_epoch,
+        total,
+        schedule,
+    })
+}
+
+/// Only the lead checks: on a shared file system another rank could otherwise see the files
+/// this very run's lead has just started.
+pub(super) fn refuse_earlier_run(output: &Path, checkpoints: &Path) -> Result<(), TrainError> {
+    if checkpoint::list(checkpoints).is_empty() && !output.join("metrics.jsonl").exists() {
+        return Ok(());
+    }
+    Err(TrainError::EarlierRun { output: output.to_path_buf() })
+}
+
+/// The training session over the parameters, and (on the lead) the evaluation session.
+pub(super) fn sessions(
+    cfg: &TrainConfig,
+    inputs: &Inputs,
+    params: FlatBuffer,
+    lead: bool,
+    hooks: SyncHooks,
+) -> Result<(Engine, Option<Evaluator>), TrainError> {
+    let runtime = Runtime::get()?;
+    let kernels = cfg.kernels();
+    if lead {
+        tracing::info!(%kernels, recompute = %cfg.recompute, "matrix-product kernels; forward values recomputed");
+    }
+    // oneDNN's OpenMP threads run the products; ONNX Runtime's own spinning would steal their cores.
+    let spinning = kernels == ringtune_ops::Kernels::Mlas;
+    let session =
+        SessionOptions { threads: cfg.threads, provider: cfg.provider, spinning, ..SessionOptions::default() };
+    let (config, layout) = (&inputs.config, &inputs.model.layout);
+    let choices = GraphChoices { dropout: config.has_dropout(), kernels, recompute: cfg.recompute };
+    let engine = Engine::new(runtime, config, layout, params, choices, &session, hooks)?;
+    let evaluator = if lead { Some(Evaluator::new(runtime, config, layout, kernels, &session)?) } else { None };
+    Ok((engine, evaluator))
+}

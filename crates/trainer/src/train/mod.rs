@@ -1,0 +1,442 @@
+//! A training run as a value with small steps: [`TrainingRun::prepare`] (data, model, sessions,
+//! schedule; with [`Start::Resume`] the newest usable checkpoint), [`TrainingRun::step`]
+//! (data, forward+backward, gradient sync, optimizer, metrics), [`TrainingRun::end_epoch`]
+//! (parameter check, checkpoint, evaluation) and [`TrainingRun::finish`] (the trained model);
+//! [`train`] drives them.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use ringtune_bert::load_params;
+use ringtune_data::{epoch_order, shard, Batch, Padding, ShardMode};
+use ringtune_optim::{AdamW, AdamWConfig};
+use ringtune_runtime::FlatBuffer;
+use serde::Serialize;
+
+use crate::checkpoint::Progress;
+use crate::engine::{Engine, Evaluator};
+use crate::evaluation::{evaluate, Scoring};
+use crate::metrics::{EvalRecord, Record, Scores, StepTimes};
+use crate::optimizer::Stepped;
+use crate::recipe::param_groups;
+use crate::sync::{Averaged, GradSync, OneNode};
+use crate::{TrainConfig, TrainError};
+
+mod checkpoints;
+mod inputs;
+mod outputs;
+mod run_log;
+
+pub use inputs::task_model;
+use inputs::{plan, read_inputs, refuse_earlier_run, sessions, Inputs, Plan};
+use outputs::write_outputs;
+use run_log::RunLog;
+
+/// How a run ended.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    /// Optimizer steps taken in all.
+    pub steps: u64,
+    /// Training examples per second over the run (all nodes).
+    pub train_samples_per_s: f64,
+    /// Wall time of this invocation, evaluation included.
+    pub wall_s: f64,
+    /// The last evaluation of the `dev` split.
+    pub dev: Option<Scores>,
+    /// Where the outputs are.
+    pub output: PathBuf,
+}
+
+/// Parameter hash for cross-node checks.
+pub fn params_hash(params: &[f32]) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for chunk in params.chunks(1 << 16) {
+        let bytes: Vec<u8> = chunk.iter().flat_map(|v| v.to_le_bytes()).collect();
+        h.update(&bytes);
+    }
+    h.finalize().into()
+}
+
+/// The dropout seed of `step` on `rank`: a function of the run's seed alone, so a rerun or a
+/// resume draws the same masks; ranks draw different ones, as they see different samples.
+fn dropout_seed(seed: u64, rank: usize, step: u64) -> u64 {
+    seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ ((rank as u64) << 48) ^ step
+}
+
+/// How a run begins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// From the model's weights, into an output folder no earlier run wrote.
+    Fresh,
+    /// From the newest usable checkpoint of an earlier run with the same output folder.
+    Resume,
+}
+
+/// Trains as `cfg` says; `sync` joins other nodes (rank 0 evaluates and writes the outputs).
+pub fn train(
+    cfg: &TrainConfig,
+    root: &Path,
+    start: Start,
+    sync: Option<&mut dyn GradSync>,
+) -> Result<Summary, TrainError> {
+    let mut run = TrainingRun::prepare(cfg, root, start, sync)?;
+    while let Some(epoch) = run.next_epoch() {
+        for (index, rows) in run.epoch_batches(epoch)? {
+            if run.step(epoch, index, &rows)?.next == Continue::Stop {
+                break;
+            }
+        }
+        run.end_epoch(epoch)?;
+    }
+    run.finish()
+}
+
+/// What a step did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepDone {
+    /// Whether the epoch goes on.
+    pub next: Continue,
+    /// The mean loss over the nodes.
+    pub loss: f32,
+    /// Where the step's time went.
+    pub times: StepTimes,
+}
+
+/// Whether the epoch goes on after a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Continue {
+    /// Take the next batch.
+    Next,
+    /// The run reached its last step, or `--stop-after`.
+    Stop,
+}
+
+/// One run of training, from prepared to finished.
+pub struct TrainingRun<'s> {
+    cfg: TrainConfig,
+    sync: Option<&'s mut dyn GradSync>,
+    rank: usize,
+    world: usize,
+    inputs: Inputs,
+    plan: Plan,
+    engine: Engine,
+    evaluator: Option<Evaluator>,
+    adam: AdamW,
+    progress: Progress,
+    log: RunLog,
+}
+
+impl<'s> TrainingRun<'s> {
+    /// Reads the data and the model, checks the output folder (a fresh run never overwrites an
+    /// earlier one), builds the sessions and the schedule; a resumed run then loads its
+    /// newest usable checkpoint.
+    pub fn prepare(
+        cfg: &TrainConfig,
+        root: &Path,
+        start: Start,
+        sync: Option<&'s mut dyn GradSync>,
+    ) -> Result<Self, TrainError> {
+        cfg.validate()?;
+        let started = Instant::now();
+        let (rank, world) = sync.as_ref().map_or((0, 1), |s| (s.rank(), s.world()));
+        let inputs = read_inputs(cfg, root)?;
+        let layout = inputs.model.layout.clone();
+        let plan = plan(cfg, root, &inputs, world)?;
+        if rank == 0 && start == Start::Fresh {
+            refuse_earlier_run(&plan.output, &plan.checkpoints)?;
+        }
+        std::fs::create_dir_all(&plan.checkpoints)
+            .map_err(|source| TrainError::Io { path: plan.checkpoints.clone(), source })?;
+        let mut params = FlatBuffer::zeros(layout.total_len());
+        let report = load_params(&inputs.model.weight_files(&[]), &inputs.config, &layout, cfg.seed, &mut params)?;
+        if !report.replaced.is_empty() {
+            tracing::warn!(
+                "the model's head is for another number of labels ({}): a new one for the task's {}",
+                report.replaced.join(", "),
+                inputs.config.num_labels
+            );
+        }
+        if !report.initialized.is_empty() {
+            tracing::info!("initialised from seed {}: {}", cfg.seed, report.initialized.join(", "));
+        }
+        if !report.ignored.is_empty() {
+            tracing::info!("not used by the model: {}", report.ignored.join(", "));
+        }
+        let mut adam =
+            AdamW::new(AdamWConfig::default(), &param_groups(&layout, cfg.weight_decay), layout.total_len())?
+                .with_threads(cfg.threads);
+        if let Some(pieces) = sync.as_ref().and_then(|s| s.optimizer_pieces()) {
+            adam = adam.owning(pieces)?;
+        }
+        let hooks = sync.as_ref().map(|s| s.hooks()).unwrap_or_default();
+        let (engine, evaluator) = sessions(cfg, &inputs, params, rank == 0, hooks)?;
+        if rank == 0 {
+            tracing::info!(
+                steps = plan.total,
+                per_epoch = plan.batches_per_epoch,
+                warmup = plan.schedule.warmup,
+                nodes = world,
+                global_batch = plan.batch_size * world,
+                params = layout.num_params(),
+                "training {}",
+                inputs.model.dir.display()
+            );
+            if let Some(mode) = sync.as_ref().map(|s| s.mode()) {
+                tracing::info!(
+                    wire = mode.wire_name(),
+                    overlap = mode.overlap,
+                    shard_optimizer = mode.shard_optimizer,
+                    "gradient sync"
+                );
+            }
+        }
+        let mut log = RunLog::new(rank == 0, &plan, started);
+        log.wire = sync.as_ref().map(|s| s.mode().wire_name());
+        let progress = Progress { step: 0, epoch: 0, batch_in_epoch: 0 };
+        let mut run =
+            TrainingRun { cfg: cfg.clone(), sync, rank, world, inputs, plan, engine, evaluator, adam, progress, log };
+        let resumed_at = match start {
+            Start::Fresh => None,
+            Start::Resume => {
+                let step = run.resume()?;
+                // Every node must go on from the same checkpoint (or all from the start).
+                run.check_params().map_err(|e| {
+                    TrainError::Resume(format!(
+                        "{e}: every node must read the same checkpoint (an --output folder on a file system they share)"
+                    ))
+                })?;
+                Some(step)
+            }
+        };
+        if rank == 0 {
+            run.log.open_metrics(&run.plan, resumed_at)?;
+        }
+        // Training time is counted from here: reading, building and resuming are setup.
+        run.log.train_started = Instant::now();
+        Ok(run)
+    }
+
+    /// The epoch to run next, or `None` when the run is done.
+    pub fn next_epoch(&self) -> Option<u32> {
+        let p = &self.progress;
+        let done = p.epoch >= self.cfg.epochs
+            || p.step >= self.plan.total
+            || (self.cfg.stop_after > 0 && p.step >= self.cfg.stop_after);
+        (!done).then_some(p.epoch)
+    }
+
+    /// This node's batches of `epoch` still to run, by index in the epoch: its shard of the
+    /// epoch's order, in batches, past those a resumed run already took.
+    pub fn epoch_batches(&self, epoch: u32) -> Result<Vec<(usize, Vec<usize>)>, TrainError> {
+        let order = epoch_order(self.inputs.train.len(), self.cfg.seed, epoch as u64);
+        let mine = shard(&order, self.rank, self.world, ShardMode::Pad)?;
+        let skip = if epoch == self.progress.epoch { self.progress.batch_in_epoch as usize } else { 0 };
+        Ok(mine.chunks(self.plan.batch_size).map(<[usize]>::to_vec).enumerate().skip(skip).collect())
+    }
+
+    /// One optimizer step on the batch of `rows` (batch `index` of `epoch`).
+    pub fn step(&mut self, epoch: u32, index: usize, rows: &[usize]) -> Result<StepDone, TrainError> {
+        let _step_span = tracing::debug_span!("step", step = self.progress.step).entered();
+        let t0 = Instant::now();
+        let batch = {
+            let _span = tracing::debug_span!("data").entered();
+            Batch::new(&self.inputs.train, rows, Padding::Dynamic, self.inputs.config.pad_token_id)
+        };
+        let t1 = Instant::now();
+        let overlap = self.sync.as_ref().is_some_and(|s| s.mode().overlap);
+        if overlap {
+            self.begin_sync(&batch.input_ids)?;
+        }
+        let out = {
+            let _span = tracing::debug_span!("forward_backward").entered();
+            self.engine.set_dropout_seed(dropout_seed(self.cfg.seed, self.rank, self.progress.step));
+            self.engine.step(&batch)
+        };
+        let out = match out {
+            Ok(out) => out,
+            Err(e) => {
+                if let Some(sync) = self.sync.as_deref_mut() {
+                    sync.abandon(&format!("its forward or backward pass failed: {e}"));
+                    // A pass that failed waiting for parameters failed for the sync's reason.
+                    sync.settle()?;
+                }
+                return Err(e);
+            }
+        };
+        if !overlap {
+            self.begin_sync(&batch.input_ids)?;
+        }
+        let t2 = Instant::now();
+        let (loss, synced) = self.finish_sync(out.loss)?;
+        let t3 = Instant::now();
+        // Checked before the optimizer, which would carry a NaN into the parameters and so into
+        // the checkpoints.
+        if !loss.is_finite() {
+            return Err(TrainError::LossNotFinite { step: self.progress.step, loss, lr: self.cfg.learning_rate });
+        }
+        let lr = self.plan.schedule.lr(self.progress.step);
+        let Stepped { grad_norm, exchange: optimizer_sync } = {
+            let _span = tracing::debug_span!("optimizer").entered();
+            self.optimize(lr as f32).map_err(|e| TrainError::Step { step: self.progress.step, source: Box::new(e) })?
+        };
+        let t4 = Instant::now();
+        self.progress.step += 1;
+        self.progress.batch_in_epoch = index as u64 + 1;
+        let step = self.progress.step;
+        let samples = batch.rows as u64 * self.world as u64;
+        self.log.trained_samples += samples;
+        // The optimizer's own exchanges (norms, parameters) are sync the backward pass cannot
+        // hide, and so is the forward pass's wait for parameters still on their way.
+        let params_wait = synced.map_or(Duration::ZERO, |s| s.params_wait.min(t2 - t1));
+        let times = StepTimes {
+            data_s: (t1 - t0).as_secs_f64(),
+            forward_backward_s: (t2 - t1 - params_wait).as_secs_f64(),
+            sync_s: (t3 - t2 + optimizer_sync + params_wait).as_secs_f64(),
+            optimizer_s: (t4 - t3 - optimizer_sync).as_secs_f64(),
+            // Hidden or not: the sync thread's bucket time plus the exposed optimizer exchanges.
+            sync_total_s: synced.map(|s| (s.busy + optimizer_sync).as_secs_f64()),
+        };
+        self.log.window.add(loss as f64, samples, synced, times);
+        self.log.bar.set_position(step);
+        self.log.bar.set_message(format!("epoch {} loss {loss:.4}", epoch + 1));
+        if step.is_multiple_of(self.cfg.log_every.max(1)) || step == self.plan.total {
+            self.log.write_window(self.rank, step, epoch, lr, grad_norm)?;
+        }
+        if step >= self.plan.total || step == self.cfg.stop_after {
+            return Ok(StepDone { next: Continue::Stop, loss, times });
+        }
+        let checkpoint_now = self.cfg.checkpoint_every > 0 && step.is_multiple_of(self.cfg.checkpoint_every);
+        let check_now = self.cfg.param_check_every > 0 && step.is_multiple_of(self.cfg.param_check_every);
+        if checkpoint_now || check_now {
+            self.check_params()?;
+        }
+        if checkpoint_now {
+            self.save_checkpoint()?;
+        }
+        Ok(StepDone { next: Continue::Next, loss, times })
+    }
+
+    fn begin_sync(&mut self, token_ids: &[i64]) -> Result<(), TrainError> {
+        match self.sync.as_deref_mut() {
+            Some(sync) => sync.begin(token_ids),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits for the gradients averaged over the nodes (the mean loss too); one node keeps its own.
+    fn finish_sync(&mut self, loss: f32) -> Result<(f32, Option<Averaged>), TrainError> {
+        match self.sync.as_deref_mut() {
+            Some(sync) => {
+                let _span = tracing::debug_span!("sync_exposed").entered();
+                let averaged = sync.finish(loss)?;
+                Ok((averaged.loss, Some(averaged)))
+            }
+            None => Ok((loss, None)),
+        }
+    }
+
+    /// Clips and steps the optimizer; on several nodes the sync shares the norm's sums and the
+    /// parameters.
+    fn optimize(&mut self, lr: f32) -> Result<Stepped, TrainError> {
+        let (max_norm, threads) = (self.cfg.max_grad_norm, self.cfg.threads);
+        let mut one_node = OneNode;
+        let (params, grads, exchange) = match self.sync.as_deref_mut() {
+            Some(sync) => {
+                let (grads, exchange) = sync.optimizer_view();
+                (self.engine.params_mut(), grads, exchange)
+            }
+            None => {
+                let (params, grads) = self.engine.params_and_grads();
+                (params, grads, &mut one_node as &mut dyn crate::sync::Exchange)
+            }
+        };
+        crate::optimizer::step(&mut self.adam, params, grads, exchange, max_norm, lr, threads)
+    }
+
+    fn check_params(&mut self) -> Result<(), TrainError> {
+        match self.sync.as_deref_mut() {
+            Some(sync) => {
+                sync.settle()?;
+                sync.check_params(params_hash(self.engine.params()))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Waits until the parameters of the last step are all in place (see [`GradSync::settle`]).
+    fn settle(&mut self) -> Result<(), TrainError> {
+        self.sync.as_deref_mut().map_or(Ok(()), |sync| sync.settle())
+    }
+
+    /// The end of an epoch, or of the run when `--max-steps` stops it inside one: the nodes
+    /// compare parameters; the lead checkpoints and evaluates on dev.
+    pub fn end_epoch(&mut self, epoch: u32) -> Result<(), TrainError> {
+        if self.progress.batch_in_epoch >= self.plan.batches_per_epoch {
+            self.progress.epoch = epoch + 1;
+            self.progress.batch_in_epoch = 0;
+        }
+        self.check_params()?;
+        self.save_checkpoint()?;
+        if self.rank != 0 {
+            return Ok(());
+        }
+        let Some(evaluator) = self.evaluator.as_mut() else { return Ok(()) };
+        let c = &self.inputs.config;
+        let scoring = Scoring::new(c, &self.inputs.task.name);
+        for (split, examples) in &self.inputs.evals {
+            let scores =
+                evaluate(evaluator, self.engine.params(), examples, self.cfg.eval_batch_size, c.pad_token_id, scoring)?;
+            self.log.bar.suspend(|| {
+                tracing::info!(epoch = epoch + 1, step = self.progress.step, "{split} {}", scores.describe())
+            });
+            if let Some(m) = self.log.metrics.as_mut() {
+                m.write(&Record::Eval(EvalRecord {
+                    step: self.progress.step,
+                    epoch: epoch + 1,
+                    split: split.clone(),
+                    scores,
+                    elapsed_s: self.log.started.elapsed().as_secs_f64(),
+                }))?;
+            }
+            if split == "dev" {
+                self.log.last_dev = Some(scores);
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the trained model, the plot and `summary.json` (the lead), and says how the run
+    /// went.
+    pub fn finish(mut self) -> Result<Summary, TrainError> {
+        self.settle()?;
+        self.log.bar.finish_and_clear();
+        let train_s = self.log.train_started.elapsed().as_secs_f64();
+        let output = &self.plan.output;
+        if self.rank == 0 {
+            write_outputs(output, &self.inputs, self.engine.layout(), self.engine.params())?;
+        }
+        let summary = Summary {
+            steps: self.progress.step,
+            train_samples_per_s: self.log.trained_samples as f64 / train_s.max(1e-9),
+            wall_s: self.log.started.elapsed().as_secs_f64(),
+            dev: self.log.last_dev,
+            output: output.clone(),
+        };
+        if self.rank == 0 {
+            let json = serde_json::to_string_pretty(&summary)?;
+            ringtune_files::write_atomically(&output.join("summary.json"), json.as_bytes())?;
+        }
+        Ok(summary)
+    }
+}
+
+impl Drop for TrainingRun<'_> {
+    fn drop(&mut self) {
+        // The sync thread may still be gathering into the parameters, which the engine owns:
+        // a run left on an error path stops that before the engine goes.
+        if let Some(sync) = self.sync.as_deref_mut() {
+            sync.release();
+        }
+    }
+}
