@@ -10,22 +10,31 @@
 //! The rewrite runs on finished graphs (after differentiation and recompute, so the copies are
 //! swapped too), on the oneDNN path only: the MLAS path stays plain ONNX.
 
-use ringtune_onnx_ir::{DType, Graph, InferCtx, IrError, Node, ValueType};
+use std::sync::Arc;
+
+use ringtune_onnx_ir::{DType, Graph, IrError, Node, ValueType};
 use ringtune_runtime::{
     for_each_part, Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef, DOMAIN,
 };
 
 use crate::fast_math::{normal_cdf, vector_builds, CHUNK};
+use crate::shapes::{self, float, Operand};
+use crate::{Gradient, KernelSource, Operator};
 
 /// The operator's name in the `ai.ringtune` domain.
 pub const NAME: &str = "Gelu";
 
+/// The operator's entry in the table of operators.
+pub(crate) const OPERATOR: Operator = Operator {
+    name: NAME,
+    shape_rule: |ctx| shapes::in_graph(ctx, outputs),
+    gradient: Gradient::None,
+    kernel: KernelSource::OneDnn(|_| Arc::new(GeluOp)),
+};
+
 /// Shape rule: `Y` is like `X`.
-pub(crate) fn shape_rule(ctx: &InferCtx<'_>) -> Result<Vec<ValueType>, String> {
-    if ctx.dtype(0)? != DType::F32 {
-        return Err("X must be float".into());
-    }
-    Ok(vec![ValueType { dtype: DType::F32, shape: ctx.shape(0)?.cloned() }])
+fn outputs(inputs: &[Option<Operand>]) -> Result<Vec<ValueType>, String> {
+    Ok(vec![float(inputs, 0, "X")?.like()])
 }
 
 /// Whether `node` is ONNX's exact (erf) `Gelu`.
@@ -94,7 +103,7 @@ fn operand<'a>(inputs: &[Option<TensorRef<'a>>]) -> Result<TensorRef<'a>, String
 
 impl Kernel for GeluKernel {
     fn output_shapes(&self, inputs: &[Option<TensorRef<'_>>]) -> Result<Vec<Vec<i64>>, String> {
-        Ok(vec![operand(inputs)?.shape().to_vec()])
+        shapes::in_kernel(inputs, outputs)
     }
 
     fn compute(

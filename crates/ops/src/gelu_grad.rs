@@ -8,23 +8,38 @@
 //! On the oneDNN path the gradient rule of ONNX's `Gelu` is this operator's (a custom rule
 //! replaces the standard one); the MLAS path keeps the plain chain.
 
+use std::sync::Arc;
+
 use ringtune_autodiff::{AutodiffError, RuleCtx};
-use ringtune_onnx_ir::{DType, InferCtx, NodeSpec, Value, ValueType};
+use ringtune_onnx_ir::{NodeSpec, Value, ValueType};
 use ringtune_runtime::{
     for_each_part, Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef, DOMAIN,
 };
 
 use crate::fast_math::{normal_cdf, vector_builds, CHUNK};
+use crate::shapes::{self, float, Operand};
+use crate::{Gradient, KernelSource, Operator};
 
 /// The operator's name in the `ai.ringtune` domain.
 pub const NAME: &str = "GeluGrad";
 
+/// The operator's entry in the table of operators.
+pub(crate) const OPERATOR: Operator = Operator {
+    name: NAME,
+    shape_rule: |ctx| shapes::in_graph(ctx, outputs),
+    gradient: Gradient::OfOnnx { op_type: "Gelu", rule: gradient_rule },
+    kernel: KernelSource::OneDnn(|_| Arc::new(GeluGrad)),
+};
+
 /// Shape rule: `dX` is like `X`.
-pub(crate) fn shape_rule(ctx: &InferCtx<'_>) -> Result<Vec<ValueType>, String> {
-    if ctx.dtype(0)? != DType::F32 || ctx.dtype(1)? != DType::F32 {
-        return Err("dY and X must be float".into());
+fn outputs(inputs: &[Option<Operand>]) -> Result<Vec<ValueType>, String> {
+    let (dy, x) = (float(inputs, 0, "dY")?, float(inputs, 1, "X")?);
+    if let (Some(a), Some(b)) = (&dy.dims, &x.dims) {
+        if a.len() != b.len() || a.iter().zip(b).any(|(a, b)| a.known().zip(b.known()).is_some_and(|(a, b)| a != b)) {
+            return Err(format!("dY {a:?} and X {b:?} differ in shape"));
+        }
     }
-    Ok(vec![ValueType { dtype: DType::F32, shape: ctx.shape(1)?.cloned() }])
+    Ok(vec![x.like()])
 }
 
 /// Gradient rule of ONNX's exact `Gelu`: one `GeluGrad(dY, X)` node.
@@ -92,7 +107,9 @@ fn operands<'a>(inputs: &[Option<TensorRef<'a>>]) -> Result<[TensorRef<'a>; 2], 
 
 impl Kernel for GeluGradKernel {
     fn output_shapes(&self, inputs: &[Option<TensorRef<'_>>]) -> Result<Vec<Vec<i64>>, String> {
-        Ok(vec![operands(inputs)?[1].shape().to_vec()])
+        // The kernel's own reading of the operands refuses what it could not compute.
+        operands(inputs)?;
+        shapes::in_kernel(inputs, outputs)
     }
 
     fn compute(
@@ -164,7 +181,7 @@ mod tests {
 
     #[test]
     fn the_onednn_rules_differentiate_gelu_by_one_node_and_mlas_keeps_the_chain() {
-        use ringtune_onnx_ir::{shape, Graph};
+        use ringtune_onnx_ir::{shape, DType, Graph};
         for (kernels, fused) in [(crate::Kernels::OneDnn(crate::Precision::F32), true), (crate::Kernels::Mlas, false)] {
             let mut g = Graph::new("gelu");
             let x = g.input("x", DType::F32, shape(&[2, 3])).expect("x");

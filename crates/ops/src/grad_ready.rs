@@ -9,13 +9,23 @@
 
 use std::sync::Arc;
 
-use ringtune_onnx_ir::{shape, DType, Graph, InferCtx, IrError, NodeSpec, Value, ValueType};
+use ringtune_onnx_ir::{shape, DType, Graph, IrError, NodeSpec, Value, ValueType};
 use ringtune_runtime::{Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef, DOMAIN};
 
 use crate::attributes::TensorIndex;
+use crate::shapes::{self, float, Operand};
+use crate::{Gradient, KernelSource, Operator};
 
 /// The operator's name in the `ai.ringtune` domain.
 pub const NAME: &str = "GradReady";
+
+/// The operator's entry in the table of operators.
+pub(crate) const OPERATOR: Operator = Operator {
+    name: NAME,
+    shape_rule: |ctx| shapes::in_graph(ctx, outputs),
+    gradient: Gradient::None,
+    kernel: KernelSource::Bound,
+};
 
 /// Where gradients go as they are produced.
 pub trait GradSink: Send + Sync {
@@ -25,10 +35,8 @@ pub trait GradSink: Send + Sync {
 }
 
 /// Shape rule: a float gradient in, a one-element float token out.
-pub(crate) fn shape_rule(ctx: &InferCtx<'_>) -> Result<Vec<ValueType>, String> {
-    if ctx.dtype(0)? != DType::F32 {
-        return Err("the gradient must be float".into());
-    }
+fn outputs(inputs: &[Option<Operand>]) -> Result<Vec<ValueType>, String> {
+    float(inputs, 0, "the gradient")?;
     Ok(vec![ValueType { dtype: DType::F32, shape: Some(shape(&[1])) }])
 }
 
@@ -83,8 +91,8 @@ struct ReadyKernel {
 }
 
 impl Kernel for ReadyKernel {
-    fn output_shapes(&self, _inputs: &[Option<TensorRef<'_>>]) -> Result<Vec<Vec<i64>>, String> {
-        Ok(vec![vec![1]])
+    fn output_shapes(&self, inputs: &[Option<TensorRef<'_>>]) -> Result<Vec<Vec<i64>>, String> {
+        shapes::in_kernel(inputs, outputs)
     }
 
     fn compute(

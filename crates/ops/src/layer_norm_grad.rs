@@ -11,25 +11,36 @@
 //! On the oneDNN path this operator's rule replaces the standard one of `LayerNormalization`;
 //! the MLAS path keeps the plain chain.
 
+use std::sync::Arc;
+
 use ringtune_autodiff::{AutodiffError, RuleCtx};
-use ringtune_onnx_ir::{Attribute, DType, InferCtx, NodeSpec, Value, ValueType};
+use ringtune_onnx_ir::{Attribute, NodeSpec, Value, ValueType};
 use ringtune_runtime::{
     for_each_part, Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef, DOMAIN,
 };
 
 use crate::fast_math::lanes;
+use crate::shapes::{self, float, Operand};
+use crate::{Gradient, KernelSource, Operator};
 
 /// The operator's name in the `ai.ringtune` domain.
 pub const NAME: &str = "LayerNormGrad";
 
+/// The operator's entry in the table of operators.
+pub(crate) const OPERATOR: Operator = Operator {
+    name: NAME,
+    shape_rule: |ctx| shapes::in_graph(ctx, outputs),
+    gradient: Gradient::OfOnnx { op_type: "LayerNormalization", rule: gradient_rule },
+    kernel: KernelSource::OneDnn(|_| Arc::new(LayerNormGrad)),
+};
+
 /// Shape rule: `dX` like `X`, `dScale` and `dBias` like `scale`.
-pub(crate) fn shape_rule(ctx: &InferCtx<'_>) -> Result<Vec<ValueType>, String> {
-    if (0..5).any(|i| ctx.dtype(i).ok() != Some(DType::F32)) {
-        return Err("every input must be float".into());
+fn outputs(inputs: &[Option<Operand>]) -> Result<Vec<ValueType>, String> {
+    for (i, what) in ["dY", "X", "scale", "mean", "invStd"].into_iter().enumerate() {
+        float(inputs, i, what)?;
     }
-    let x = ValueType { dtype: DType::F32, shape: ctx.shape(1)?.cloned() };
-    let scale = ValueType { dtype: DType::F32, shape: ctx.shape(2)?.cloned() };
-    Ok(vec![x, scale.clone(), scale])
+    let scale = float(inputs, 2, "scale")?.like();
+    Ok(vec![float(inputs, 1, "X")?.like(), scale.clone(), scale])
 }
 
 /// Gradient rule of ONNX's `LayerNormalization` over the last axis: one `LayerNormGrad` node,
@@ -152,8 +163,9 @@ fn operands<'a>(inputs: &[Option<TensorRef<'a>>]) -> Result<(Vec<i64>, Vec<i64>,
 
 impl Kernel for LayerNormGradKernel {
     fn output_shapes(&self, inputs: &[Option<TensorRef<'_>>]) -> Result<Vec<Vec<i64>>, String> {
-        let (x, scale, _) = operands(inputs)?;
-        Ok(vec![x, scale.clone(), scale])
+        // The kernel's own reading of the operands refuses what it could not compute.
+        operands(inputs)?;
+        shapes::in_kernel(inputs, outputs)
     }
 
     fn compute(

@@ -8,11 +8,12 @@
 //! reader (`ParamReady`), and an ordering of two nodes (`RunAfter`) that makes ONNX Runtime
 //! compute each gradient as the backward pass passes its layer.
 //!
-//! Owns: one module per operator, each holding its name, typed attributes, shape rule (taught
-//! to `ringtune-onnx-ir` graphs), gradient rule where the operator exists before
-//! differentiation (handed to `ringtune-autodiff`), the graph rewrite that puts it in place,
-//! and its kernel (plugged into `ringtune-runtime`'s [`Kernel`](ringtune_runtime::Kernel)
-//! trait); the recompute pass ([`recompute`]); the kernel settings (`mlas` or `onednn`, `fp32`,
+//! Owns: one module per operator, each holding its name, typed attributes, its one shape rule
+//! (taught to `ringtune-onnx-ir` graphs and run by its kernel), gradient rule where the
+//! operator exists before differentiation (handed to `ringtune-autodiff`), the graph rewrite
+//! that puts it in place, and its kernel (plugged into `ringtune-runtime`'s
+//! [`Kernel`](ringtune_runtime::Kernel) trait), gathered in one table ([`OPERATORS`]); the
+//! recompute pass ([`recompute`]); the kernel settings (`mlas` or `onednn`, `fp32`,
 //! `bf16` or `auto`) and what to recompute (`none`, `cheap` or `layer`).
 //!
 //! Does not own: which graphs exist (`ringtune-bert`), differentiation itself
@@ -50,20 +51,21 @@ pub mod layer_norm_grad;
 mod matching;
 pub mod param_ready;
 pub mod recompute;
+mod registry;
 pub mod run_after;
 pub mod scatter_nd_add;
 pub mod seeded_dropout;
 mod settings;
+mod shapes;
 pub mod sum_rows;
 
-use std::sync::Arc;
-
-use ringtune_autodiff::CustomRule;
 pub use ringtune_onednn::Precision;
-use ringtune_onnx_ir::{Graph, InferCtx, IrError, ValueType};
-use ringtune_runtime::{CustomOp, CustomOps, DOMAIN};
+use ringtune_onnx_ir::{Graph, IrError};
+use ringtune_runtime::CustomOps;
 
 pub use recompute::Recompute;
+pub(crate) use registry::register_shapes;
+pub use registry::{gradient_rules, Gradient, KernelSource, Operator, OPERATORS};
 pub use seeded_dropout::{seed_dropouts, SEED_INPUT};
 pub use settings::{KernelChoice, Kernels, PrecisionChoice};
 
@@ -76,46 +78,6 @@ pub enum OpsError {
     /// oneDNN could not be loaded or cannot run the products asked for.
     #[error(transparent)]
     OneDnn(#[from] ringtune_onednn::DnnlError),
-}
-
-/// Teaches `graph` the shape rule of every operator of ours.
-pub(crate) fn register_shapes(graph: &mut Graph) {
-    graph.register_op(DOMAIN, seeded_dropout::NAME, seeded_dropout::shape_rule);
-    graph.register_op(DOMAIN, scatter_nd_add::NAME, scatter_nd_add::shape_rule);
-    graph.register_op(DOMAIN, dnnl::matmul::NAME, dnnl::matmul::shape_rule);
-    graph.register_op(DOMAIN, dnnl::gemm::NAME, dnnl::gemm::shape_rule);
-    graph.register_op(DOMAIN, grad_ready::NAME, grad_ready::shape_rule);
-    graph.register_op(DOMAIN, param_ready::NAME, passed_through);
-    graph.register_op(DOMAIN, run_after::NAME, passed_through);
-    graph.register_op(DOMAIN, add_layer_norm::NAME, add_layer_norm::shape_rule);
-    graph.register_op(DOMAIN, attention::NAME, attention::shape_rule);
-    graph.register_op(DOMAIN, attention::GRAD_NAME, attention::grad_shape_rule);
-    graph.register_op(DOMAIN, sum_rows::NAME, sum_rows::shape_rule);
-    graph.register_op(DOMAIN, gelu::NAME, gelu::shape_rule);
-    graph.register_op(DOMAIN, gelu_grad::NAME, gelu_grad::shape_rule);
-    graph.register_op(DOMAIN, layer_norm_grad::NAME, layer_norm_grad::shape_rule);
-}
-
-/// Shape rule of the pass-through operators (`ParamReady`, `RunAfter`): the output has the
-/// first input's type.
-fn passed_through(ctx: &InferCtx<'_>) -> Result<Vec<ValueType>, String> {
-    Ok(vec![ValueType { dtype: ctx.dtype(0)?, shape: ctx.shape(0)?.cloned() }])
-}
-
-/// The gradient rules of the operators that exist before differentiation, and with oneDNN
-/// kernels the fused backward passes of ONNX's `Gelu` and `LayerNormalization` (`GeluGrad`,
-/// `LayerNormGrad`, replacing their standard rules).
-pub fn gradient_rules(kernels: Kernels) -> Vec<CustomRule> {
-    let mut rules = vec![
-        CustomRule { domain: DOMAIN, op_type: seeded_dropout::NAME, rule: seeded_dropout::gradient_rule },
-        CustomRule { domain: DOMAIN, op_type: attention::NAME, rule: attention::gradient_rule },
-        CustomRule { domain: DOMAIN, op_type: add_layer_norm::NAME, rule: add_layer_norm::gradient_rule },
-    ];
-    if let Kernels::OneDnn(_) = kernels {
-        rules.push(CustomRule { domain: "", op_type: "Gelu", rule: gelu_grad::gradient_rule });
-        rules.push(CustomRule { domain: "", op_type: "LayerNormalization", rule: layer_norm_grad::gradient_rule });
-    }
-    rules
 }
 
 /// The fusions of a forward graph for `kernels`, before differentiation: with oneDNN, each
@@ -174,25 +136,15 @@ pub fn fold_for_inference(graph: &mut Graph, kernels: Kernels) -> Result<usize, 
 /// source: a training session that hands gradients over adds [`grad_ready::GradReady`] and
 /// [`param_ready::ParamReady`] itself.)
 pub fn custom_ops(kernels: Kernels, threads: usize) -> Result<CustomOps, OpsError> {
-    let mut ops: Vec<Arc<dyn CustomOp>> = vec![
-        Arc::new(seeded_dropout::SeededDropout),
-        Arc::new(scatter_nd_add::ScatterNdAdd),
-        Arc::new(run_after::RunAfter),
-    ];
-    if let Kernels::OneDnn(precision) = kernels {
-        let engine = dnnl::engine(threads)?;
-        if !engine.supports(precision) {
-            return Err(ringtune_onednn::DnnlError::NoBf16 { call: "dnnl_matmul_primitive_desc_create" }.into());
+    let engine = match kernels {
+        Kernels::OneDnn(precision) => {
+            let engine = dnnl::engine(threads)?;
+            if !engine.supports(precision) {
+                return Err(ringtune_onednn::DnnlError::NoBf16 { call: "dnnl_matmul_primitive_desc_create" }.into());
+            }
+            Some(engine)
         }
-        ops.push(Arc::new(dnnl::matmul::DnnlMatMul(engine.clone())));
-        ops.push(Arc::new(dnnl::gemm::DnnlGemm(engine)));
-        ops.push(Arc::new(attention::AttentionOp));
-        ops.push(Arc::new(add_layer_norm::AddLayerNormOp));
-        ops.push(Arc::new(attention::AttentionGradOp));
-        ops.push(Arc::new(sum_rows::SumRows));
-        ops.push(Arc::new(gelu::GeluOp));
-        ops.push(Arc::new(gelu_grad::GeluGrad));
-        ops.push(Arc::new(layer_norm_grad::LayerNormGrad));
-    }
-    Ok(CustomOps(ops))
+        Kernels::Mlas => None,
+    };
+    Ok(CustomOps(registry::kernels(engine.as_ref())))
 }

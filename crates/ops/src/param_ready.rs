@@ -14,9 +14,19 @@ use ringtune_onnx_ir::{Graph, IrError, Node, Value};
 use ringtune_runtime::{Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef, DOMAIN};
 
 use crate::attributes::TensorIndex;
+use crate::shapes;
+use crate::{Gradient, KernelSource, Operator};
 
 /// The operator's name in the `ai.ringtune` domain.
 pub const NAME: &str = "ParamReady";
+
+/// The operator's entry in the table of operators.
+pub(crate) const OPERATOR: Operator = Operator {
+    name: NAME,
+    shape_rule: |ctx| shapes::in_graph(ctx, shapes::passed_through),
+    gradient: Gradient::None,
+    kernel: KernelSource::Bound,
+};
 
 /// Where parameters come from between steps.
 pub trait ParamSource: Send + Sync {
@@ -88,8 +98,7 @@ struct ReadyKernel {
 
 impl Kernel for ReadyKernel {
     fn output_shapes(&self, inputs: &[Option<TensorRef<'_>>]) -> Result<Vec<Vec<i64>>, String> {
-        let param = inputs.first().copied().flatten().ok_or("no parameter")?;
-        Ok(vec![param.shape().to_vec()])
+        shapes::in_kernel(inputs, shapes::passed_through)
     }
 
     fn compute(

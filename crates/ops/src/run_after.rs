@@ -11,11 +11,23 @@
 //! differentiation emitted, layer by layer) wait for it, so the walk computes each gradient as
 //! the backward pass passes its layer, and the values it needs die there.
 
+use std::sync::Arc;
+
 use ringtune_onnx_ir::{DType, Graph, IrError, Node, Value};
 use ringtune_runtime::{Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef, DOMAIN};
 
 /// The operator's name in the `ai.ringtune` domain.
 pub const NAME: &str = "RunAfter";
+
+/// The operator's entry in the table of operators.
+pub(crate) const OPERATOR: Operator = Operator {
+    name: NAME,
+    shape_rule: |ctx| shapes::in_graph(ctx, shapes::passed_through),
+    gradient: Gradient::None,
+    kernel: KernelSource::Any(|| Arc::new(RunAfter)),
+};
+use crate::shapes;
+use crate::{Gradient, KernelSource, Operator};
 
 /// A `RunAfter` node passing `value` through once `done` exists, and the name of its output.
 pub(crate) fn node(graph: &mut Graph, value: &str, done: &str, output_hint: &str) -> (Node, String) {
@@ -106,8 +118,7 @@ struct PassKernel;
 
 impl Kernel for PassKernel {
     fn output_shapes(&self, inputs: &[Option<TensorRef<'_>>]) -> Result<Vec<Vec<i64>>, String> {
-        let value = inputs.first().copied().flatten().ok_or("no value")?;
-        Ok(vec![value.shape().to_vec()])
+        shapes::in_kernel(inputs, shapes::passed_through)
     }
 
     fn compute(

@@ -11,21 +11,36 @@
 //! from), so the operator has no gradient rule: a node of it before differentiation is an
 //! error that names it.
 
-use ringtune_onnx_ir::{DType, Graph, InferCtx, IrError, Value, ValueType};
+use std::sync::Arc;
+
+use ringtune_onnx_ir::{DType, Graph, IrError, Value, ValueType};
 use ringtune_runtime::{Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef, DOMAIN};
+
+/// The operator's name in the `ai.ringtune` domain.
+use crate::shapes::{self, input, Operand};
+use crate::{Gradient, KernelSource, Operator};
 
 /// The operator's name in the `ai.ringtune` domain.
 pub const NAME: &str = "ScatterNdAdd";
 
+/// The operator's entry in the table of operators.
+pub(crate) const OPERATOR: Operator = Operator {
+    name: NAME,
+    shape_rule: |ctx| shapes::in_graph(ctx, outputs),
+    gradient: Gradient::None,
+    kernel: KernelSource::Any(|| Arc::new(ScatterNdAdd)),
+};
+
 /// Shape rule: the output is like `data`.
-pub(crate) fn shape_rule(ctx: &InferCtx<'_>) -> Result<Vec<ValueType>, String> {
-    if ctx.dtype(1)? != DType::I64 {
+fn outputs(inputs: &[Option<Operand>]) -> Result<Vec<ValueType>, String> {
+    let data = input(inputs, 0, "data")?;
+    if input(inputs, 1, "indices")?.dtype != DType::I64 {
         return Err("indices must be int64".into());
     }
-    if ctx.dtype(2)? != ctx.dtype(0)? {
+    if input(inputs, 2, "updates")?.dtype != data.dtype {
         return Err("updates must have the element type of data".into());
     }
-    Ok(vec![ValueType { dtype: ctx.dtype(0)?, shape: ctx.shape(0)?.cloned() }])
+    Ok(vec![data.like()])
 }
 
 /// Swaps every float `ScatterND` with `reduction = add` for `ScatterNdAdd`; returns how many.
@@ -113,7 +128,7 @@ struct ScatterKernel;
 
 impl Kernel for ScatterKernel {
     fn output_shapes(&self, inputs: &[Option<TensorRef<'_>>]) -> Result<Vec<Vec<i64>>, String> {
-        Ok(vec![inputs.first().copied().flatten().ok_or("missing data")?.shape().to_vec()])
+        shapes::in_kernel(inputs, outputs)
     }
 
     fn compute(

@@ -12,19 +12,31 @@
 //! `SeededDropout` fed the graph input [`SEED_INPUT`], and its gradient rule makes the backward
 //! node (dropout is linear in `X`, so its gradient is the same dropout applied to `dY`).
 
+use std::sync::Arc;
+
 use ringtune_autodiff::{AutodiffError, RuleCtx};
-use ringtune_onnx_ir::{shape, Attribute, DType, Graph, InferCtx, IrError, Node, NodeSpec, Value, ValueType};
+use ringtune_onnx_ir::{shape, Attribute, DType, Graph, IrError, Node, NodeSpec, Value, ValueType};
 use ringtune_runtime::{
     for_each_part, Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef, DOMAIN,
 };
 
 use crate::attributes::AttributeSource;
 use crate::fast_math::CHUNK;
+use crate::shapes::{self, input, Operand};
+use crate::{Gradient, KernelSource, Operator};
 
 /// The operator's name in the `ai.ringtune` domain.
 pub const NAME: &str = "SeededDropout";
 /// The graph input holding the step's dropout seed (int64 `[1]`).
 pub const SEED_INPUT: &str = "dropout_seed";
+
+/// The operator's entry in the table of operators.
+pub(crate) const OPERATOR: Operator = Operator {
+    name: NAME,
+    shape_rule: |ctx| shapes::in_graph(ctx, outputs),
+    gradient: Gradient::Own(gradient_rule),
+    kernel: KernelSource::Any(|| Arc::new(SeededDropout)),
+};
 
 /// The attributes: which dropout site of the graph a node is (forward and backward share it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,9 +56,9 @@ impl DropoutAttrs {
 }
 
 /// Shape rule: `Y` is like `X`, with a bool mask of the same shape when asked.
-pub(crate) fn shape_rule(ctx: &InferCtx<'_>) -> Result<Vec<ValueType>, String> {
-    let x = ValueType { dtype: ctx.dtype(0)?, shape: ctx.shape(0)?.cloned() };
-    if ctx.dtype(2)? != DType::I64 {
+fn outputs(inputs: &[Option<Operand>]) -> Result<Vec<ValueType>, String> {
+    let x = input(inputs, 0, "X")?.like();
+    if input(inputs, 2, "the seed")?.dtype != DType::I64 {
         return Err("the seed must be int64".into());
     }
     let mask = ValueType { dtype: DType::Bool, shape: x.shape.clone() };
@@ -264,8 +276,7 @@ struct DropoutKernel(DropoutAttrs);
 
 impl Kernel for DropoutKernel {
     fn output_shapes(&self, inputs: &[Option<TensorRef<'_>>]) -> Result<Vec<Vec<i64>>, String> {
-        let x = inputs.first().copied().flatten().ok_or("missing X")?;
-        Ok(vec![x.shape().to_vec(), x.shape().to_vec()])
+        shapes::in_kernel(inputs, outputs)
     }
 
     fn compute(

@@ -12,7 +12,9 @@
 //! The rewrite runs after differentiation (the reductions come from it), on the oneDNN path
 //! only: the MLAS path stays plain ONNX.
 
-use ringtune_onnx_ir::{DType, Graph, InferCtx, IrError, Value, ValueType};
+use std::sync::Arc;
+
+use ringtune_onnx_ir::{DType, Graph, IrError, Value, ValueType};
 use ringtune_runtime::{
     for_each_part, Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef, DOMAIN,
 };
@@ -20,12 +22,19 @@ use ringtune_runtime::{
 /// The operator's name in the `ai.ringtune` domain.
 pub const NAME: &str = "SumRows";
 
+/// The operator's entry in the table of operators.
+pub(crate) const OPERATOR: Operator = Operator {
+    name: NAME,
+    shape_rule: |ctx| shapes::in_graph(ctx, outputs),
+    gradient: Gradient::None,
+    kernel: KernelSource::OneDnn(|_| Arc::new(SumRows)),
+};
+use crate::shapes::{self, float, Operand};
+use crate::{Gradient, KernelSource, Operator};
+
 /// Shape rule: the output is `X`'s last axis.
-pub(crate) fn shape_rule(ctx: &InferCtx<'_>) -> Result<Vec<ValueType>, String> {
-    if ctx.dtype(0)? != DType::F32 {
-        return Err("X must be float".into());
-    }
-    let dims = ctx.ranked(0)?;
+fn outputs(inputs: &[Option<Operand>]) -> Result<Vec<ValueType>, String> {
+    let dims = float(inputs, 0, "X")?.ranked("X")?;
     let last = dims.last().ok_or("X must have rank 1 or more")?;
     Ok(vec![ValueType::new(DType::F32, vec![last.clone()])])
 }
@@ -115,8 +124,9 @@ fn operand<'a>(inputs: &[Option<TensorRef<'a>>]) -> Result<(&'a [i64], &'a [f32]
 
 impl Kernel for SumRowsKernel {
     fn output_shapes(&self, inputs: &[Option<TensorRef<'_>>]) -> Result<Vec<Vec<i64>>, String> {
-        let (shape, _) = operand(inputs)?;
-        Ok(vec![shape[shape.len() - 1..].to_vec()])
+        // The kernel's own reading of the operands refuses what it could not compute.
+        operand(inputs)?;
+        shapes::in_kernel(inputs, outputs)
     }
 
     fn compute(

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
 use crate::QuicError;
 
@@ -137,7 +137,7 @@ impl NodeIdentity {
         key: PrivateKeyDer<'static>,
     ) -> Result<Self, QuicError> {
         let leaf = chain.first().ok_or_else(|| QuicError::Certificates("the node certificate file is empty".into()))?;
-        if !crate::tls::certificate_names(leaf, &node_name(rank)) {
+        if !certificate_names(leaf, &node_name(rank)) {
             return Err(QuicError::Certificates(format!(
                 "the certificate given for rank {rank} is not for {}",
                 node_name(rank)
@@ -145,6 +145,13 @@ impl NodeIdentity {
         }
         Ok(NodeIdentity { rank, ca, chain, key })
     }
+}
+
+/// Whether `cert` is valid for the DNS name `name`.
+pub(crate) fn certificate_names(cert: &CertificateDer<'_>, name: &str) -> bool {
+    let Ok(end_entity) = webpki::EndEntityCert::try_from(cert) else { return false };
+    let Ok(server_name) = ServerName::try_from(name) else { return false };
+    end_entity.verify_is_valid_for_subject_name(&server_name).is_ok()
 }
 
 #[cfg(test)]

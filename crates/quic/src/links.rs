@@ -4,7 +4,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
@@ -14,7 +13,7 @@ use tokio::sync::mpsc;
 use crate::certs::node_name;
 use crate::tls::{alpn, client_crypto, peer_is, server_crypto, ALPN_RENDEZVOUS, ALPN_RING};
 use crate::tuning::{bind_udp, endpoint, plan_datagrams, probe_path, transport_config, PathMtu};
-use crate::wire::{describe_connection, read_frame, write_frame};
+use crate::wire::{describe_connection, dial_until_up, read_frame, write_frame};
 use crate::{QuicError, RingOptions};
 
 /// Everything a ring node holds once linked.
@@ -250,31 +249,4 @@ fn check_hello(
         ));
     }
     Ok(())
-}
-
-/// Dials until the peer answers (it may still be starting); the caller bounds the wait.
-pub(crate) async fn dial_until_up(
-    endpoint: &Endpoint,
-    client: &quinn::ClientConfig,
-    addr: SocketAddr,
-    name: &str,
-) -> Result<Connection, QuicError> {
-    let mut wait = Duration::from_millis(50);
-    loop {
-        let attempt =
-            endpoint.connect_with(client.clone(), addr, name).map_err(|e| QuicError::Setup(format!("{addr}: {e}")))?;
-        match attempt.await {
-            Ok(conn) => return Ok(conn),
-            Err(quinn::ConnectionError::TimedOut) | Err(quinn::ConnectionError::ConnectionClosed(_)) => {}
-            Err(e @ (quinn::ConnectionError::TransportError(_) | quinn::ConnectionError::ApplicationClosed(_))) => {
-                return Err(QuicError::Rendezvous(format!(
-                    "{name} at {addr} refused this node: {}",
-                    describe_connection(&e)
-                )));
-            }
-            Err(e) => tracing::debug!(%addr, "dial failed: {e}"),
-        }
-        tokio::time::sleep(wait).await;
-        wait = (wait * 2).min(Duration::from_secs(1));
-    }
 }

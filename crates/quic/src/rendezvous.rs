@@ -14,9 +14,8 @@ use quinn::{Connection, Endpoint, VarInt};
 use tokio::sync::mpsc;
 
 use crate::certs::node_name;
-use crate::links::dial_until_up;
 use crate::tls::{client_crypto, peer_is, ALPN_RENDEZVOUS};
-use crate::wire::describe_connection;
+use crate::wire::{describe_connection, dial_until_up};
 use crate::{QuicError, RingOptions};
 
 /// How a node finds the others.

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use rustls::server::WebPkiClientVerifier;
 use rustls::RootCertStore;
-use rustls_pki_types::{CertificateDer, ServerName};
+use rustls_pki_types::CertificateDer;
 
-use crate::certs::NodeIdentity;
+use crate::certs::{certificate_names, NodeIdentity};
 use crate::QuicError;
 
 /// ALPN of ring links.
@@ -60,13 +60,6 @@ pub(crate) fn client_crypto(id: &NodeIdentity, alpn: &[u8]) -> Result<QuicClient
         .map_err(tls)?;
     config.alpn_protocols = vec![alpn.to_vec()];
     QuicClientConfig::try_from(config).map_err(tls)
-}
-
-/// Whether `cert` is valid for the DNS name `name`.
-pub(crate) fn certificate_names(cert: &CertificateDer<'_>, name: &str) -> bool {
-    let Ok(end_entity) = webpki::EndEntityCert::try_from(cert) else { return false };
-    let Ok(server_name) = ServerName::try_from(name) else { return false };
-    end_entity.verify_is_valid_for_subject_name(&server_name).is_ok()
 }
 
 /// Whether the peer of `conn` presented a certificate for `name` (the CA check already passed

@@ -1,9 +1,14 @@
 //! Frames over QUIC streams: header and payload written as chunks, read back with bounds
 //! checked before any payload byte is accepted.
 
+use std::net::SocketAddr;
+use std::time::Duration;
+
 use bytes::Bytes;
-use quinn::{RecvStream, SendStream};
+use quinn::{Connection, Endpoint, RecvStream, SendStream};
 use ringtune_collective::{FrameError, Header, Payload, HEADER_LEN};
+
+use crate::QuicError;
 
 /// Why a frame could not be read.
 #[derive(Debug)]
@@ -72,5 +77,32 @@ pub(crate) fn describe_connection(e: &quinn::ConnectionError) -> String {
         quinn::ConnectionError::TimedOut => "stopped answering (idle timeout)".into(),
         quinn::ConnectionError::LocallyClosed => "link closed here".into(),
         other => other.to_string(),
+    }
+}
+
+/// Dials until the peer answers (it may still be starting); the caller bounds the wait.
+pub(crate) async fn dial_until_up(
+    endpoint: &Endpoint,
+    client: &quinn::ClientConfig,
+    addr: SocketAddr,
+    name: &str,
+) -> Result<Connection, QuicError> {
+    let mut wait = Duration::from_millis(50);
+    loop {
+        let attempt =
+            endpoint.connect_with(client.clone(), addr, name).map_err(|e| QuicError::Setup(format!("{addr}: {e}")))?;
+        match attempt.await {
+            Ok(conn) => return Ok(conn),
+            Err(quinn::ConnectionError::TimedOut) | Err(quinn::ConnectionError::ConnectionClosed(_)) => {}
+            Err(e @ (quinn::ConnectionError::TransportError(_) | quinn::ConnectionError::ApplicationClosed(_))) => {
+                return Err(QuicError::Rendezvous(format!(
+                    "{name} at {addr} refused this node: {}",
+                    describe_connection(&e)
+                )));
+            }
+            Err(e) => tracing::debug!(%addr, "dial failed: {e}"),
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_secs(1));
     }
 }

@@ -86,6 +86,17 @@ pub enum TrainError {
     /// `--resume` cannot go on: no usable checkpoint, or one of another run.
     #[error("--resume: {0}")]
     Resume(String),
+    /// A file that holds nothing this command can use.
+    #[error("{} has {reason}", .path.display())]
+    Unusable {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What it lacks.
+        reason: String,
+    },
+    /// The training graph could not be built as its passes say.
+    #[error("building the training graph: {0}")]
+    GraphBuild(String),
     /// The session returned no tensor of this name.
     #[error("the session returned no {0}")]
     MissingOutput(&'static str),

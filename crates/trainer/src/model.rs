@@ -3,7 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use ringtune_bert::{forward_graph, GraphOptions, ModelConfig, ParamLayout, Params};
+use ringtune_bert::{forward_graph, ForwardGraph, GraphOptions, ModelConfig, ParamLayout, Params};
+use ringtune_onnx_ir::Value;
 use ringtune_ops::{Kernels, Recompute};
 
 use crate::TrainError;
@@ -37,10 +38,11 @@ impl ModelDir {
     pub fn check_max_len(&self, max_len: usize) -> Result<(), TrainError> {
         let positions = self.config.max_position_embeddings;
         if max_len > positions {
-            return Err(TrainError::Other(format!(
-                "--max-len {max_len} exceeds {}'s max_position_embeddings {positions}",
-                self.dir.display()
-            )));
+            return Err(TrainError::Setting {
+                flag: "max-len",
+                value: max_len.to_string(),
+                expected: format!("at most {}'s max_position_embeddings, {positions}", self.dir.display()),
+            });
         }
         Ok(())
     }
@@ -72,47 +74,133 @@ pub struct GraphChoices {
     pub recompute: Recompute,
 }
 
+/// A training graph while its passes run.
+struct Building<'a> {
+    forward: ForwardGraph,
+    loss: Value,
+    /// The parameters' gradients, once differentiated (in layout order).
+    grads: Vec<Value>,
+    /// The `GradReady` nodes' tokens, when they are placed.
+    tokens: Vec<String>,
+    choices: GraphChoices,
+    sync: SyncNodes,
+    config: &'a ModelConfig,
+    layout: &'a ParamLayout,
+}
+
+/// One rewrite of the training graph: its name, the passes it must come after (and why), and
+/// what it does (returning how many nodes it made or changed).
+struct Pass {
+    name: &'static str,
+    after: &'static [&'static str],
+    run: fn(&mut Building<'_>) -> Result<usize, TrainError>,
+}
+
+/// The training graph's pipeline, in order; [`check_order`] holds it to each pass's `after`.
+const TRAINING_PASSES: &[Pass] = &[
+    // Dropout sites are numbered on the plain forward graph, so each mask has one seed.
+    Pass { name: "seed dropouts", after: &[], run: |b| Ok(ringtune_ops::seed_dropouts(&mut b.forward.graph)?) },
+    // The fused operators take in the seeded dropouts around them.
+    Pass {
+        name: "fuse",
+        after: &["seed dropouts"],
+        run: |b| Ok(ringtune_ops::fuse(&mut b.forward.graph, b.choices.kernels)?),
+    },
+    Pass {
+        name: "differentiate",
+        after: &["fuse"],
+        run: |b| {
+            let rules = ringtune_ops::gradient_rules(b.choices.kernels);
+            b.grads = ringtune_autodiff::backward_with(&mut b.forward.graph, &b.loss, &b.forward.params, &rules)?;
+            Ok(b.grads.len())
+        },
+    },
+    Pass {
+        name: "hand over gradients",
+        after: &["differentiate"],
+        run: |b| {
+            if b.sync.grad_ready {
+                b.tokens = ringtune_ops::grad_ready::place(&mut b.forward.graph, &b.grads)?;
+                Ok(b.tokens.len())
+            } else {
+                let names: Vec<String> = b.layout.entries().iter().map(|e| grad_name(&e.name)).collect();
+                b.grads = ringtune_autodiff::name_gradients(&mut b.forward.graph, &b.grads, &names)?;
+                Ok(b.grads.len())
+            }
+        },
+    },
+    // Recomputes what the backward pass reads, once every reader (the hand-over too) exists.
+    Pass {
+        name: "recompute",
+        after: &["hand over gradients"],
+        run: |b| {
+            let layers = ringtune_bert::layer_prefixes(b.config);
+            Ok(ringtune_ops::recompute::recompute(&mut b.forward.graph, &b.loss, b.choices.recompute, &layers)?)
+        },
+    },
+    // Lowers the recomputed copies too.
+    Pass {
+        name: "lower",
+        after: &["recompute"],
+        run: |b| {
+            let lowered = ringtune_ops::lower(&mut b.forward.graph, b.choices.kernels)?;
+            tracing::debug!(?lowered, "lowered");
+            Ok(lowered.products + lowered.scatters + lowered.row_sums + lowered.gelus)
+        },
+    },
+    // After lowering, so no ordering node sits between a transpose and the product it folds into.
+    Pass {
+        name: "order gradients",
+        after: &["lower"],
+        run: |b| Ok(ringtune_ops::run_after::order_gradients(&mut b.forward.graph, &b.grads)?),
+    },
+    // After lowering: the products see plain parameter inputs, as on one node.
+    Pass {
+        name: "wait for parameters",
+        after: &["lower"],
+        run: |b| match b.sync.param_ready {
+            true => Ok(ringtune_ops::param_ready::place(&mut b.forward.graph, &b.forward.params)?),
+            false => Ok(0),
+        },
+    },
+];
+
+/// Fails unless every pass comes after the passes it names.
+fn check_order(passes: &[Pass]) -> Result<(), String> {
+    for (i, pass) in passes.iter().enumerate() {
+        for before in pass.after {
+            if !passes[..i].iter().any(|p| p.name == *before) {
+                return Err(format!("the pass {:?} must come after {before:?}", pass.name));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The forward and backward graph as ONNX bytes: inputs are the batch, every parameter and (with
 /// dropout) the step's dropout seed, outputs `loss`, `logits` and one `grad.<name>` per
 /// parameter; matrix products on oneDNN when `choices.kernels` asks. With `sync.grad_ready`, each
 /// gradient goes to a `GradReady` node instead of a graph output, and the outputs are `loss`,
 /// `logits` and the nodes' tokens; the names of the tokens come back with the bytes. With
-/// `sync.param_ready`, every reader of a parameter waits behind its `ParamReady` node.
+/// `sync.param_ready`, every reader of a parameter waits behind its `ParamReady` node. The
+/// graph goes through [`TRAINING_PASSES`].
 pub fn training_graph(
     config: &ModelConfig,
     layout: &ParamLayout,
     choices: GraphChoices,
     sync: SyncNodes,
 ) -> Result<(Vec<u8>, Vec<String>), TrainError> {
-    let GraphChoices { dropout, kernels, recompute } = choices;
-    let options = GraphOptions { params: Params::Inputs, with_loss: true, dropout };
-    let mut forward = forward_graph(config, layout, &options)?;
-    let loss = forward.loss.clone().ok_or_else(|| TrainError::Other("the forward graph has no loss".into()))?;
-    let sites = ringtune_ops::seed_dropouts(&mut forward.graph)?;
-    let fused = ringtune_ops::fuse(&mut forward.graph, kernels)?;
-    let rules = ringtune_ops::gradient_rules(kernels);
-    let grads = ringtune_autodiff::backward_with(&mut forward.graph, &loss, &forward.params, &rules)?;
-    let (tokens, grads) = if sync.grad_ready {
-        (ringtune_ops::grad_ready::place(&mut forward.graph, &grads)?, grads)
-    } else {
-        let names: Vec<String> = layout.entries().iter().map(|e| grad_name(&e.name)).collect();
-        (Vec::new(), ringtune_autodiff::name_gradients(&mut forward.graph, &grads, &names)?)
-    };
-    let recomputed = ringtune_ops::recompute::recompute(
-        &mut forward.graph,
-        &loss,
-        recompute,
-        &ringtune_bert::layer_prefixes(config),
-    )?;
-    let lowered = ringtune_ops::lower(&mut forward.graph, kernels)?;
-    // After lowering, so no ordering node sits between a transpose and the product it folds into.
-    let ordered = ringtune_ops::run_after::order_gradients(&mut forward.graph, &grads)?;
-    // After lowering: the products see plain parameter inputs, as on one node.
-    if sync.param_ready {
-        ringtune_ops::param_ready::place(&mut forward.graph, &forward.params)?;
+    check_order(TRAINING_PASSES).map_err(TrainError::GraphBuild)?;
+    let options = GraphOptions { params: Params::Inputs, with_loss: true, dropout: choices.dropout };
+    let forward = forward_graph(config, layout, &options)?;
+    let loss = forward.loss.clone().ok_or_else(|| TrainError::GraphBuild("the forward graph has no loss".into()))?;
+    let mut building = Building { forward, loss, grads: Vec::new(), tokens: Vec::new(), choices, sync, config, layout };
+    for pass in TRAINING_PASSES {
+        let changed = (pass.run)(&mut building)?;
+        tracing::debug!(pass = pass.name, changed, "training graph pass");
     }
-    tracing::debug!(dropout_sites = sites, fused, recomputed, ?lowered, ordered, %kernels, ?sync, "training graph lowered");
-    Ok((forward.graph.to_bytes()?, tokens))
+    tracing::debug!(kernels = %choices.kernels, ?sync, "training graph built");
+    Ok((building.forward.graph.to_bytes()?, building.tokens))
 }
 
 /// The forward graph without loss (inputs: batch and parameters; output: logits).
@@ -124,4 +212,22 @@ pub fn eval_graph(config: &ModelConfig, layout: &ParamLayout, kernels: Kernels) 
     ringtune_ops::lower(&mut forward.graph, kernels)?;
     ringtune_ops::fold_for_inference(&mut forward.graph, kernels)?;
     Ok(forward.graph.to_bytes()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_training_passes_come_in_an_order_their_reasons_allow() {
+        check_order(TRAINING_PASSES).expect("in order");
+        let names: Vec<&str> = TRAINING_PASSES.iter().map(|p| p.name).collect();
+        assert_eq!(names.len(), names.iter().collect::<std::collections::HashSet<_>>().len(), "{names:?}");
+        let mut swapped: Vec<Pass> =
+            TRAINING_PASSES.iter().map(|p| Pass { name: p.name, after: p.after, run: p.run }).collect();
+        let lower = swapped.iter().position(|p| p.name == "lower").expect("lower");
+        swapped.swap(lower, lower + 1);
+        let error = check_order(&swapped).expect_err("order gradients before lower");
+        assert!(error.contains("\"order gradients\" must come after \"lower\""), "{error}");
+    }
 }

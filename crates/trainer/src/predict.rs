@@ -53,10 +53,10 @@ impl Predictor {
         let layout = self.task.layout(file)?;
         let (examples, rows) = load_file(file, &layout, &self.labels, &self.tokenizer, ReadOptions::default())?;
         if examples.is_empty() {
-            return Err(TrainError::Other(format!("{} has no rows to evaluate", file.display())));
+            return Err(TrainError::Unusable { path: file.into(), reason: "no rows to evaluate".into() });
         }
         if !rows.labelled {
-            return Err(TrainError::Other(format!("{} has no labels to evaluate against", file.display())));
+            return Err(TrainError::Unusable { path: file.into(), reason: "no labels to evaluate against".into() });
         }
         let c = &self.model.config;
         evaluate(&mut self.evaluator, &self.params, &examples, batch, c.pad_token_id, Scoring::new(c, &self.task.task))
@@ -68,11 +68,13 @@ impl Predictor {
         let layout = self.task.layout(file)?;
         let mut rows = ringtune_data::read_rows(file, &layout)?;
         if let Some(bad) = rows.bad.first() {
-            return Err(TrainError::Other(format!(
-                "{} bad row(s) in {}, the first {bad}: every row needs its text to be predicted",
-                rows.bad.len(),
-                file.display()
-            )));
+            return Err(TrainError::Unusable {
+                path: file.into(),
+                reason: format!(
+                    "{} bad row(s), the first {bad}: every row needs its text to be predicted",
+                    rows.bad.len()
+                ),
+            });
         }
         rows.rows.iter_mut().for_each(|r| r.label = None);
         let (examples, _) = ringtune_data::examples(&rows, &self.labels, &self.tokenizer)?;

@@ -98,5 +98,8 @@ fn eval_refuses_a_file_without_rows_and_a_max_len_past_the_model() {
     let (ok, stderr) = ringtune(&["eval", "--model", model, "--file", file]);
     assert!(!ok && stderr.contains("header-only.tsv has no rows"), "{stderr}");
     let (ok, stderr) = ringtune(&["eval", "--model", model, "--file", file, "--max-len", "1000"]);
-    assert!(!ok && stderr.contains("--max-len 1000 exceeds"), "{stderr}");
+    assert!(
+        !ok && stderr.contains("--max-len 1000 is not allowed: at most") && stderr.contains("max_position_embeddings"),
+        "{stderr}"
+    );
 }

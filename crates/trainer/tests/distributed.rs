@@ -117,11 +117,11 @@ fn join_nodes(model: &Path, certs: &Path, world: usize, deadline: Duration) -> V
     handles.into_iter().map(|h| h.join().expect("join thread")).collect()
 }
 
-/// What a node's backward pass would hand over: every gradient, last parameter first, or only
-/// the last `count` of them.
-fn hand_over(sync: &QuicSync, layout: &ringtune_bert::ParamLayout, count: usize) {
+/// What a node's backward pass would hand over, last parameter first: the `count` gradients
+/// after the last `skip`.
+fn hand_over(sync: &QuicSync, layout: &ringtune_bert::ParamLayout, skip: usize, count: usize) {
     let sink = sync.hooks().grads.expect("a gradient sink");
-    for (i, e) in layout.entries().iter().enumerate().rev().take(count) {
+    for (i, e) in layout.entries().iter().enumerate().rev().skip(skip).take(count) {
         sink.take(i, &vec![0.25; e.len()]).expect("take");
     }
 }
@@ -171,9 +171,10 @@ fn a_node_lost_or_failing_mid_backward_stops_the_others_by_name() {
                 let layout = layout.clone();
                 std::thread::spawn(move || {
                     sync.begin(&[101, 2023, 102]).expect("begin");
-                    hand_over(&sync, &layout, layout.entries().len() / 2);
+                    let half = layout.entries().len() / 2;
+                    hand_over(&sync, &layout, 0, half);
                     std::thread::sleep(Duration::from_millis(300));
-                    hand_over(&sync, &layout, layout.entries().len());
+                    hand_over(&sync, &layout, half, layout.entries().len());
                     let waited = Instant::now();
                     let error = sync.finish(0.5).expect_err("the step must fail").to_string();
                     (error, waited.elapsed())
@@ -235,10 +236,11 @@ fn gradients_that_are_not_finite_stop_every_node_before_the_step() {
                     .and_then(|adam| adam.owning(pieces))
                     .expect("adam");
                 let mut params = vec![1.0f32; len];
-                let (grads, exchange) = sync.optimizer_view();
-                let error = ringtune_trainer::optimizer::step(&mut adam, &mut params, grads, exchange, 1.0, 1e-3, 1)
-                    .expect_err("no step")
-                    .to_string();
+                let (mut grads, exchange) = sync.optimizer_view().expect("every piece back");
+                let error =
+                    ringtune_trainer::optimizer::step(&mut adam, &mut params, grads.floats(), exchange, 1.0, 1e-3, 1)
+                        .expect_err("no step")
+                        .to_string();
                 (error, params.iter().all(|&p| p == 1.0))
             })
         })

@@ -16,8 +16,10 @@
 
 mod fuse;
 
+use std::sync::Arc;
+
 use ringtune_autodiff::{AutodiffError, RuleCtx};
-use ringtune_onnx_ir::{Attribute, DType, Dim, InferCtx, NodeSpec, Value, ValueType};
+use ringtune_onnx_ir::{Attribute, DType, Dim, NodeSpec, Value, ValueType};
 use ringtune_runtime::{
     for_each_part, Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef, DOMAIN,
 };
@@ -26,20 +28,30 @@ pub use fuse::{drop_unread_outputs, fuse};
 
 use crate::fast_math::{lanes, vector_builds};
 use crate::seeded_dropout::{self, optional_draws, Draws, DropoutAttrs};
+use crate::shapes::{self, float, Operand};
+use crate::{Gradient, KernelSource, Operator};
 
 /// The operator's name in the `ai.ringtune` domain.
 pub const NAME: &str = "AddLayerNorm";
+
+/// The operator's entry in the table of operators.
+pub(crate) const OPERATOR: Operator = Operator {
+    name: NAME,
+    shape_rule: |ctx| shapes::in_graph(ctx, outputs),
+    gradient: Gradient::Own(gradient_rule),
+    kernel: KernelSource::OneDnn(|_| Arc::new(AddLayerNormOp)),
+};
 
 /// Rows per task.
 const RUN: usize = 64;
 
 /// Shape rule: `Y` and `S` like `X` (and `R`), `Mean` and `InvStdDev` like `X` with a last axis
 /// of 1.
-pub(crate) fn shape_rule(ctx: &InferCtx<'_>) -> Result<Vec<ValueType>, String> {
-    if (0..4).any(|i| ctx.dtype(i).ok() != Some(DType::F32)) {
-        return Err("X, R, scale and bias must be float".into());
+fn outputs(inputs: &[Option<Operand>]) -> Result<Vec<ValueType>, String> {
+    for (i, what) in ["X", "R", "scale", "bias"].into_iter().enumerate() {
+        float(inputs, i, what)?;
     }
-    let (x, r) = (ctx.ranked(0)?, ctx.ranked(1)?);
+    let (x, r) = (float(inputs, 0, "X")?.ranked("X")?, float(inputs, 1, "R")?.ranked("R")?);
     if x != r || x.is_empty() {
         return Err(format!("X {x:?} and R {r:?} must have one shape, of rank 1 or more"));
     }
@@ -228,12 +240,9 @@ fn asked_for<'a>(output: &mut Option<TensorMut<'a>>) -> Option<&'a mut [f32]> {
 
 impl Kernel for AddLayerNormKernel {
     fn output_shapes(&self, inputs: &[Option<TensorRef<'_>>]) -> Result<Vec<Vec<i64>>, String> {
-        let ([x, ..], _) = operands(inputs)?;
-        let mut stats = x.shape().to_vec();
-        if let Some(last) = stats.last_mut() {
-            *last = 1;
-        }
-        Ok(vec![x.shape().to_vec(), x.shape().to_vec(), stats.clone(), stats])
+        // The kernel's own reading of the operands refuses what it could not compute.
+        operands(inputs)?;
+        shapes::in_kernel(inputs, outputs)
     }
 
     fn compute(

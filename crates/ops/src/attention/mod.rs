@@ -19,8 +19,10 @@
 pub mod fuse;
 pub mod math;
 
+use std::sync::Arc;
+
 use ringtune_autodiff::{AutodiffError, RuleCtx};
-use ringtune_onnx_ir::{DType, InferCtx, NodeSpec, Value, ValueType};
+use ringtune_onnx_ir::{DType, NodeSpec, Shape, Value, ValueType};
 use ringtune_runtime::{
     for_each_part, Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef, DOMAIN,
 };
@@ -29,44 +31,55 @@ pub use fuse::fuse;
 use math::{Call, HeadGrads, HeadInputs, Mask, Saved, Sizes};
 
 use crate::seeded_dropout::{optional_draws, DropoutAttrs};
+use crate::shapes::{self, float, Operand};
+use crate::{Gradient, KernelSource, Operator};
 
 /// The forward operator's name in the `ai.ringtune` domain.
 pub const NAME: &str = "Attention";
 /// The backward operator's name.
 pub const GRAD_NAME: &str = "AttentionGrad";
 
-fn float(ctx: &InferCtx<'_>, i: usize, what: &str) -> Result<(), String> {
-    match ctx.dtype(i)? {
-        DType::F32 => Ok(()),
-        other => Err(format!("{what} must be float, not {other:?}")),
-    }
-}
+/// `Attention`'s entry in the table of operators.
+pub(crate) const OPERATOR: Operator = Operator {
+    name: NAME,
+    shape_rule: |ctx| shapes::in_graph(ctx, outputs),
+    gradient: Gradient::Own(gradient_rule),
+    kernel: KernelSource::OneDnn(|_| Arc::new(AttentionOp)),
+};
 
-fn rank4<'c>(ctx: &'c InferCtx<'_>, i: usize, what: &str) -> Result<&'c [ringtune_onnx_ir::Dim], String> {
-    float(ctx, i, what)?;
-    let dims = ctx.ranked(i)?;
+/// `AttentionGrad`'s entry in the table of operators.
+pub(crate) const GRAD_OPERATOR: Operator = Operator {
+    name: GRAD_NAME,
+    shape_rule: |ctx| shapes::in_graph(ctx, grad_outputs),
+    gradient: Gradient::None,
+    kernel: KernelSource::OneDnn(|_| Arc::new(AttentionGradOp)),
+};
+
+/// Input `i`, float of rank 4.
+fn rank4<'a>(inputs: &'a [Option<Operand>], i: usize, what: &str) -> Result<&'a Shape, String> {
+    let dims = float(inputs, i, what)?.ranked(what)?;
     if dims.len() != 4 {
         return Err(format!("{what} must have rank 4, not {}", dims.len()));
     }
     Ok(dims)
 }
 
-/// Shape rule of `Attention`: `out` is `[batch, heads, queries, width]`, `lse`
+/// Shape rule of `Attention`: the output `[batch, heads, queries, V's width]`, the statistics
 /// `[batch, heads, queries]`.
-pub(crate) fn shape_rule(ctx: &InferCtx<'_>) -> Result<Vec<ValueType>, String> {
-    let q = rank4(ctx, 0, "Q")?;
-    rank4(ctx, 1, "Kᵀ")?;
-    let v = rank4(ctx, 2, "V")?;
-    rank4(ctx, 3, "the mask")?;
+fn outputs(inputs: &[Option<Operand>]) -> Result<Vec<ValueType>, String> {
+    let q = rank4(inputs, 0, "Q")?;
+    rank4(inputs, 1, "Kᵀ")?;
+    let v = rank4(inputs, 2, "V")?;
+    rank4(inputs, 3, "the mask")?;
     let out = vec![q[0].clone(), q[1].clone(), q[2].clone(), v[3].clone()];
     Ok(vec![ValueType::new(DType::F32, out), ValueType::new(DType::F32, q[..3].to_vec())])
 }
 
-/// Shape rule of `AttentionGrad`: the gradients are shaped like Q, Kᵀ and V.
-pub(crate) fn grad_shape_rule(ctx: &InferCtx<'_>) -> Result<Vec<ValueType>, String> {
-    rank4(ctx, 0, "dOut")?;
+/// Shape rule of `AttentionGrad`: the gradients are like Q, Kᵀ and V.
+fn grad_outputs(inputs: &[Option<Operand>]) -> Result<Vec<ValueType>, String> {
+    rank4(inputs, 0, "dOut")?;
     let like = |i: usize, what: &str| -> Result<ValueType, String> {
-        Ok(ValueType::new(DType::F32, rank4(ctx, i, what)?.to_vec()))
+        Ok(ValueType::new(DType::F32, rank4(inputs, i, what)?.to_vec()))
     };
     Ok(vec![like(1, "Q")?, like(2, "Kᵀ")?, like(3, "V")?])
 }
@@ -201,10 +214,9 @@ struct Forward(DropoutAttrs);
 
 impl Kernel for Forward {
     fn output_shapes(&self, inputs: &[Option<TensorRef<'_>>]) -> Result<Vec<Vec<i64>>, String> {
-        let (call, _) = call(inputs, 0, self.0.site)?;
-        let Sizes { batch, heads, queries, width, .. } = call.sizes;
-        let rows = vec![batch as i64, heads as i64, queries as i64];
-        Ok(vec![[rows.as_slice(), &[width as i64]].concat(), rows])
+        // The kernel's own reading of the operands refuses what it could not compute.
+        call(inputs, 0, self.0.site)?;
+        shapes::in_kernel(inputs, outputs)
     }
 
     fn compute(
@@ -240,9 +252,7 @@ struct Backward(DropoutAttrs);
 
 impl Kernel for Backward {
     fn output_shapes(&self, inputs: &[Option<TensorRef<'_>>]) -> Result<Vec<Vec<i64>>, String> {
-        (1..4)
-            .map(|i| inputs.get(i).copied().flatten().map(|t| t.shape().to_vec()).ok_or(format!("missing input {i}")))
-            .collect()
+        shapes::in_kernel(inputs, grad_outputs)
     }
 
     fn compute(

@@ -4,24 +4,34 @@
 use std::sync::Arc;
 
 use ringtune_onednn::{Bias, Engine};
-use ringtune_onnx_ir::{Dim, Graph, InferCtx, Node, ValueType};
+use ringtune_onnx_ir::{Dim, Graph, Node, ValueType};
 use ringtune_runtime::{Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef};
 
 use super::{dims, operands, product_dims, ProductAttrs, Rewrite};
+use crate::shapes::{self, input, Operand};
+use crate::{Gradient, KernelSource, Operator};
 
 /// The operator's name in the `ai.ringtune` domain.
 pub const NAME: &str = "DnnlGemm";
 
+/// The operator's entry in the table of operators.
+pub(crate) const OPERATOR: Operator = Operator {
+    name: NAME,
+    shape_rule: |ctx| shapes::in_graph(ctx, |inputs| outputs(inputs, ProductAttrs::read(ctx.node()))),
+    gradient: Gradient::None,
+    kernel: KernelSource::OneDnn(|engine| Arc::new(DnnlGemm(engine.clone()))),
+};
+
 /// Shape rule: `[m, n]` of the transposed operands.
-pub(crate) fn shape_rule(ctx: &InferCtx<'_>) -> Result<Vec<ValueType>, String> {
-    let attrs = ProductAttrs::read(ctx.node());
-    let (a, b) = (ctx.ranked(0)?, ctx.ranked(1)?);
+fn outputs(inputs: &[Option<Operand>], attrs: ProductAttrs) -> Result<Vec<ValueType>, String> {
+    let a_in = input(inputs, 0, "A")?;
+    let (a, b) = (a_in.ranked("A")?, input(inputs, 1, "B")?.ranked("B")?);
     if a.len() != 2 || b.len() != 2 {
         return Err(format!("{NAME} takes 2-D operands"));
     }
     let m = if attrs.trans_a { &a[1] } else { &a[0] };
     let n = if attrs.trans_b { &b[0] } else { &b[1] };
-    Ok(vec![ValueType::new(ctx.dtype(0)?, vec![m.clone(), n.clone()])])
+    Ok(vec![ValueType::new(a_in.dtype, vec![m.clone(), n.clone()])])
 }
 
 /// A `Gemm` with `alpha = beta = 1` whose bias broadcasts as a row, a column or a full matrix.
@@ -101,8 +111,9 @@ impl GemmKernel {
 
 impl Kernel for GemmKernel {
     fn output_shapes(&self, inputs: &[Option<TensorRef<'_>>]) -> Result<Vec<Vec<i64>>, String> {
-        let spec = self.spec(inputs)?;
-        Ok(vec![vec![spec.m, spec.n]])
+        // The kernel's own reading of the operands refuses what it could not compute.
+        self.spec(inputs)?;
+        shapes::in_kernel(inputs, |inputs| outputs(inputs, self.attrs))
     }
 
     fn compute(

@@ -5,20 +5,29 @@
 use std::sync::Arc;
 
 use ringtune_onednn::Engine;
-use ringtune_onnx_ir::{matmul_shape, Graph, InferCtx, Node, ValueType};
+use ringtune_onnx_ir::{matmul_shape, Graph, Node, ValueType};
 use ringtune_runtime::{Attributes, CustomOp, ElementType, Kernel, Parallel, Port, TensorMut, TensorRef};
 
 use super::{dims, operands, product_dims, ProductAttrs, Rewrite};
+use crate::shapes::{self, input, Operand};
+use crate::{Gradient, KernelSource, Operator};
 
 /// The operator's name in the `ai.ringtune` domain.
 pub const NAME: &str = "DnnlMatMul";
 
+/// The operator's entry in the table of operators.
+pub(crate) const OPERATOR: Operator = Operator {
+    name: NAME,
+    shape_rule: |ctx| shapes::in_graph(ctx, |inputs| outputs(inputs, ProductAttrs::read(ctx.node()))),
+    gradient: Gradient::None,
+    kernel: KernelSource::OneDnn(|engine| Arc::new(DnnlMatMul(engine.clone()))),
+};
+
 /// Shape rule: `MatMul`'s, with the transposes applied.
-pub(crate) fn shape_rule(ctx: &InferCtx<'_>) -> Result<Vec<ValueType>, String> {
-    let attrs = ProductAttrs::read(ctx.node());
-    let dtype = ctx.dtype(0)?;
-    let out = matmul_shape(ctx.ranked(0)?, ctx.ranked(1)?, attrs.trans_a, attrs.trans_b)?;
-    Ok(vec![ValueType::new(dtype, out)])
+fn outputs(inputs: &[Option<Operand>], attrs: ProductAttrs) -> Result<Vec<ValueType>, String> {
+    let a = input(inputs, 0, "A")?;
+    let out = matmul_shape(a.ranked("A")?, input(inputs, 1, "B")?.ranked("B")?, attrs.trans_a, attrs.trans_b)?;
+    Ok(vec![ValueType::new(a.dtype, out)])
 }
 
 /// A `MatMul` of rank 2 or more, with the swapping transposes it alone reads folded in.
@@ -89,11 +98,9 @@ impl MatMulKernel {
 
 impl Kernel for MatMulKernel {
     fn output_shapes(&self, inputs: &[Option<TensorRef<'_>>]) -> Result<Vec<Vec<i64>>, String> {
-        let spec = self.spec(inputs)?;
-        // The batch axes are already padded to the longer operand's, numpy-style.
-        let mut out = spec.batch_out();
-        out.extend([spec.m, spec.n]);
-        Ok(vec![out])
+        // The kernel's own reading of the operands refuses what it could not compute.
+        self.spec(inputs)?;
+        shapes::in_kernel(inputs, |inputs| outputs(inputs, self.attrs))
     }
 
     fn compute(

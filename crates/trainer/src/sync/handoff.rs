@@ -1,112 +1,222 @@
 //! The gradient buffer of a multi-node run and the sink that fills it during the backward pass.
 //!
-//! Three parties write the buffer in turn, each range by one of them at a time: ONNX Runtime's
-//! thread copies each parameter's gradient into its range (through [`Handoff`], called by the
-//! `GradReady` operator) and tells the sync thread; the sync thread reduces a bucket once every
-//! gradient in it has arrived; the training loop reads and scales the result after the sync
-//! thread reported the step done. The order is the step's protocol, which the type cannot
-//! check: hence the unsafe accessor, used in those three places only.
+//! The buffer passes by ownership (see `super::slots`): the first gradient of a step cuts it
+//! into pieces at every parameter's and bucket's bounds; ONNX Runtime's thread copies each
+//! parameter's gradient into that parameter's pieces (through [`Handoff`], called by the
+//! `GradReady` operator) and sends them to the sync thread; the sync thread joins a bucket's
+//! pieces, reduces them, and returns them to the loop with its report; the loop, holding every
+//! piece again, steps the optimizer over the whole buffer ([`GradSlots::whole`]).
 
-use std::cell::UnsafeCell;
 use std::ops::Range;
 use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex, MutexGuard};
 
+use ringtune_collective::SyncPlan;
 use ringtune_ops::grad_ready::GradSink;
 
-use super::param_gather::ParamsPtr;
+use super::slots::{LentParams, Piece, Slab};
+use crate::TrainError;
 
-/// A flat `f32` buffer written from several threads, each range by one at a time.
-pub(crate) struct SharedGrads {
-    cells: Box<[UnsafeCell<f32>]>,
+/// The gradient buffer and how it is cut: shared by the loop, ONNX Runtime's thread (the sink)
+/// and, through the pieces it is sent, the sync thread.
+pub(crate) struct GradSlots {
+    state: Mutex<SlotState>,
+    /// Where the buffer is cut (every parameter's start and every bucket's bounds).
+    cuts: Vec<usize>,
+    /// Each parameter's range (by layout index).
+    tensors: Vec<Range<usize>>,
+    /// Each parameter's pieces (indices), its padding up to the next parameter included.
+    tensor_pieces: Vec<Range<usize>>,
+    /// Each bucket's pieces (indices), in plan order.
+    bucket_pieces: Vec<Range<usize>>,
 }
 
-// SAFETY: access goes through `range_mut`, whose callers guarantee exclusive use of the range.
-#[allow(unsafe_code)]
-unsafe impl Sync for SharedGrads {}
+struct SlotState {
+    slab: Slab,
+    /// This step's pieces not yet handed over (`None`: the buffer is whole).
+    lent: Option<Vec<Option<Piece>>>,
+    /// How many of `lent` are still there.
+    left: usize,
+}
 
-impl SharedGrads {
-    pub(crate) fn zeros(len: usize) -> Self {
-        SharedGrads { cells: (0..len).map(|_| UnsafeCell::new(0.0)).collect() }
+/// The index of the piece starting at `at` among pieces cut at `cuts` (with 0 implied).
+fn piece_at(cuts: &[usize], at: usize) -> usize {
+    cuts.partition_point(|&c| c <= at)
+}
+
+impl GradSlots {
+    /// A zeroed buffer of `len` floats holding `tensors` (by layout index), bucketed by `plan`.
+    pub(crate) fn new(len: usize, tensors: Vec<Range<usize>>, plan: &SyncPlan) -> Self {
+        let mut cuts: Vec<usize> = tensors
+            .iter()
+            .map(|t| t.start)
+            .chain(plan.buckets.iter().flat_map(|b| [b.range.start, b.range.end]))
+            .filter(|&c| c > 0 && c < len)
+            .collect();
+        cuts.sort_unstable();
+        cuts.dedup();
+        let pieces = cuts.len() + 1;
+        let span = |r: &Range<usize>| piece_at(&cuts, r.start)..piece_at(&cuts, r.end.max(r.start + 1) - 1) + 1;
+        // A parameter owns the floats from its start to the next one's (its padding, or the
+        // buffer's end), so that every piece has an owner; the first owns the floats before it.
+        let mut starts: Vec<usize> = tensors.iter().map(|t| t.start).collect();
+        starts.sort_unstable();
+        let tensor_pieces = tensors
+            .iter()
+            .map(|t| {
+                let next = starts.iter().copied().find(|&s| s > t.start).unwrap_or(len);
+                let first = if Some(&t.start) == starts.first() { 0 } else { piece_at(&cuts, t.start) };
+                first..(piece_at(&cuts, next.max(1) - 1) + 1).min(pieces)
+            })
+            .collect();
+        let bucket_pieces = plan.buckets.iter().map(|b| span(&b.range)).collect();
+        let state = SlotState { slab: Slab::zeros(len), lent: None, left: 0 };
+        GradSlots { state: Mutex::new(state), cuts, tensors, tensor_pieces, bucket_pieces }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, SlotState> {
+        // Every update of the state is complete before anything that can panic.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.cells.len()
+        self.lock().slab.len()
     }
 
-    /// The floats of `range`.
-    ///
-    /// # Safety
-    /// No other reference to any float of `range` may be alive while the slice is used.
-    #[allow(clippy::mut_from_ref, unsafe_code)]
-    pub(crate) unsafe fn range_mut(&self, range: Range<usize>) -> &mut [f32] {
-        assert!(range.start <= range.end && range.end <= self.cells.len(), "{range:?} outside the buffer");
-        // `UnsafeCell<f32>` has the layout of `f32`; the cells are contiguous.
-        let first = UnsafeCell::raw_get(self.cells.as_ptr().wrapping_add(range.start));
-        // SAFETY: inside the allocation (checked above); exclusive by the caller's guarantee.
-        unsafe { std::slice::from_raw_parts_mut(first, range.len()) }
+    /// Bucket `index`'s pieces (indices into what the sink sends).
+    pub(crate) fn bucket_pieces(&self, index: usize) -> Range<usize> {
+        self.bucket_pieces.get(index).cloned().unwrap_or(0..0)
+    }
+
+    /// Parameter `tensor`'s pieces, taken from this step's split (made now if this is the
+    /// step's first gradient).
+    fn take(&self, tensor: usize) -> Result<Vec<(usize, Piece)>, String> {
+        let indices =
+            self.tensor_pieces.get(tensor).cloned().ok_or_else(|| format!("no parameter {tensor} in the layout"))?;
+        let mut state = self.lock();
+        if state.lent.is_none() {
+            let pieces = state.slab.split(&self.cuts).ok_or(
+                "the gradient buffer is still in use: the last step's gradients were not all returned by the sync thread",
+            )?;
+            state.left = pieces.len();
+            state.lent = Some(pieces.into_iter().map(Some).collect());
+        }
+        let lent = state.lent.as_mut().ok_or("the gradient buffer was not split")?;
+        let mut taken = Vec::with_capacity(indices.len());
+        for i in indices {
+            let piece = lent.get_mut(i).and_then(Option::take);
+            taken.push((
+                i,
+                piece.ok_or_else(|| format!("parameter {tensor}'s gradient was handed over twice in one step"))?,
+            ));
+        }
+        state.left -= taken.len();
+        if state.left == 0 {
+            state.lent = None;
+        }
+        Ok(taken)
+    }
+
+    /// Drops the pieces of an abandoned step that were never handed over.
+    pub(crate) fn reclaim(&self) {
+        self.lock().lent = None;
+    }
+
+    /// The whole buffer, once every piece of the step is back (else an error that says so).
+    pub(crate) fn whole(&self) -> Result<WholeGrads<'_>, TrainError> {
+        let mut state = self.lock();
+        if state.slab.whole().is_none() {
+            return Err(TrainError::Sync {
+                reason: "the step's gradients are not all back from the sync thread".into(),
+            });
+        }
+        Ok(WholeGrads(state))
+    }
+}
+
+/// The whole gradient buffer, held (no step can split it) while this lives.
+pub struct WholeGrads<'a>(MutexGuard<'a, SlotState>);
+
+impl WholeGrads<'_> {
+    /// The floats.
+    pub fn floats(&mut self) -> &mut [f32] {
+        // `GradSlots::whole` made this after finding no piece alive, and the lock it holds
+        // keeps the sink from splitting the buffer since: the fallback never happens.
+        self.0.slab.whole().unwrap_or_default()
     }
 }
 
 /// What the training loop and ONNX Runtime's thread tell the sync thread.
 pub(crate) enum ToSync {
-    /// Parameter `i`'s gradient is in the buffer.
-    Ready(usize),
+    /// Parameter `tensor`'s gradient is in these pieces (with their indices).
+    Ready { tensor: usize, pieces: Vec<(usize, Piece)> },
     /// A step begins: reduce the buckets as they complete (the rows of the word-embedding table
     /// this node's batch used).
     Begin { used_rows: Vec<u32> },
     /// The step's forward or backward pass failed: stop, and tell the other nodes why.
     Abandon(String),
     /// The optimizer has stepped this node's shard: all-gather the parameters into this
-    /// buffer, bucket by bucket in forward order (see `crate::param_gather`).
-    Gather(ParamsPtr),
+    /// buffer, bucket by bucket in forward order (see `super::param_gather`).
+    Gather(LentParams),
     /// The run is over.
     Stop,
 }
 
-/// The `GradReady` sink: copies a gradient into its place and tells the sync thread.
+/// The `GradReady` sink: copies a gradient into its pieces and sends them to the sync thread.
 pub(crate) struct Handoff {
-    pub(crate) grads: std::sync::Arc<SharedGrads>,
-    /// Each parameter's range of the buffer, by layout index.
-    pub(crate) tensors: Vec<Range<usize>>,
+    pub(crate) slots: Arc<GradSlots>,
     pub(crate) to_sync: Sender<ToSync>,
 }
 
 impl GradSink for Handoff {
-    #[allow(unsafe_code)]
     fn take(&self, tensor: usize, grad: &[f32]) -> Result<(), String> {
-        let range = self.tensors.get(tensor).ok_or_else(|| format!("no parameter {tensor} in the layout"))?;
+        let range = self.slots.tensors.get(tensor).ok_or_else(|| format!("no parameter {tensor} in the layout"))?;
         if range.len() != grad.len() {
             return Err(format!("parameter {tensor} has {} floats, its gradient {}", range.len(), grad.len()));
         }
-        // SAFETY: between a step's start and this message the sync thread leaves this
-        // parameter's range alone (its bucket is incomplete), and the training loop is inside
-        // the session run; each parameter's gradient is handed over once per step.
-        unsafe { self.grads.range_mut(range.clone()) }.copy_from_slice(grad);
+        let mut pieces = self.slots.take(tensor)?;
+        for (_, piece) in &mut pieces {
+            let at = piece.range();
+            let (from, to) = (at.start.max(range.start), at.end.min(range.end));
+            if from < to {
+                piece.floats()[from - at.start..to - at.start]
+                    .copy_from_slice(&grad[from - range.start..to - range.start]);
+            }
+        }
         // A sync thread that has stopped has its own error to report when the step finishes;
         // failing here would only hide it behind this operator's.
-        let _ = self.to_sync.send(ToSync::Ready(tensor));
+        let _ = self.to_sync.send(ToSync::Ready { tensor, pieces });
         Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{mpsc, Arc};
+    use std::sync::mpsc;
 
     use super::*;
 
     #[test]
-    #[allow(unsafe_code)]
-    fn a_gradient_lands_in_its_range_and_the_sync_thread_hears_of_it() {
-        let grads = Arc::new(SharedGrads::zeros(10));
+    fn a_gradient_lands_in_its_pieces_and_the_sync_thread_gets_them() {
+        // Two parameters with padding between, over two buckets of two nodes.
+        let tensors = vec![0..4, 6..9];
+        let plan = SyncPlan::new(&tensors, 10, None, 2);
+        let slots = Arc::new(GradSlots::new(10, tensors, &plan));
         let (tx, rx) = mpsc::channel();
-        let sink = Handoff { grads: grads.clone(), tensors: vec![0..4, 6..9], to_sync: tx };
+        let sink = Handoff { slots: slots.clone(), to_sync: tx };
         sink.take(1, &[1.0, 2.0, 3.0]).expect("take");
-        assert!(matches!(rx.try_recv(), Ok(ToSync::Ready(1))));
-        // SAFETY: nothing else uses the buffer in this test.
-        let all = unsafe { grads.range_mut(0..10) }.to_vec();
-        assert_eq!(all, vec![0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 0.0]);
+        let Ok(ToSync::Ready { tensor: 1, pieces }) = rx.try_recv() else { panic!("no hand-over") };
+        let covered: Vec<Range<usize>> = pieces.iter().map(|(_, p)| p.range()).collect();
+        assert_eq!(covered.first().map(|r| r.start), Some(6), "{covered:?}");
+        assert_eq!(covered.last().map(|r| r.end), Some(10), "its padding to the end: {covered:?}");
+        assert!(slots.whole().is_err(), "pieces are out");
+        assert!(sink.take(1, &[1.0, 2.0, 3.0]).expect_err("twice").contains("twice"));
         assert!(sink.take(0, &[1.0]).expect_err("wrong length").contains("4 floats"));
         assert!(sink.take(2, &[]).is_err());
+        sink.take(0, &[5.0; 4]).expect("take");
+        let Ok(ToSync::Ready { pieces: first, .. }) = rx.try_recv() else { panic!("no hand-over") };
+        drop((pieces, first));
+        let mut whole = slots.whole().expect("every piece back");
+        assert_eq!(whole.floats(), &[5.0, 5.0, 5.0, 5.0, 0.0, 0.0, 1.0, 2.0, 3.0, 0.0]);
     }
 }

@@ -12,6 +12,7 @@ mod handoff;
 mod param_gather;
 mod quic;
 mod ring;
+mod slots;
 #[cfg(test)]
 mod tests;
 
@@ -21,6 +22,7 @@ use std::time::Duration;
 use ringtune_collective::{BucketKind, RingMode, SyncPlan, Wire};
 use ringtune_optim::{AdamW, AdamWState};
 
+pub use handoff::WholeGrads;
 pub use quic::{ClusterOptions, QuicSync};
 pub use ring::RingSync;
 
@@ -116,7 +118,7 @@ pub trait GradSync {
     fn finish(&mut self, loss: f32) -> Result<Averaged, TrainError>;
     /// After [`GradSync::finish`]: the averaged gradients (this node's pieces of them, when
     /// the optimizer is sharded) and what the optimizer step exchanges.
-    fn optimizer_view(&mut self) -> (&mut [f32], &mut dyn Exchange);
+    fn optimizer_view(&mut self) -> Result<(WholeGrads<'_>, &mut dyn Exchange), TrainError>;
     /// The optimizer's state over the whole buffer, its moments gathered from the nodes when
     /// it is sharded (`None`: `adam` holds them all). Every node calls it at the same step.
     fn full_moments(&mut self, adam: &AdamW) -> Result<Option<AdamWState>, TrainError>;

@@ -4,42 +4,11 @@
 //! waits for its bucket ([`ParamGather`] is its source); whatever reads the parameters outside
 //! a step waits for the whole gather ([`ParamGather::settle`]).
 
-use std::ops::Range;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use ringtune_collective::SyncPlan;
 use ringtune_ops::param_ready::ParamSource;
-
-/// The parameter buffer as the sync thread writes it during a gather.
-///
-/// Built by the optimizer phase from the engine's buffer, which outlives every gather: the
-/// training run settles before anything else reads the parameters and before it drops.
-pub(crate) struct ParamsPtr {
-    first: *mut f32,
-    len: usize,
-}
-
-// SAFETY: the pointer is only used by the sync thread, within the protocol documented above.
-#[allow(unsafe_code)]
-unsafe impl Send for ParamsPtr {}
-
-impl ParamsPtr {
-    pub(crate) fn new(params: &mut [f32]) -> Self {
-        ParamsPtr { first: params.as_mut_ptr(), len: params.len() }
-    }
-
-    /// The floats of `range`.
-    ///
-    /// # Safety
-    /// The buffer is alive and nothing else reads or writes `range` while the slice is used.
-    #[allow(unsafe_code, clippy::mut_from_ref)]
-    pub(crate) unsafe fn range_mut(&self, range: Range<usize>) -> &mut [f32] {
-        assert!(range.start <= range.end && range.end <= self.len, "{range:?} outside the parameters");
-        // SAFETY: inside the buffer (checked above); alive and exclusive by the caller's guarantee.
-        unsafe { std::slice::from_raw_parts_mut(self.first.add(range.start), range.len()) }
-    }
-}
 
 /// Where the gather of the last step stands.
 #[derive(Debug, Default)]

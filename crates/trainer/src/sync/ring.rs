@@ -21,8 +21,9 @@ use ringtune_ops::grad_ready::GradSink;
 use ringtune_ops::param_ready::ParamSource;
 use ringtune_optim::{AdamW, AdamWState};
 
-use super::handoff::{Handoff, SharedGrads, ToSync};
-use super::param_gather::{ParamGather, ParamsPtr};
+use super::handoff::{GradSlots, Handoff, ToSync, WholeGrads};
+use super::param_gather::ParamGather;
+use super::slots::{LentParams, Piece};
 use super::{table_rows, Averaged, Exchange, GradSync, SyncMode};
 use crate::engine::SyncHooks;
 use crate::TrainError;
@@ -31,6 +32,8 @@ use crate::TrainError;
 struct Reduced {
     floats: usize,
     busy: Duration,
+    /// The buffer's pieces, back to the loop.
+    pieces: Vec<Piece>,
 }
 
 /// The ring's operations, shared by the loop and the sync thread.
@@ -43,8 +46,7 @@ fn lock<T>(ring: &Mutex<Collective<T>>) -> MutexGuard<'_, Collective<T>> {
 
 /// Gradient sync over a ring of `T`.
 pub struct RingSync<T: Transport> {
-    grads: Arc<SharedGrads>,
-    tensors: Vec<Range<usize>>,
+    slots: Arc<GradSlots>,
     exchange: RingExchange<T>,
     worker: Worker,
     reduced: Receiver<Result<Reduced, String>>,
@@ -74,7 +76,8 @@ impl<T: Transport + Send + 'static> RingSync<T> {
     ) -> Result<Self, TrainError> {
         let plan = Arc::new(plan);
         let rank = ring.rank();
-        let grads = Arc::new(SharedGrads::zeros(layout.total_len()));
+        let tensors = layout.entries().iter().map(|e| e.range()).collect();
+        let slots = Arc::new(GradSlots::new(layout.total_len(), tensors, &plan));
         let gather = mode.gathers_behind().then(|| Arc::new(ParamGather::new(&plan, layout.entries().len())));
         let ring = Arc::new(Mutex::new(ring));
         let (to_sync, from_loop) = mpsc::channel();
@@ -82,12 +85,13 @@ impl<T: Transport + Send + 'static> RingSync<T> {
         let worker = SyncThread {
             ring: ring.clone(),
             plan: plan.clone(),
-            grads: grads.clone(),
+            slots: slots.clone(),
             gather: gather.clone(),
             mode,
             from_loop,
             report,
             ready: Vec::new(),
+            held: Vec::new(),
             stopped: false,
         };
         let thread = std::thread::Builder::new()
@@ -95,8 +99,7 @@ impl<T: Transport + Send + 'static> RingSync<T> {
             .spawn(move || worker.run())
             .map_err(|e| TrainError::Other(format!("starting the sync thread: {e}")))?;
         Ok(RingSync {
-            grads,
-            tensors: layout.entries().iter().map(|e| e.range()).collect(),
+            slots,
             table_rows: table_rows(&plan),
             exchange: RingExchange { ring, plan, gather, mode, rank, to_sync: to_sync.clone() },
             worker: Worker { to_sync, thread: Some(thread) },
@@ -194,7 +197,7 @@ impl<T: Transport> Exchange for RingExchange<T> {
     fn share_params(&mut self, params: &mut [f32]) -> Result<(), TrainError> {
         if let Some(gather) = &self.gather {
             gather.begin();
-            if self.to_sync.send(ToSync::Gather(ParamsPtr::new(params))).is_err() {
+            if self.to_sync.send(ToSync::Gather(LentParams::new(params))).is_err() {
                 // Nobody will gather: end it here, so that nothing waits for it.
                 gather.gathering().end(Err("the sync thread has stopped".into()));
                 return Err(self.abort_with("the sync thread has stopped"));
@@ -241,11 +244,8 @@ impl<T: Transport> GradSync for RingSync<T> {
     }
 
     fn hooks(&self) -> SyncHooks {
-        let sink: Arc<dyn GradSink> = Arc::new(Handoff {
-            grads: self.grads.clone(),
-            tensors: self.tensors.clone(),
-            to_sync: self.worker.to_sync.clone(),
-        });
+        let sink: Arc<dyn GradSink> =
+            Arc::new(Handoff { slots: self.slots.clone(), to_sync: self.worker.to_sync.clone() });
         let params = self.exchange.gather.clone().map(|g| g as Arc<dyn ParamSource>);
         SyncHooks { grads: Some(sink), params }
     }
@@ -274,6 +274,7 @@ impl<T: Transport> GradSync for RingSync<T> {
             // way has ended); the reason is known, so the answer is only waited for briefly.
             let _ = self.reduced.recv_timeout(Duration::from_secs(5));
             self.in_step = false;
+            self.slots.reclaim();
         } else {
             let _ = self.exchange.abort_with(reason);
         }
@@ -286,22 +287,20 @@ impl<T: Transport> GradSync for RingSync<T> {
             Ok(Err(reason)) => return Err(TrainError::Sync { reason }),
             Err(_) => return Err(TrainError::Sync { reason: "the sync thread stopped".into() }),
         };
+        let Reduced { floats, busy, pieces } = reduced;
+        // The buffer's pieces are home: dropped, they leave the loop the whole buffer.
+        drop(pieces);
         let mut mean_loss = [loss];
         lock(&self.exchange.ring).run(&mut mean_loss, RingMode::AllReduceMean, Wire::F32).map_err(sync_error)?;
-        let bytes = reduced.floats * self.exchange.mode.wire.bytes_per_value();
+        let bytes = floats * self.exchange.mode.wire.bytes_per_value();
         // The gather measured here is the one behind this step's forward pass (the last
         // step's parameters).
         let (params_wait, gathering) = self.exchange.gather.as_ref().map(|g| g.take_times()).unwrap_or_default();
-        Ok(Averaged { loss: mean_loss[0], bytes, busy: reduced.busy + gathering, params_wait })
+        Ok(Averaged { loss: mean_loss[0], bytes, busy: busy + gathering, params_wait })
     }
 
-    #[allow(unsafe_code)]
-    fn optimizer_view(&mut self) -> (&mut [f32], &mut dyn Exchange) {
-        // SAFETY: the step is finished (`finish` had every bucket's report): the sync thread
-        // waits for the next `Begin`, no session runs, and `&mut self` keeps the loop from
-        // starting one while the slice lives, so this is the only use of the buffer.
-        let grads = unsafe { self.grads.range_mut(0..self.grads.len()) };
-        (grads, &mut self.exchange)
+    fn optimizer_view(&mut self) -> Result<(WholeGrads<'_>, &mut dyn Exchange), TrainError> {
+        Ok((self.slots.whole()?, &mut self.exchange))
     }
 
     fn settle(&mut self) -> Result<(), TrainError> {
@@ -324,7 +323,7 @@ impl<T: Transport> GradSync for RingSync<T> {
         }
         // The ring's operations must come in one order on every node: the gather first.
         self.settle()?;
-        let len = self.grads.len();
+        let len = self.slots.len();
         let (mut m, mut v) = (vec![0.0f32; len], vec![0.0f32; len]);
         adam.place_moments(&mut m, &mut v);
         self.exchange.all_gather(&mut m)?;
@@ -352,13 +351,15 @@ impl<T: Transport> GradSync for RingSync<T> {
 struct SyncThread<T: Transport> {
     ring: SharedRing<T>,
     plan: Arc<SyncPlan>,
-    grads: Arc<SharedGrads>,
+    slots: Arc<GradSlots>,
     gather: Option<Arc<ParamGather>>,
     mode: SyncMode,
     from_loop: Receiver<ToSync>,
     report: Sender<Result<Reduced, String>>,
     /// Which parameters' gradients have arrived this step.
     ready: Vec<bool>,
+    /// The buffer's pieces that have arrived this step, by index, until their bucket is reduced.
+    held: Vec<Option<Piece>>,
     /// `Stop` arrived in the middle of a step.
     stopped: bool,
 }
@@ -369,15 +370,15 @@ impl<T: Transport> SyncThread<T> {
         self.ready = vec![false; tensors];
         while let Ok(message) = self.from_loop.recv() {
             match message {
-                ToSync::Ready(t) => self.mark(t),
+                ToSync::Ready { tensor, pieces } => self.mark(tensor, pieces),
                 // Nothing was in flight: the step had not begun here.
-                ToSync::Abandon(_) => self.ready.fill(false),
+                ToSync::Abandon(_) => self.forget_step(),
                 ToSync::Stop => return,
-                ToSync::Gather(params) => self.gather_params(&params),
+                ToSync::Gather(params) => self.gather_params(params),
                 ToSync::Begin { used_rows } => {
                     let _span = tracing::debug_span!("sync_buckets").entered();
                     let result = self.reduce_step(&used_rows);
-                    self.ready.fill(false);
+                    self.forget_step();
                     if self.report.send(result).is_err() || self.stopped {
                         return;
                     }
@@ -386,10 +387,40 @@ impl<T: Transport> SyncThread<T> {
         }
     }
 
-    fn mark(&mut self, tensor: usize) {
+    fn mark(&mut self, tensor: usize, pieces: Vec<(usize, Piece)>) {
         if let Some(r) = self.ready.get_mut(tensor) {
             *r = true;
         }
+        for (index, piece) in pieces {
+            if self.held.len() <= index {
+                self.held.resize_with(index + 1, || None);
+            }
+            self.held[index] = Some(piece);
+        }
+    }
+
+    /// Drops what a step left (its pieces go back to the slab).
+    fn forget_step(&mut self) {
+        self.ready.fill(false);
+        self.held.clear();
+    }
+
+    /// Whether every piece of bucket `index` has arrived.
+    fn bucket_arrived(&self, index: usize) -> bool {
+        self.slots.bucket_pieces(index).all(|i| self.held.get(i).is_some_and(Option::is_some))
+    }
+
+    /// Bucket `index`'s pieces (all arrived) joined into one.
+    fn bucket_piece(&mut self, index: usize) -> Result<Piece, String> {
+        let lost = || format!("bucket {index}'s gradients are not all in");
+        let mut indices = self.slots.bucket_pieces(index);
+        let first = indices.next().ok_or_else(lost)?;
+        let mut joined = self.held.get_mut(first).and_then(Option::take).ok_or_else(lost)?;
+        for i in indices {
+            let piece = self.held.get_mut(i).and_then(Option::take).ok_or_else(lost)?;
+            joined = joined.join(piece).map_err(|_| format!("bucket {index}'s pieces are not adjacent"))?;
+        }
+        Ok(joined)
     }
 
     fn abort(&self, reason: &str) -> String {
@@ -399,18 +430,13 @@ impl<T: Transport> SyncThread<T> {
 
     /// All-gathers the parameters bucket by bucket in forward order (the reverse of the plan's),
     /// marking each in as it lands, while the next step's forward pass waits for them.
-    #[allow(unsafe_code)]
-    fn gather_params(&mut self, params: &ParamsPtr) {
+    fn gather_params(&mut self, mut params: LentParams) {
         let Some(gather) = self.gather.clone() else { return };
         let _span = tracing::debug_span!("param_gather").entered();
         let gathering = gather.gathering();
         let plan = self.plan.clone();
         for (index, bucket) in plan.buckets.iter().enumerate().rev() {
-            // SAFETY: the training loop sent this buffer after its optimizer step and reads or
-            // writes the parameters again only after `settle` (or `release`); the session's
-            // readers of this bucket wait until it is marked in below.
-            let slice = unsafe { params.range_mut(bucket.range.clone()) };
-            if let Err(e) = lock(&self.ring).all_gather(slice) {
+            if let Err(e) = lock(&self.ring).all_gather(params.bucket(bucket.range.clone())) {
                 return gathering.end(Err(e.to_string()));
             }
             gathering.arrive(index);
@@ -419,14 +445,16 @@ impl<T: Transport> SyncThread<T> {
     }
 
     /// Reduces every bucket in plan order, each as soon as all its gradients have arrived.
-    #[allow(unsafe_code)]
     fn reduce_step(&mut self, used_rows: &[u32]) -> Result<Reduced, String> {
         let plan = self.plan.clone();
         let (mut floats, mut busy) = (0, Duration::ZERO);
-        for bucket in &plan.buckets {
-            while !bucket.tensors.iter().all(|&t| self.ready.get(t).copied().unwrap_or(true)) {
+        let mut pieces = Vec::with_capacity(plan.buckets.len());
+        for (index, bucket) in plan.buckets.iter().enumerate() {
+            while !(bucket.tensors.iter().all(|&t| self.ready.get(t).copied().unwrap_or(true))
+                && self.bucket_arrived(index))
+            {
                 match self.from_loop.recv() {
-                    Ok(ToSync::Ready(t)) => self.mark(t),
+                    Ok(ToSync::Ready { tensor, pieces }) => self.mark(tensor, pieces),
                     Ok(ToSync::Abandon(reason)) => return Err(self.abort(&reason)),
                     Ok(ToSync::Begin { .. }) | Ok(ToSync::Gather(_)) | Ok(ToSync::Stop) | Err(_) => {
                         self.stopped = true;
@@ -435,10 +463,9 @@ impl<T: Transport> SyncThread<T> {
                 }
             }
             let started = Instant::now();
+            let mut piece = self.bucket_piece(index).map_err(|reason| self.abort(&reason))?;
             let mut ring = lock(&self.ring);
-            // SAFETY: every gradient of this bucket has arrived this step, so ONNX Runtime's
-            // thread is done with its range, and the training loop waits for this report.
-            let buffer = unsafe { self.grads.range_mut(bucket.range.clone()) };
+            let buffer = piece.floats();
             let wire = self.mode.wire;
             let done = match bucket.kind {
                 BucketKind::Dense => ring.run(buffer, self.mode.bucket_mode(), wire).map(|()| bucket.range.len()),
@@ -448,7 +475,10 @@ impl<T: Transport> SyncThread<T> {
             };
             floats += done.map_err(|e| e.to_string())?;
             busy += started.elapsed();
+            pieces.push(piece);
         }
-        Ok(Reduced { floats, busy })
+        // Pieces outside every bucket (none, with a plan that covers the buffer) go back too.
+        pieces.extend(self.held.drain(..).flatten());
+        Ok(Reduced { floats, busy, pieces })
     }
 }

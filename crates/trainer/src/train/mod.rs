@@ -340,18 +340,17 @@ impl<'s> TrainingRun<'s> {
     /// parameters.
     fn optimize(&mut self, lr: f32) -> Result<Stepped, TrainError> {
         let (max_norm, threads) = (self.cfg.max_grad_norm, self.cfg.threads);
-        let mut one_node = OneNode;
-        let (params, grads, exchange) = match self.sync.as_deref_mut() {
+        match self.sync.as_deref_mut() {
             Some(sync) => {
-                let (grads, exchange) = sync.optimizer_view();
-                (self.engine.params_mut(), grads, exchange)
+                let (mut grads, exchange) = sync.optimizer_view()?;
+                let params = self.engine.params_mut();
+                crate::optimizer::step(&mut self.adam, params, grads.floats(), exchange, max_norm, lr, threads)
             }
             None => {
                 let (params, grads) = self.engine.params_and_grads();
-                (params, grads, &mut one_node as &mut dyn crate::sync::Exchange)
+                crate::optimizer::step(&mut self.adam, params, grads, &mut OneNode, max_norm, lr, threads)
             }
-        };
-        crate::optimizer::step(&mut self.adam, params, grads, exchange, max_norm, lr, threads)
+        }
     }
 
     fn check_params(&mut self) -> Result<(), TrainError> {
