@@ -40,7 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 The dog ran.,bad
 ",
     )?;
-    let layout = FileLayout::for_file(&dir.join("reviews.csv"), None, None)?;
+    let layout = FileLayout::for_file(&dir.join("reviews.csv"), None, None, None)?;
     let rows = ringtune_data::read_rows(&dir.join("reviews.csv"), &layout)?;
     let written: Vec<&str> = rows.rows.iter().filter_map(|r| r.label.as_deref()).collect();
     let labels = LabelSet::infer(&written, LabelHint::Infer)?;

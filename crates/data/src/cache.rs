@@ -2,7 +2,8 @@
 //! the hash of the tokenizer, settings and source files it was built from, and a checksum.
 //!
 //! Layout (little endian): magic `RTDATA01`, version `u32`, fingerprint `[u8; 32]`; the task's
-//! labels and text columns as JSON (length `u32`, then the text); split count `u32`; per split:
+//! labels, text columns, how each split's file was read and the rows skipped as bad, as JSON
+//! (length `u32`, then the text); split count `u32`; per split:
 //! name length `u16` and name, example count `u32`, then per example the label (tag `u8`: 0
 //! none, 1 a class then `u32`, 2 a score then `f32`), truncated `u8`, length `u16`, ids
 //! `u32 x len`, types `u8 x len`; last, the sha256 of everything before it.
@@ -12,17 +13,18 @@ use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
-use crate::error::DataError;
+use crate::error::{BadRow, DataError};
 use crate::{Example, Label, LabelSet, Problem};
 
 const MAGIC: &[u8; 8] = b"RTDATA01";
 /// The cache format version; a different one is stale.
-pub const CACHE_VERSION: u32 = 2;
+pub const CACHE_VERSION: u32 = 3;
 
 /// Tokenized splits by name (`train`, `dev`, `test`, ...).
 pub type Splits = BTreeMap<String, Vec<Example>>;
 
-/// A task's tokenized splits, its labels and the text columns they were read from.
+/// A task's tokenized splits, its labels, the text columns they were read from, how each
+/// split's file was read and the rows left out as bad.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TaskData {
     /// The labels (classes in id order, or a score).
@@ -31,6 +33,11 @@ pub struct TaskData {
     pub text_columns: Vec<String>,
     /// The splits.
     pub splits: Splits,
+    /// How each split's file was read (the columns and why, a TSV's quoting), by split.
+    pub readings: BTreeMap<String, String>,
+    /// The rows skipped as bad (`--skip-bad`), by file and line: a run from the cache reports
+    /// them as the run that read the files did.
+    pub skipped: Vec<BadRow>,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -38,6 +45,8 @@ struct Header {
     regression: bool,
     names: Vec<String>,
     text_columns: Vec<String>,
+    readings: BTreeMap<String, String>,
+    skipped: Vec<BadRow>,
 }
 
 /// Writes the cache atomically.
@@ -50,6 +59,8 @@ pub fn save_cache(path: &Path, fingerprint: &[u8; 32], data: &TaskData) -> Resul
         regression: data.labels.problem() == Problem::Regression,
         names: data.labels.names().to_vec(),
         text_columns: data.text_columns.clone(),
+        readings: data.readings.clone(),
+        skipped: data.skipped.clone(),
     };
     let header = serde_json::to_vec(&header)
         .map_err(|e| DataError::CorruptCache { path: path.into(), reason: e.to_string() })?;
@@ -136,7 +147,13 @@ pub fn load_cache(path: &Path, fingerprint: &[u8; 32]) -> Result<TaskData, DataE
     if r.at != body.len() {
         return Err(corrupt("trailing bytes"));
     }
-    Ok(TaskData { labels, text_columns: header.text_columns, splits })
+    Ok(TaskData {
+        labels,
+        text_columns: header.text_columns,
+        splits,
+        readings: header.readings,
+        skipped: header.skipped,
+    })
 }
 
 struct Cursor<'a> {
@@ -185,7 +202,13 @@ mod tests {
             ("train".to_string(), vec![e(3, Some(Label::Class(1))), e(5, Some(Label::Score(-2.5)))]),
             ("test".to_string(), vec![e(2, None)]),
         ];
-        TaskData { labels: LabelSet::classes(&["no", "yes"]), text_columns: vec!["text".into()], splits: splits.into() }
+        TaskData {
+            labels: LabelSet::classes(&["no", "yes"]),
+            text_columns: vec!["text".into()],
+            splits: splits.into(),
+            readings: [("train".to_string(), "text from `text`".to_string())].into(),
+            skipped: vec![BadRow { file: "train.csv".into(), line: 4, reason: "empty label".into() }],
+        }
     }
 
     #[test]

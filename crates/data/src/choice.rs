@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::{DataError, GlueTask, LabelHint, Source, Task};
+use crate::{DataError, GlueTask, LabelHint, Quoting, Source, Task};
 
 /// The settings that choose a task (each as `ringtune train`'s flag of the same name).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -22,6 +22,8 @@ pub struct TaskChoice {
     pub text_columns: Option<Vec<String>>,
     /// The user's label column.
     pub label_column: Option<String>,
+    /// How the user's `.tsv` files quote (default: detected).
+    pub quoting: Option<Quoting>,
     /// Outputs of the head (1: a regression).
     pub num_labels: Option<usize>,
 }
@@ -38,6 +40,7 @@ impl TaskChoice {
                 ("test-file", self.test_file.is_some()),
                 ("text-columns", self.text_columns.is_some()),
                 ("label-column", self.label_column.is_some()),
+                ("quoting", self.quoting.is_some()),
             ];
             if let Some((flag, _)) = only_with_files.iter().find(|(_, set)| *set) {
                 return Err(DataError::Settings(format!("--{flag} is for your own files: give --train-file too")));
@@ -74,6 +77,7 @@ impl TaskChoice {
                 test: self.test_file.as_deref().map(resolve),
                 text_columns: self.text_columns.clone(),
                 label_column: self.label_column.clone(),
+                quoting: self.quoting,
                 hint,
             },
         })

@@ -4,7 +4,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 /// One malformed line of a data file.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct BadRow {
     /// The file.
     pub file: PathBuf,

@@ -48,13 +48,14 @@ pub use reader::{
     Pair, ReadOptions,
 };
 pub use stats::SplitStats;
-pub use table::{parse_table, Format, Table, TableRow};
+pub use table::{parse_table, Format, Quoting, Table, TableRow};
 pub use task::{default_columns, read_rows, Columns, FileLayout, GlueTask, Source, Task, TextRow, TextRows};
 pub use tokenize::{Encoded, PairTokenizer};
 
 /// Reads a file laid out as `layout` and makes its examples with `labels`: the rows it could
-/// read, in order, the examples of those whose label maps, and every bad row. With `skip_bad`
-/// false, any bad row is an error naming file and line.
+/// read, in order, the examples of those whose label maps, and every bad row (a labelled
+/// file's row without a label among them). With `skip_bad` false, any bad row is an error
+/// naming file and line.
 pub fn load_file(
     path: &std::path::Path,
     layout: &FileLayout,
@@ -63,6 +64,7 @@ pub fn load_file(
     options: ReadOptions,
 ) -> Result<(Vec<Example>, TextRows), DataError> {
     let mut rows = read_rows(path, layout)?;
+    rows.require_labels();
     let (examples, rejected) = examples(&rows, labels, tokenizer)?;
     if !rejected.is_empty() {
         // Keep `rows` in step with the examples: the rows whose label was refused go.

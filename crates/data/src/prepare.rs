@@ -26,12 +26,11 @@ pub enum CacheUse {
 /// A task's data, ready to train on.
 #[derive(Debug, Clone)]
 pub struct Prepared {
-    /// The splits, labels and text columns.
+    /// The splits, labels, text columns, how each file was read and the rows skipped under
+    /// `skip_bad` (from the cache as the first read found them).
     pub data: TaskData,
     /// How they were obtained.
     pub how: CacheUse,
-    /// Rows skipped under `skip_bad` (none when loaded from the cache).
-    pub skipped: Vec<BadRow>,
 }
 
 /// Where the tokenized splits of `task` for the model in `model_dir` at `max_len` are cached:
@@ -78,7 +77,7 @@ pub fn prepare(
     let mut how = CacheUse::Built;
     if let Some(path) = cache.filter(|p| p.exists()) {
         match load_cache(path, &fp) {
-            Ok(data) => return Ok(Prepared { data, how: CacheUse::Loaded, skipped: Vec::new() }),
+            Ok(data) => return Ok(Prepared { data, how: CacheUse::Loaded }),
             Err(e @ (DataError::StaleCache { .. } | DataError::CorruptCache { .. })) => {
                 how = CacheUse::Rebuilt(e.to_string())
             }
@@ -87,7 +86,10 @@ pub fn prepare(
     }
     let mut read = Vec::new();
     for (split, path, layout) in task.split_files()? {
-        read.push((split, read_rows(&path, &layout)?));
+        let mut rows = read_rows(&path, &layout)?;
+        // Before the labels are learnt: a blank label is a bad row, never a class.
+        rows.require_labels();
+        read.push((split, rows));
     }
     let Some((_, train)) = read.iter().find(|(split, _)| split == "train") else {
         return Err(DataError::NoData(format!("task {} has no training file", task.name)));
@@ -106,24 +108,25 @@ pub fn prepare(
     };
     let text_columns = train.text_columns.clone();
     let mut splits = Splits::new();
-    let mut bad = Vec::new();
+    let mut readings = std::collections::BTreeMap::new();
+    let mut skipped = Vec::new();
     for (split, rows) in read {
         let (examples, rejected) = examples(&rows, &labels, tokenizer)?;
-        bad.extend(rows.bad.into_iter().chain(rejected));
+        skipped.extend(rows.bad.into_iter().chain(rejected));
+        readings.insert(split.clone(), rows.reading);
         splits.insert(split, examples);
     }
-    let skipped: Vec<BadRow> = bad;
     if !skipped.is_empty() && !options.skip_bad {
         return Err(bad_rows(&skipped));
     }
-    let data = TaskData { labels, text_columns, splits };
+    let data = TaskData { labels, text_columns, splits, readings, skipped };
     if let Some(path) = cache {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|source| DataError::Io { path: dir.into(), source })?;
         }
         save_cache(path, &fp, &data)?;
     }
-    Ok(Prepared { data, how, skipped })
+    Ok(Prepared { data, how })
 }
 
 /// Splits trained or scored on must have labels: a test-layout file in their place would

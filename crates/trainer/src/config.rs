@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ringtune_data::{Task, TaskChoice};
+use ringtune_data::{Quoting, Task, TaskChoice};
 use ringtune_ops::{KernelChoice, Kernels, PrecisionChoice, Recompute};
 use ringtune_runtime::Provider;
 use serde::{Deserialize, Serialize};
@@ -29,11 +29,15 @@ pub struct TrainConfig {
     pub validation_file: Option<PathBuf>,
     /// The user's file to predict (`ringtune predict` reads it from the run's task.json).
     pub test_file: Option<PathBuf>,
-    /// The text columns of the user's files, one or two (default: sentence1 and sentence2,
-    /// sentence, or text).
+    /// The text columns of the user's files, one or two (default, as `run_glue.py` picks them:
+    /// sentence1 and sentence2, else the first two columns that are not the label or an id,
+    /// else the first such column).
     pub text_columns: Option<Vec<String>>,
     /// The label column of the user's files (default: label).
     pub label_column: Option<String>,
+    /// How the user's `.tsv` files quote: `csv` (as Python's csv writes them) or `none` (a
+    /// quote is a character); default: `csv` only when the whole file reads so, else `none`.
+    pub quoting: Option<Quoting>,
     /// Outputs of the head (default: the number of training labels; 1: a regression).
     pub num_labels: Option<usize>,
     /// Skip malformed rows (each is logged, with its file and line) instead of failing.
@@ -103,6 +107,7 @@ impl Default for TrainConfig {
             test_file: None,
             text_columns: None,
             label_column: None,
+            quoting: None,
             num_labels: None,
             skip_bad: false,
             output: PathBuf::from("runs/minilm-mrpc"),
@@ -209,6 +214,7 @@ impl TrainConfig {
             test_file: self.test_file.clone(),
             text_columns: self.text_columns.clone(),
             label_column: self.label_column.clone(),
+            quoting: self.quoting,
             num_labels: self.num_labels,
         };
         Ok(choice.task(root)?)

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use ringtune_bert::{ModelConfig, ProblemType};
-use ringtune_data::{Example, FileLayout, GlueTask, LabelSet, Padding};
+use ringtune_data::{Example, FileLayout, GlueTask, LabelSet, Padding, Quoting};
 use serde::{Deserialize, Serialize};
 
 use crate::engine::Evaluator;
@@ -100,6 +100,9 @@ pub struct TaskFile {
     /// The label column of the user's files (`None` for a GLUE task).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label_column: Option<String>,
+    /// How the user's `.tsv` files were asked to quote (`None`: detected).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quoting: Option<Quoting>,
 }
 
 /// The file name in a run's output folder.
@@ -122,22 +125,27 @@ impl TaskFile {
                 line: None,
                 reason: format!("not a ringtune task file ({e})"),
             }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                Ok(TaskFile { task: GlueTask::Mrpc.name().into(), text_columns: Vec::new(), label_column: None })
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(TaskFile {
+                task: GlueTask::Mrpc.name().into(),
+                text_columns: Vec::new(),
+                label_column: None,
+                quoting: None,
+            }),
             Err(source) => Err(TrainError::Io { path, source }),
         }
     }
 
-    /// How to read `file` for this task: a GLUE task's layout (its test layout for a file whose
-    /// name starts with `test`), or the user's columns.
+    /// How to read `file` for this task: a GLUE task's layout (see
+    /// [`GlueTask::layout_of_file`]), or the user's columns and quoting.
     pub fn layout(&self, file: &Path) -> Result<FileLayout, TrainError> {
         if self.task == "files" {
-            return Ok(FileLayout::for_file(file, Some(&self.text_columns), self.label_column.as_deref())?);
+            return Ok(FileLayout::for_file(
+                file,
+                Some(&self.text_columns),
+                self.label_column.as_deref(),
+                self.quoting,
+            )?);
         }
-        let task = GlueTask::from_name(&self.task)?;
-        let stem = file.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-        let split = if stem.starts_with("test") { "test" } else { "dev" };
-        Ok(task.file_layout(split))
+        Ok(GlueTask::from_name(&self.task)?.layout_of_file(file)?)
     }
 }

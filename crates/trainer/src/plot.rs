@@ -1,4 +1,5 @@
-//! The end-of-run plot: training loss by step, the dev split's metrics by step, as a PNG.
+//! The end-of-run plot: training loss by step, and every evaluation set's metrics by step (dev,
+//! MNLI's dev_mismatched, a labelled test file), as a PNG.
 
 use std::path::Path;
 use std::sync::Once;
@@ -38,7 +39,8 @@ fn register_font() -> bool {
 
 static FOUND_FONT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Draws the training loss by step and the dev split's metrics by step, from `records`, into a PNG.
+/// Draws the training loss by step and each evaluation set's metrics by step, from `records`,
+/// into a PNG.
 pub(crate) fn plot(path: &Path, records: &[Record]) -> Result<(), TrainError> {
     let loss: Vec<(u64, f64)> = records
         .iter()
@@ -63,34 +65,48 @@ pub(crate) fn plot(path: &Path, records: &[Record]) -> Result<(), TrainError> {
     let max_loss = loss.iter().map(|p| p.1).fold(0.0f64, f64::max).max(1e-3) * 1.05;
     let mut chart = panel(&left, "training loss", max_step, 0.0..max_loss, text).map_err(|e| fail(&e))?;
     chart.draw_series(LineSeries::new(loss.iter().copied(), &BLUE)).map_err(|e| fail(&e))?;
-    // The dev split's metrics, one line each: a correlation can be below 0.
-    let dev: Vec<&&EvalRecord> = evals.iter().filter(|e| e.split == "dev").collect();
-    let names: Vec<&str> =
-        dev.first().map(|e| e.scores.metrics().iter().map(|(n, _)| *n).collect()).unwrap_or_default();
-    let lowest = dev.iter().flat_map(|e| e.scores.metrics()).map(|(_, v)| v).fold(0.5f64, f64::min);
+    // One line per evaluation set and metric: a correlation can be below 0.
+    let lines = eval_lines(&evals);
+    let lowest = lines.iter().flat_map(|(_, points)| points).map(|p| p.1).fold(0.5f64, f64::min);
     let floor = (lowest * 10.0).floor() / 10.0;
-    let caption = format!(
-        "dev {}",
-        names
-            .iter()
-            .zip(COLOURS.iter().map(|(c, _)| c))
-            .map(|(n, c)| format!("{n} ({c})"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    let mut chart = panel(&right, &caption, max_step, floor..1.0, text).map_err(|e| fail(&e))?;
-    for (name, (_, colour)) in names.iter().zip(COLOURS) {
-        let line = dev
-            .iter()
-            .filter_map(|e| e.scores.metrics().into_iter().find(|(n, _)| n == name).map(|(_, v)| (e.step, v)));
-        chart.draw_series(LineSeries::new(line, colour).point_size(4)).map_err(|e| fail(&e))?;
+    let mut chart = panel(&right, "evaluation", max_step, floor..1.0, text).map_err(|e| fail(&e))?;
+    for ((name, points), colour) in lines.iter().zip(COLOURS.iter().cycle()) {
+        let series =
+            chart.draw_series(LineSeries::new(points.iter().copied(), colour).point_size(4)).map_err(|e| fail(&e))?;
+        series.label(name.as_str()).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour));
+    }
+    if text && !lines.is_empty() {
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| fail(&e))?;
     }
     root.present().map_err(|e| fail(&e))?;
     Ok(())
 }
 
-/// The colours of the metric lines, named for the caption.
-const COLOURS: [(&str, RGBColor); 3] = [("blue", BLUE), ("red", RED), ("green", GREEN)];
+/// The evaluation lines to draw: `<split> <metric>` and its points by step, the splits in the
+/// order they were first scored, each split's metrics in [`crate::metrics::Scores::metrics`]'
+/// order.
+fn eval_lines(evals: &[&EvalRecord]) -> Vec<(String, Vec<(u64, f64)>)> {
+    let mut lines: Vec<(String, Vec<(u64, f64)>)> = Vec::new();
+    for e in evals {
+        for (metric, value) in e.scores.metrics() {
+            let name = format!("{} {metric}", e.split);
+            match lines.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, points)) => points.push((e.step, value)),
+                None => lines.push((name, vec![(e.step, value)])),
+            }
+        }
+    }
+    lines
+}
+
+/// The colours of the metric lines, taken in turn.
+const COLOURS: [RGBColor; 6] = [BLUE, RED, GREEN, MAGENTA, CYAN, BLACK];
 
 type Coords = Cartesian2d<plotters::coord::types::RangedCoordu64, plotters::coord::types::RangedCoordf64>;
 
@@ -116,4 +132,30 @@ fn panel<'a, 'b>(
     }
     mesh.draw().map_err(|e| e.to_string())?;
     Ok(chart)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Scores;
+
+    fn eval(step: u64, split: &str, accuracy: f64) -> EvalRecord {
+        let scores = Scores { loss: 0.5, accuracy: Some(accuracy), ..Scores::default() };
+        EvalRecord { step, epoch: 1, split: split.into(), scores, elapsed_s: 0.0 }
+    }
+
+    #[test]
+    fn every_evaluation_set_has_its_own_lines() {
+        let records =
+            [eval(10, "dev", 0.7), eval(10, "dev_mismatched", 0.6), eval(20, "dev", 0.8), eval(20, "test", 0.75)];
+        let refs: Vec<&EvalRecord> = records.iter().collect();
+        let lines = eval_lines(&refs);
+        let names: Vec<&str> = lines.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["dev accuracy", "dev_mismatched accuracy", "test accuracy"]);
+        assert_eq!(lines[0].1, [(10, 0.7), (20, 0.8)]);
+        let dir = tempfile::tempdir().expect("dir");
+        let all: Vec<Record> = records.into_iter().map(Record::Eval).collect();
+        plot(&dir.path().join("training.png"), &all).expect("plot");
+        assert!(dir.path().join("training.png").exists());
+    }
 }

@@ -337,7 +337,7 @@ fn bad_rows_are_named_by_file_and_line_and_skip_bad_counts_them() {
     let task = cfg.task(dir.path()).expect("task");
     let prepared = ringtune_data::prepare(&task, &tokenizer, ringtune_data::ReadOptions { skip_bad: true }, None)
         .expect("skipping");
-    assert_eq!(prepared.skipped.len(), 4, "every bad row is counted");
+    assert_eq!(prepared.data.skipped.len(), 4, "every bad row is counted");
     assert_eq!((prepared.data.splits["train"].len(), prepared.data.splits["dev"].len()), (48, 16));
     let skipped = TrainConfig { skip_bad: true, max_steps: 2, ..cfg };
     let summary = ringtune_trainer::train::train(&skipped, dir.path(), Start::Fresh, None).expect("skip bad");

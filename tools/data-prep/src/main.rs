@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use ringtune_data::{
     cache_file, data_dir, glue_labelled_tsv, glue_split, glue_test_tsv, prepare, read_dev_ids, read_pairs, sha256_hex,
-    CacheUse, PairTokenizer, Problem, ReadOptions, SplitStats, TaskChoice, PINNED_SHA256,
+    CacheUse, PairTokenizer, Problem, Quoting, ReadOptions, SplitStats, TaskChoice, PINNED_SHA256,
 };
 
 /// Tokenizes a task's splits into the cache that training loads instantly, with the same task
@@ -43,6 +43,9 @@ struct Args {
     /// Label column of your files (default: label).
     #[arg(long)]
     label_column: Option<String>,
+    /// How your .tsv files quote: csv or none (default: csv only when the whole file reads so).
+    #[arg(long)]
+    quoting: Option<Quoting>,
     /// Outputs of the head (default: the number of training labels; 1: a regression).
     #[arg(long)]
     num_labels: Option<usize>,
@@ -90,6 +93,7 @@ fn main() -> Result<()> {
         test_file: args.test_file.clone(),
         text_columns: args.text_columns.clone(),
         label_column: args.label_column.clone(),
+        quoting: args.quoting,
         num_labels: args.num_labels,
     };
     // Relative paths are the caller's, as `ringtune train` takes them.
@@ -100,7 +104,7 @@ fn main() -> Result<()> {
     let started = Instant::now();
     let options = ReadOptions { skip_bad: args.skip_bad };
     let prepared = prepare(&task, &tokenizer, options, Some(&cache))?;
-    let (splits, how, skipped) = (&prepared.data.splits, &prepared.how, &prepared.skipped);
+    let (splits, how, skipped) = (&prepared.data.splits, &prepared.how, &prepared.data.skipped);
     let data = match &task.source {
         ringtune_data::Source::Glue { dir, .. } => dir.display().to_string(),
         ringtune_data::Source::Files { train, .. } => train.display().to_string(),

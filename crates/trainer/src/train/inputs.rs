@@ -24,15 +24,17 @@ pub(super) fn resolve(root: &Path, path: &Path) -> PathBuf {
     }
 }
 
-/// The data and model a run reads.
-pub(super) struct Inputs {
+/// The data and model a run reads, read and tokenized once ([`Inputs::read`]): a node of a
+/// cluster builds its gradient sync for [`Inputs::model`]'s layout, then trains on them.
+pub struct Inputs {
     pub(super) model: ModelDir,
     /// The model's config with the task's head.
     pub(super) config: ModelConfig,
     pub(super) task: Task,
     pub(super) text_columns: Vec<String>,
     pub(super) train: Vec<Example>,
-    /// The splits scored after each epoch (`dev`, and MNLI's `dev_mismatched`), in name order.
+    /// The splits scored after each epoch (`dev`, MNLI's `dev_mismatched`, a labelled `test`),
+    /// in name order.
     pub(super) evals: Vec<(String, Vec<Example>)>,
     pub(super) tokenizer_files: Vec<PathBuf>,
 }
@@ -48,55 +50,70 @@ pub(super) struct Plan {
     pub(super) schedule: LinearWarmupDecay,
 }
 
-/// The model folder with the head its task's labels need: the parameter layout that every
-/// node's gradient sync must be built for (it reads, or tokenizes and caches, the task's data).
-pub fn task_model(cfg: &TrainConfig, root: &Path) -> Result<ModelDir, TrainError> {
-    Ok(read_inputs(cfg, root)?.model)
+impl Inputs {
+    /// The model folder with the task's head: the parameter layout that every node's gradient
+    /// sync must be built for.
+    pub fn model(&self) -> &ModelDir {
+        &self.model
+    }
+
+    /// Reads (or loads from the cache) the task's data as `cfg` says, and the model with the
+    /// head the task's labels need.
+    pub fn read(cfg: &TrainConfig, root: &Path) -> Result<Self, TrainError> {
+        let mut model = ModelDir::open(&resolve(root, &cfg.model))?;
+        model.check_max_len(cfg.max_len)?;
+        let tokenizer = PairTokenizer::from_model_dir(&model.dir, cfg.max_len)?;
+        let task = cfg.task(root)?;
+        let cache = ringtune_data::cache_file(&task, &model.dir, cfg.max_len);
+        let prepared = ringtune_data::prepare(&task, &tokenizer, ReadOptions { skip_bad: cfg.skip_bad }, Some(&cache))?;
+        if let ringtune_data::CacheUse::Rebuilt(why) = &prepared.how {
+            tracing::warn!("{why}: tokenized again");
+        }
+        let mut data = prepared.data;
+        for (split, reading) in &data.readings {
+            tracing::info!("{split}: {reading}");
+        }
+        report_skipped(&data.skipped);
+        model.config = with_head(&model, &data.labels);
+        model.layout = ringtune_bert::layout(&model.config);
+        let mut config = model.config.clone();
+        if let Some(p) = cfg.dropout {
+            config = config.with_dropout(p);
+        }
+        let train = data
+            .splits
+            .remove("train")
+            .ok_or_else(|| TrainError::Other(format!("task {} has no training split", task.name)))?;
+        let evals: Vec<(String, Vec<Example>)> =
+            data.splits.into_iter().filter(|(name, e)| is_evaluated(name, e)).collect();
+        let tokenizer_files = ["tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"]
+            .iter()
+            .map(|f| model.dir.join(f))
+            .filter(|p| p.exists())
+            .collect();
+        let source = match &task.source {
+            Source::Glue { dir, .. } => dir.display().to_string(),
+            Source::Files { train, .. } => train.display().to_string(),
+        };
+        let labels = match data.labels.problem() {
+            Problem::Regression => "a score".to_string(),
+            Problem::Classification => data.labels.names().join(", "),
+        };
+        tracing::info!(task = %task.name, data = %source, train = train.len(), dev = evals.first().map_or(0, |(_, e)| e.len()), %labels, "data ready");
+        Ok(Inputs { model, config, task, text_columns: data.text_columns, train, evals, tokenizer_files })
+    }
 }
 
-pub(super) fn read_inputs(cfg: &TrainConfig, root: &Path) -> Result<Inputs, TrainError> {
-    let mut model = ModelDir::open(&resolve(root, &cfg.model))?;
-    model.check_max_len(cfg.max_len)?;
-    let tokenizer = PairTokenizer::from_model_dir(&model.dir, cfg.max_len)?;
-    let task = cfg.task(root)?;
-    let cache = ringtune_data::cache_file(&task, &model.dir, cfg.max_len);
-    let prepared = ringtune_data::prepare(&task, &tokenizer, ReadOptions { skip_bad: cfg.skip_bad }, Some(&cache))?;
-    if let ringtune_data::CacheUse::Rebuilt(why) = &prepared.how {
-        tracing::warn!("{why}: tokenized again");
-    }
-    report_skipped(&prepared.skipped);
-    let mut data = prepared.data;
-    model.config = with_head(&model, &data.labels);
-    model.layout = ringtune_bert::layout(&model.config);
-    let mut config = model.config.clone();
-    if let Some(p) = cfg.dropout {
-        config = config.with_dropout(p);
-    }
-    let train = data
-        .splits
-        .remove("train")
-        .ok_or_else(|| TrainError::Other(format!("task {} has no training split", task.name)))?;
-    let evals: Vec<(String, Vec<Example>)> =
-        data.splits.into_iter().filter(|(name, _)| name.starts_with("dev")).collect();
-    let tokenizer_files = ["tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"]
-        .iter()
-        .map(|f| model.dir.join(f))
-        .filter(|p| p.exists())
-        .collect();
-    let source = match &task.source {
-        Source::Glue { dir, .. } => dir.display().to_string(),
-        Source::Files { train, .. } => train.display().to_string(),
-    };
-    let labels = match data.labels.problem() {
-        Problem::Regression => "a score".to_string(),
-        Problem::Classification => data.labels.names().join(", "),
-    };
-    tracing::info!(task = %task.name, data = %source, train = train.len(), dev = evals.first().map_or(0, |(_, e)| e.len()), %labels, "data ready");
-    Ok(Inputs { model, config, task, text_columns: data.text_columns, train, evals, tokenizer_files })
+/// The splits scored after each epoch: the dev sets (MNLI's two), and a test file that has
+/// labels.
+fn is_evaluated(split: &str, examples: &[Example]) -> bool {
+    split.starts_with("dev")
+        || (split.starts_with("test") && !examples.is_empty() && examples.iter().all(|e| e.label.is_some()))
 }
 
 /// The model's config with the head `labels` need: one output per class, named as the data
-/// names them, or one score. A checkpoint's head of another size is refused when it loads.
+/// names them, or one score. A model whose head has another number of outputs gets a new head
+/// when its weights load (`load_params` replaces it, and the run logs so).
 fn with_head(model: &ModelDir, labels: &LabelSet) -> ModelConfig {
     let problem = match labels.problem() {
         Problem::Classification => ringtune_bert::ProblemType::SingleLabel,

@@ -4,6 +4,7 @@
 //! (parameter check, checkpoint, evaluation) and [`TrainingRun::finish`] (the trained model);
 //! [`train`] drives them.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -27,8 +28,8 @@ mod inputs;
 mod outputs;
 mod run_log;
 
-pub use inputs::task_model;
-use inputs::{plan, read_inputs, refuse_earlier_run, sessions, Inputs, Plan};
+pub use inputs::Inputs;
+use inputs::{plan, refuse_earlier_run, sessions, Plan};
 use outputs::write_outputs;
 use run_log::RunLog;
 
@@ -43,6 +44,9 @@ pub struct Summary {
     pub wall_s: f64,
     /// The last evaluation of the `dev` split.
     pub dev: Option<Scores>,
+    /// The last evaluation of every evaluation set, by name (`dev`, MNLI's `dev_mismatched`,
+    /// a labelled `test`).
+    pub evaluations: BTreeMap<String, Scores>,
     /// Where the outputs are.
     pub output: PathBuf,
 }
@@ -80,7 +84,19 @@ pub fn train(
     start: Start,
     sync: Option<&mut dyn GradSync>,
 ) -> Result<Summary, TrainError> {
-    let mut run = TrainingRun::prepare(cfg, root, start, sync)?;
+    train_on(Inputs::read(cfg, root)?, cfg, root, start, sync)
+}
+
+/// Trains on `inputs`, read as `cfg` says (a node of a cluster reads them before it joins, to
+/// build its sync for their layout).
+pub fn train_on(
+    inputs: Inputs,
+    cfg: &TrainConfig,
+    root: &Path,
+    start: Start,
+    sync: Option<&mut dyn GradSync>,
+) -> Result<Summary, TrainError> {
+    let mut run = TrainingRun::prepare(inputs, cfg, root, start, sync)?;
     while let Some(epoch) = run.next_epoch() {
         for (index, rows) in run.epoch_batches(epoch)? {
             if run.step(epoch, index, &rows)?.next == Continue::Stop {
@@ -132,6 +148,7 @@ impl<'s> TrainingRun<'s> {
     /// earlier one), builds the sessions and the schedule; a resumed run then loads its
     /// newest usable checkpoint.
     pub fn prepare(
+        inputs: Inputs,
         cfg: &TrainConfig,
         root: &Path,
         start: Start,
@@ -140,7 +157,6 @@ impl<'s> TrainingRun<'s> {
         cfg.validate()?;
         let started = Instant::now();
         let (rank, world) = sync.as_ref().map_or((0, 1), |s| (s.rank(), s.world()));
-        let inputs = read_inputs(cfg, root)?;
         let layout = inputs.model.layout.clone();
         let plan = plan(cfg, root, &inputs, world)?;
         if rank == 0 && start == Start::Fresh {
@@ -398,9 +414,7 @@ impl<'s> TrainingRun<'s> {
                     elapsed_s: self.log.started.elapsed().as_secs_f64(),
                 }))?;
             }
-            if split == "dev" {
-                self.log.last_dev = Some(scores);
-            }
+            self.log.last_scores.insert(split.clone(), scores);
         }
         Ok(())
     }
@@ -419,7 +433,8 @@ impl<'s> TrainingRun<'s> {
             steps: self.progress.step,
             train_samples_per_s: self.log.trained_samples as f64 / train_s.max(1e-9),
             wall_s: self.log.started.elapsed().as_secs_f64(),
-            dev: self.log.last_dev,
+            dev: self.log.last_scores.get("dev").copied(),
+            evaluations: self.log.last_scores.clone(),
             output: output.clone(),
         };
         if self.rank == 0 {

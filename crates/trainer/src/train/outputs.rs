@@ -21,11 +21,13 @@ pub(super) fn write_outputs(
     ringtune_bert::save_params(&output.join("model.safetensors"), layout, params)?;
     let config = serde_json::to_string_pretty(&inputs.config.to_hf_json())?;
     ringtune_files::write_atomically(&output.join("config.json"), config.as_bytes())?;
-    let label_column = match &inputs.task.source {
-        Source::Files { label_column, .. } => Some(label_column.clone().unwrap_or_else(|| "label".into())),
-        Source::Glue { .. } => None,
+    let (label_column, quoting) = match &inputs.task.source {
+        Source::Files { label_column, quoting, .. } => {
+            (Some(label_column.clone().unwrap_or_else(|| "label".into())), *quoting)
+        }
+        Source::Glue { .. } => (None, None),
     };
-    TaskFile { task: inputs.task.name.clone(), text_columns: inputs.text_columns.clone(), label_column }
+    TaskFile { task: inputs.task.name.clone(), text_columns: inputs.text_columns.clone(), label_column, quoting }
         .write(output)?;
     for file in &inputs.tokenizer_files {
         if let Some(name) = file.file_name() {

@@ -11,14 +11,14 @@ use crate::sync::Averaged;
 use crate::TrainError;
 
 /// What the lead writes and shows as the run goes: metrics, the progress bar, the window of
-/// steps since the last metrics line, the last dev scores.
+/// steps since the last metrics line, the last scores of each evaluation set.
 pub(super) struct RunLog {
     pub(super) metrics: Option<MetricsFile>,
     /// The gradients' wire format of a multi-node run.
     pub(super) wire: Option<&'static str>,
     pub(super) bar: ProgressBar,
     pub(super) window: Window,
-    pub(super) last_dev: Option<Scores>,
+    pub(super) last_scores: std::collections::BTreeMap<String, Scores>,
     pub(super) trained_samples: u64,
     pub(super) started: Instant,
     pub(super) train_started: Instant,
@@ -34,7 +34,7 @@ impl RunLog {
             wire: None,
             bar,
             window: Window::default(),
-            last_dev: None,
+            last_scores: Default::default(),
             trained_samples: 0,
             started,
             train_started: Instant::now(),

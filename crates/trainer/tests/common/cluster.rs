@@ -62,9 +62,10 @@ pub(crate) fn train_on_nodes(
             let cluster = on_loopback(rank, &ports, certs, Duration::from_secs(30), mode);
             let root = root.to_path_buf();
             std::thread::spawn(move || {
-                let model = ringtune_trainer::train::task_model(&cfg, &root).expect("model");
-                let mut sync = QuicSync::join(&cluster, &model).expect("join");
-                let summary = ringtune_trainer::train::train(&cfg, &root, start, Some(&mut sync)).expect("train");
+                let inputs = ringtune_trainer::train::Inputs::read(&cfg, &root).expect("inputs");
+                let mut sync = QuicSync::join(&cluster, inputs.model()).expect("join");
+                let summary =
+                    ringtune_trainer::train::train_on(inputs, &cfg, &root, start, Some(&mut sync)).expect("train");
                 sync.shutdown();
                 summary.steps
             })

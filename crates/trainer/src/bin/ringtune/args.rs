@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
+use ringtune_data::Quoting;
 use ringtune_ops::{KernelChoice, PrecisionChoice, Recompute};
 use ringtune_runtime::Provider;
 use ringtune_trainer::TrainConfig;
@@ -78,13 +79,17 @@ pub(crate) struct TrainArgs {
     /// Your file to predict later (`ringtune predict`).
     #[arg(long)]
     test_file: Option<PathBuf>,
-    /// Text columns of your files, one or two, comma separated (default: sentence1,sentence2,
-    /// sentence or text).
+    /// Text columns of your files, one or two, comma separated (default, as run_glue.py picks
+    /// them: sentence1,sentence2, else the first two columns that are not the label or an id).
     #[arg(long, value_delimiter = ',')]
     text_columns: Option<Vec<String>>,
     /// Label column of your files (default: label).
     #[arg(long)]
     label_column: Option<String>,
+    /// How your .tsv files quote: csv (as Python's csv writes them) or none (a quote is a
+    /// character); default: csv only when the whole file reads so.
+    #[arg(long)]
+    quoting: Option<Quoting>,
     /// Outputs of the head (default: the number of training labels; 1: a regression).
     #[arg(long)]
     num_labels: Option<usize>,
@@ -298,6 +303,7 @@ pub(crate) fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
             test_file,
             text_columns,
             label_column,
+            quoting,
             num_labels,
             dropout,
             global_batch_size
@@ -321,7 +327,7 @@ mod tests {
             --provider auto --kernels mlas --precision bf16 --max-grad-norm 2 --log-every 3 \
             --checkpoint-every 11 --keep-checkpoints 4 --max-steps 13 --stop-after 12 --param-check-every 17 \
             --task t --train-file tr.csv --validation-file va.jsonl --test-file te.tsv --text-columns q,a \
-            --label-column y --num-labels 3 --skip-bad";
+            --label-column y --quoting none --num-labels 3 --skip-bad";
         let Command::Train(args) = Cli::parse_from(line.split_whitespace()).command else {
             panic!("not a train command");
         };
@@ -335,6 +341,7 @@ mod tests {
             test_file: Some("te.tsv".into()),
             text_columns: Some(vec!["q".into(), "a".into()]),
             label_column: Some("y".into()),
+            quoting: Some(Quoting::None),
             num_labels: Some(3),
             skip_bad: true,
             output: "o".into(),

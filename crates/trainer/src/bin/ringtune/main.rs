@@ -101,9 +101,9 @@ fn train(args: &TrainArgs) -> Result<()> {
         return Ok(());
     };
     let _rank = tracing::info_span!("rank", rank = cluster.rank).entered();
-    let model = ringtune_trainer::train::task_model(&config, &root())?;
-    let mut sync = QuicSync::join(&cluster, &model)?;
-    let summary = ringtune_trainer::train::train(&config, &root(), start(args.resume), Some(&mut sync))?;
+    let inputs = ringtune_trainer::train::Inputs::read(&config, &root())?;
+    let mut sync = QuicSync::join(&cluster, inputs.model())?;
+    let summary = ringtune_trainer::train::train_on(inputs, &config, &root(), start(args.resume), Some(&mut sync))?;
     sync.shutdown();
     if cluster.rank == 0 {
         print_summary(&summary);
@@ -127,11 +127,11 @@ fn predictor(args: &UseArgs) -> Result<Predictor> {
 
 fn print_summary(s: &ringtune_trainer::train::Summary) {
     println!("steps        {}", s.steps);
-    if let Some(dev) = &s.dev {
-        for (name, value) in dev.metrics() {
-            println!("{:<12} {value:.4}", format!("dev {name}"));
+    for (split, scores) in &s.evaluations {
+        for (name, value) in scores.metrics() {
+            println!("{:<12} {value:.4}", format!("{split} {name}"));
         }
-        println!("dev loss     {:.4}", dev.loss);
+        println!("{:<12} {:.4}", format!("{split} loss"), scores.loss);
     }
     println!(
         "train        {:.2} samples/s\nwall         {:.1} s\noutput       {}",
