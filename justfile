@@ -75,11 +75,18 @@ data PROFILE="release": setup
     cargo run -q --profile {{PROFILE}} -p ringtune-data-prep
 
 # Fine-tunes all-MiniLM-L6-v2 on MRPC with the standard recipe (runs/minilm-mrpc), or on any task (--task, --train-file); prints the dev metrics.
-train *ARGS: data
+train *ARGS: (data-if-mrpc ARGS)
     cargo run -q --release -p ringtune-trainer --bin ringtune -- train {{ARGS}}
 
+# Runs `just data` when the `ringtune train` settings ARGS train MRPC (the default task): your own files or another GLUE task need no MRPC, nor a network to fetch it.
+data-if-mrpc *ARGS: setup
+    #!/usr/bin/env bash
+    set -euo pipefail
+    task=$(cargo run -q --release -p ringtune-trainer --bin ringtune -- train --print-task {{ARGS}})
+    if [ "$task" = mrpc ]; then just data; fi
+
 # Fine-tunes on N local nodes over loopback QUIC (throwaway certificates), the global batch of 32 split between them.
-train-dist N="2" *ARGS: data
+train-dist N="2" *ARGS: (data-if-mrpc ARGS)
     cargo run -q --release -p ringtune-trainer --bin ringtune -- launch --nodes {{N}} -- --output runs/minilm-mrpc-{{N}}-nodes --global-batch-size 32 {{ARGS}}
 
 # Inference and training-step throughput beside PyTorch's on this machine.

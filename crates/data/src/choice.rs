@@ -29,6 +29,15 @@ pub struct TaskChoice {
 }
 
 impl TaskChoice {
+    /// The name of the task these settings train, without reading any file: `files` for the
+    /// user's files, else the GLUE task's (`mrpc` by default).
+    pub fn task_name(&self) -> Result<&'static str, DataError> {
+        match (&self.train_file, &self.task) {
+            (Some(_), _) => Ok("files"),
+            (None, task) => Ok(GlueTask::from_name(task.as_deref().unwrap_or("mrpc"))?.name()),
+        }
+    }
+
     /// The task and where its data is: the user's files when `train_file` is set (relative
     /// paths from `root`), else the GLUE task (MRPC by default) in `data` or where
     /// [`crate::glue_dir`] finds it. Settings that do not go together are refused by flag.
@@ -103,7 +112,10 @@ mod tests {
             (train.as_path(), validation.as_deref(), *hint),
             (Path::new("/work/mine/train.csv"), Some(Path::new("/abs/dev.jsonl")), LabelHint::Regression)
         );
+        assert_eq!(files.task_name().expect("files"), "files");
+        assert_eq!(TaskChoice::default().task_name().expect("default"), "mrpc");
         let sst2 = TaskChoice { task: Some("SST-2".into()), data: Some("glue/SST-2".into()), ..TaskChoice::default() };
+        assert_eq!(sst2.task_name().expect("sst2"), "sst2");
         assert_eq!(sst2.task(root).expect("sst2"), Task::glue(GlueTask::Sst2, Path::new("/work/glue/SST-2")));
         for (config, named) in [
             (TaskChoice { task: Some("sst2".into()), ..files.clone() }, "with --train-file leave --task out"),

@@ -206,7 +206,12 @@ impl TrainConfig {
 
     /// The task and where its data is (see [`TaskChoice::task`]).
     pub fn task(&self, root: &Path) -> Result<Task, TrainError> {
-        let choice = TaskChoice {
+        Ok(self.task_choice().task(root)?)
+    }
+
+    /// The settings that choose the task.
+    pub fn task_choice(&self) -> TaskChoice {
+        TaskChoice {
             task: self.task.clone(),
             data: self.data.clone(),
             train_file: self.train_file.clone(),
@@ -216,8 +221,7 @@ impl TrainConfig {
             label_column: self.label_column.clone(),
             quoting: self.quoting,
             num_labels: self.num_labels,
-        };
-        Ok(choice.task(root)?)
+        }
     }
 
     /// The kernels and precision asked for, `auto` resolved for this CPU.

@@ -103,3 +103,32 @@ fn eval_refuses_a_file_without_rows_and_a_max_len_past_the_model() {
         "{stderr}"
     );
 }
+
+/// `just train` fetches MRPC only when `--print-task` says the settings train it: the user's
+/// files (named by flag or in the settings file) and other GLUE tasks print their own name,
+/// reading no data, so a machine without MRPC and without a network trains on its own files.
+#[test]
+fn print_task_names_the_task_without_reading_data() {
+    let dir = tempfile::tempdir().expect("dir");
+    let settings = dir.path().join("own.toml");
+    std::fs::write(&settings, "train_file = \"/nowhere/train.csv\"\n").expect("toml");
+    let settings = settings.to_str().expect("utf-8");
+    for (args, printed) in [
+        (&[][..], "mrpc"),
+        (&["--task", "SST-2"][..], "sst2"),
+        (&["--train-file", "/nowhere/train.csv"][..], "files"),
+        (&["--config", settings][..], "files"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ringtune"))
+            .args(["train", "--print-task"])
+            .args(args)
+            .env("MRPC_DIR", "/nowhere/mrpc")
+            .current_dir(dir.path())
+            .output()
+            .expect("run ringtune");
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), printed, "{args:?}");
+    }
+    let (ok, stderr) = ringtune(&["train", "--print-task", "--task", "squad"]);
+    assert!(!ok && stderr.contains("unknown task `squad`"), "{stderr}");
+}

@@ -60,6 +60,10 @@ pub(crate) struct TrainArgs {
     /// Continue from the newest usable checkpoint in the output folder.
     #[arg(long)]
     pub(crate) resume: bool,
+    /// Print the task these settings train (a GLUE task's name, or `files`) and exit, reading
+    /// no data (`just train` fetches MRPC only when this prints `mrpc`).
+    #[arg(long)]
+    pub(crate) print_task: bool,
     /// Model folder (config.json, model.safetensors, tokenizer).
     #[arg(long)]
     model: Option<PathBuf>,
@@ -260,7 +264,7 @@ pub(crate) fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
     // the file; settings that are optional in the config stay optional.
     macro_rules! settings {
         (set: [$($set:ident),*], optional: [$($optional:ident),*], flags: [$($flag:ident),*]) => {{
-            let TrainArgs { config, resume: _, cluster: _, $($set,)* $($optional,)* $($flag,)* } = args;
+            let TrainArgs { config, resume: _, print_task: _, cluster: _, $($set,)* $($optional,)* $($flag,)* } = args;
             let mut c = match config {
                 Some(path) => TrainConfig::from_toml_file(path)?,
                 None => TrainConfig::default(),

@@ -96,6 +96,10 @@ fn main() -> Result<()> {
 /// `ringtune train`: one node, or this node's part of a cluster.
 fn train(args: &TrainArgs) -> Result<()> {
     let config = args::train_config(args)?;
+    if args.print_task {
+        println!("{}", config.task_choice().task_name()?);
+        return Ok(());
+    }
     let Some(cluster) = cluster::cluster_options(&args.cluster)? else {
         print_summary(&ringtune_trainer::train::train(&config, &root(), start(args.resume), None)?);
         return Ok(());
