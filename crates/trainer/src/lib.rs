@@ -23,7 +23,7 @@ pub mod info;
 pub mod metrics;
 pub mod model;
 pub mod optimizer;
-mod plot;
+pub mod plot;
 pub mod predict;
 pub mod recipe;
 pub mod replay;

@@ -18,7 +18,9 @@ const FONTS: &[&str] = &[
     "/System/Library/Fonts/Helvetica.ttc",
 ];
 
-fn register_font() -> bool {
+/// Registers the first font found as plotters' "sans-serif" (once per process); whether one
+/// was found, so that plots without one are drawn without text rather than failing.
+pub fn register_font() -> bool {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         let mut found = false;

@@ -1,8 +1,10 @@
 //! `ringtune-bench`: samples per second of inference and of training steps beside PyTorch's
 //! (`table`, each configuration measured by `one` in its own process so peak memory is that
 //! configuration's), 1 node against 2 nodes with a cluster projection (`scaling`), and
-//! training steps on an emulated cluster with and without overlap (`cluster`).
+//! training steps on an emulated cluster with and without overlap (`cluster`), and the
+//! 1 / 2 / 4-node curve on emulated nodes with cores of their own, scaled in time (`curve`).
 
+mod curve;
 mod one;
 mod scaling;
 mod table;
@@ -31,6 +33,9 @@ enum Cmd {
     /// Training steps on an emulated cluster (`ring-bench --cluster netns`, needs root): per
     /// link rate, the step with the sync behind the backward pass and without.
     Cluster(scaling::ClusterArgs),
+    /// The 1 / 2 / 4-node scaling curve on emulated nodes with cores of their own, scaled in
+    /// time to stand for a real cluster (needs root): a table and a PNG.
+    Curve(curve::CurveArgs),
 }
 
 fn main() -> Result<()> {
@@ -39,6 +44,7 @@ fn main() -> Result<()> {
         Cmd::Table(args) => table::table(&args)?,
         Cmd::Scaling(args) => scaling::scaling(&args)?,
         Cmd::Cluster(args) => scaling::on_cluster(&args)?,
+        Cmd::Curve(args) => curve::curve(&args)?,
     }
     Ok(())
 }

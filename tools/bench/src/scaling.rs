@@ -28,19 +28,20 @@ pub(crate) struct ScalingArgs {
 
 /// Mean seconds per step of each phase over the step records after the first.
 #[derive(Debug, Default, Clone, Copy)]
-struct Phases {
-    forward_backward: f64,
+pub(crate) struct Phases {
+    pub(crate) forward_backward: f64,
     /// Sync the backward pass did not hide.
-    sync: f64,
+    pub(crate) sync: f64,
     /// Sync in all, hidden or not.
-    sync_total: f64,
+    pub(crate) sync_total: f64,
     /// Megabytes all-reduced per step.
-    sync_mb: f64,
-    optimizer: f64,
-    step: f64,
+    pub(crate) sync_mb: f64,
+    pub(crate) optimizer: f64,
+    pub(crate) step: f64,
 }
 
-fn phases(metrics: &Path) -> Result<Phases> {
+/// The phases of the run that wrote `metrics`.
+pub(crate) fn phases(metrics: &Path) -> Result<Phases> {
     let records = read_records(metrics)?;
     let steps: Vec<&StepRecord> = records
         .iter()
@@ -65,22 +66,42 @@ fn phases(metrics: &Path) -> Result<Phases> {
     })
 }
 
-fn run_program(program: &Path, args: &[String]) -> Result<()> {
+/// Runs `program` with `args`; its standard output, or an error with its standard error.
+pub(crate) fn run_program(program: &Path, args: &[String]) -> Result<String> {
     let out = Command::new(program).args(args).output().with_context(|| format!("running {}", program.display()))?;
     if !out.status.success() {
         bail!("{} {}: {}", program.display(), args.join(" "), String::from_utf8_lossy(&out.stderr));
     }
-    Ok(())
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// What a batch size fixes when the nodes change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Batching {
+    /// Every node's batch: the global batch grows with the nodes.
+    PerNode,
+    /// The global batch, split between the nodes (the recipe's).
+    Global,
 }
 
 /// The `ringtune train` settings every run of a comparison shares: `steps` steps logged in four
-/// windows, one thread, the global batch, the caller's settings, output to `out`.
-fn train_settings(steps: u64, batch: usize, extra: &[String], out: &Path) -> Vec<String> {
+/// windows, one thread, the batch, the caller's settings, output to `out`.
+pub(crate) fn train_settings(
+    steps: u64,
+    batching: Batching,
+    batch: usize,
+    extra: &[String],
+    out: &Path,
+) -> Vec<String> {
     let log_every = (steps / 4).max(1).to_string();
+    let batch_flag = match batching {
+        Batching::PerNode => "--batch-size",
+        Batching::Global => "--global-batch-size",
+    };
     ["--max-steps", &steps.to_string(), "--log-every", &log_every, "--threads", "1", "--output"]
         .iter()
         .map(|s| s.to_string())
-        .chain([out.display().to_string(), "--global-batch-size".into(), batch.to_string()])
+        .chain([out.display().to_string(), batch_flag.into(), batch.to_string()])
         .chain(extra.iter().cloned())
         .collect()
 }
@@ -88,7 +109,7 @@ fn train_settings(steps: u64, batch: usize, extra: &[String], out: &Path) -> Vec
 /// Runs both configurations and prints the measured table and the projection.
 pub(crate) fn scaling(args: &ScalingArgs) -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let common = |out: &Path| train_settings(args.steps, args.batch, &args.train_args, out);
+    let common = |out: &Path| train_settings(args.steps, Batching::Global, args.batch, &args.train_args, out);
     let one = dir.path().join("one");
     run_program(&args.ringtune, &[vec!["train".to_string()], common(&one)].concat())?;
     let two_nodes = |out: &Path, extra: &[&str]| -> Result<Phases> {
@@ -174,7 +195,7 @@ pub(crate) fn on_cluster(args: &ClusterArgs) -> Result<()> {
                     .collect();
             command.push(args.ringtune.display().to_string());
             command.push("train".into());
-            command.extend(train_settings(args.steps, args.batch, &args.train_args, &out));
+            command.extend(train_settings(args.steps, Batching::Global, args.batch, &args.train_args, &out));
             command.extend(["--overlap".to_string(), overlap.to_string()]);
             run_program(&args.ring_bench, &command)?;
             let p = phases(&out.join("metrics.jsonl"))?;

@@ -9,6 +9,8 @@ static ALLOCATOR: ringtune_alloc::Allocator = ringtune_alloc::Allocator;
 
 mod child;
 mod cluster;
+mod cpu_share;
+mod emulate;
 mod gloo;
 mod processes;
 mod relay;
@@ -26,6 +28,8 @@ use ringtune_quic::certs::{generate, write};
 use ringtune_quic::Tuning;
 
 use crate::child::{ChildPlan, ChildReport};
+use crate::cpu_share::CpuShares;
+use crate::emulate::Emulated;
 use crate::gloo::Gloo;
 use crate::processes::Processes;
 
@@ -91,9 +95,19 @@ struct ClusterArgs {
     /// Run every rank on a host of its own, emulated on this machine.
     #[arg(long, value_enum)]
     cluster: Option<ClusterKind>,
-    /// Rate of every link, as tc writes it.
-    #[arg(long, default_value = "10gbit")]
-    link_rate: String,
+    /// Rate of every link, as tc writes it (default 10gbit, or the one `--emulate` scales).
+    #[arg(long, conflicts_with = "emulate")]
+    link_rate: Option<String>,
+    /// Caps every host at this many of this machine's cores, each in a cgroup of its own, so
+    /// the hosts do not share cores (default with `--emulate`: the cores over the hosts).
+    #[arg(long)]
+    cpu_share: Option<f64>,
+    /// Scales the cluster in time to stand for one of these nodes: `c6i.16xlarge` (64 vCPUs, 25
+    /// Gbit/s; also c6i.8xlarge, 12xlarge, 24xlarge, 32xlarge) or `VCPUS,GBIT`. Every host gets
+    /// the CPU share, and its link that node's rate slowed as much as the share slows the
+    /// compute.
+    #[arg(long)]
+    emulate: Option<Emulated>,
     /// One-way delay added to every link (needs the kernel's netem).
     #[arg(long, default_value = "50us")]
     delay: String,
@@ -199,9 +213,11 @@ fn main() -> Result<()> {
             tuning: args.tuning(),
         });
     }
-    // An emulated cluster numbers its hosts inside one /24, next to the switch's address.
-    if !(2..=253).contains(&args.ranks) {
-        bail!("--ranks must be between 2 and 253");
+    // An emulated cluster numbers its hosts inside one /24, next to the switch's address; one
+    // host is a baseline for a command, not a ring.
+    let fewest = if args.exec.is_empty() { 2 } else { 1 };
+    if !(fewest..=253).contains(&args.ranks) {
+        bail!("--ranks must be between {fewest} and 253");
     }
     args.cluster.check()?;
     if !args.exec.is_empty() && args.cluster.cluster.is_none() {
@@ -260,11 +276,9 @@ fn unless_failed(gloo: Result<Gloo>) -> Gloo {
     })
 }
 
-/// The run on an emulated cluster: one host per rank, user-space impairment and a link cut
-/// when asked, gloo in the same hosts when a PyTorch is given. The cluster is removed when
-/// this returns, fails, or is interrupted.
-/// Runs `command` on every host of `net` as one rank of a job, and waits for all of them.
-fn exec_on_hosts(command: &[String], net: &cluster::Cluster) -> Result<()> {
+/// Runs `command` on every host of `net` as one rank of a job, each in its CPU share when
+/// there are shares, and waits for all of them.
+fn exec_on_hosts(command: &[String], net: &cluster::Cluster, shares: Option<&CpuShares>) -> Result<()> {
     let certs = tempfile::tempdir()?;
     write(certs.path(), &generate(net.hosts())?)?;
     let mut ranks = Processes::default();
@@ -278,7 +292,11 @@ fn exec_on_hosts(command: &[String], net: &cluster::Cluster) -> Result<()> {
             .env("RINGTUNE_CERTS", certs.path())
             .stdout(if h == 0 { Stdio::inherit() } else { Stdio::null() })
             .stderr(if h == 0 { Stdio::inherit() } else { Stdio::piped() });
-        ranks.spawn(&mut cmd)?;
+        let pid = ranks.spawn(&mut cmd)?;
+        if let Some(shares) = shares {
+            // Before the rank starts its threads (they join its group with it) or much work.
+            shares.admit(h, pid)?;
+        }
     }
     let outputs = ranks.wait_all()?;
     for (h, out) in outputs.iter().enumerate() {
@@ -291,9 +309,48 @@ fn exec_on_hosts(command: &[String], net: &cluster::Cluster) -> Result<()> {
             );
         }
     }
+    if let Some(shares) = shares {
+        let throttled: Vec<String> = (0..net.hosts()).map(|h| format!("{:.1}", shares.throttled_s(h))).collect();
+        println!("ring-bench: seconds each host waited for its CPU share: {}", throttled.join(", "));
+    }
     Ok(())
 }
 
+/// Every link's settings and every host's CPU share (the link rate scaled from the emulated
+/// node when `--emulate` names one, and the share the cores over the hosts by default there).
+fn link_and_share(args: &Args) -> Result<(cluster::LinkSpec, Option<f64>)> {
+    let c = &args.cluster;
+    let delay = (!c.delay.is_empty() && c.delay != "0").then(|| c.delay.clone());
+    let share = c.cpu_share.or_else(|| c.emulate.map(|_| emulate::default_share(args.ranks)));
+    let rate = match (&c.link_rate, c.emulate, share) {
+        (Some(rate), _, _) => rate.clone(),
+        (None, Some(node), Some(share)) => node.link_rate(share),
+        _ => "10gbit".to_string(),
+    };
+    let link = cluster::LinkSpec { rate, delay, loss: c.loss, mtu: c.link_mtu };
+    cluster::parse_rate(&link.rate)?;
+    Ok((link, share))
+}
+
+/// On Ctrl-C or SIGTERM: the ranks killed, then every namespace, link and cgroup this process
+/// made removed, and exit 130.
+fn remove_all_on_interrupt() -> Result<()> {
+    let (net_prefix, share_prefix) = (cluster::prefix(), cpu_share::prefix());
+    ctrlc::set_handler(move || {
+        INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
+        for pid in processes::started() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL);
+        }
+        cluster::remove_all(&net_prefix);
+        cpu_share::remove_all(&share_prefix);
+        std::process::exit(130);
+    })?;
+    Ok(())
+}
+
+/// The run on an emulated cluster: one host per rank, user-space impairment and a link cut
+/// when asked, gloo in the same hosts when a PyTorch is given. The cluster is removed when
+/// this returns, fails, or is interrupted.
 fn on_cluster(args: &Args) -> Result<()> {
     let c = &args.cluster;
     if let Some(&host) = c.cut.first() {
@@ -301,21 +358,18 @@ fn on_cluster(args: &Args) -> Result<()> {
             bail!("--cut names host {host}, but the cluster has hosts 0..{}", args.ranks);
         }
     }
-    let delay = (!c.delay.is_empty() && c.delay != "0").then(|| c.delay.clone());
-    let link = cluster::LinkSpec { rate: c.link_rate.clone(), delay, loss: c.loss, mtu: c.link_mtu };
-    cluster::parse_rate(&link.rate)?;
-    let prefix = cluster::prefix();
-    ctrlc::set_handler(move || {
-        INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
-        cluster::remove_all(&prefix);
-        for pid in processes::started() {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL);
-        }
-        std::process::exit(130);
-    })?;
+    let (link, share) = link_and_share(args)?;
+    remove_all_on_interrupt()?;
+    let shares = share.map(|s| CpuShares::create(args.ranks, s)).transpose()?;
     let net = cluster::Cluster::create(args.ranks, &link)?;
+    if let Some(shares) = &shares {
+        println!("{}", shares.describe());
+    }
+    if let (Some(node), Some(share)) = (c.emulate, share) {
+        println!("{}", node.describe(share, link.delay.as_deref()));
+    }
     if !args.exec.is_empty() {
-        return exec_on_hosts(&args.exec, &net);
+        return exec_on_hosts(&args.exec, &net, shares.as_ref());
     }
     let addrs: Vec<SocketAddr> = (0..net.hosts()).map(|h| SocketAddr::new(net.addr(h).into(), 4000)).collect();
     let relays = match c.impair.as_slice() {
@@ -332,9 +386,12 @@ fn on_cluster(args: &Args) -> Result<()> {
     let exe = this_program()?;
     let mut ranks = Processes::default();
     for (h, &listen) in addrs.iter().enumerate() {
-        ranks.spawn(
+        let pid = ranks.spawn(
             net.command(h, &exe).args(args.child_args(h, &peers, listen, certs.path())).stdout(Stdio::piped()),
         )?;
+        if let Some(shares) = &shares {
+            shares.admit(h, pid)?;
+        }
     }
     let (ended, end) = std::sync::mpsc::channel::<()>();
     let cut = match c.cut.as_slice() {

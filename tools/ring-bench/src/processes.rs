@@ -20,14 +20,15 @@ pub(crate) fn started() -> Vec<u32> {
 pub(crate) struct Processes(Vec<Child>);
 
 impl Processes {
-    /// Starts `command` as one more of them.
-    pub(crate) fn spawn(&mut self, command: &mut Command) -> Result<()> {
+    /// Starts `command` as one more of them; its process id.
+    pub(crate) fn spawn(&mut self, command: &mut Command) -> Result<u32> {
         let child = command.spawn().with_context(|| format!("starting {:?}", command.get_program()))?;
+        let pid = child.id();
         if let Ok(mut started) = STARTED.lock() {
-            started.push(child.id());
+            started.push(pid);
         }
         self.0.push(child);
-        Ok(())
+        Ok(pid)
     }
 
     /// Waits for each in the order started; their exit statuses and output.

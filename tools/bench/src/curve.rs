@@ -1,0 +1,409 @@
+//! `ringtune-bench curve`: the 1 / 2 / 4-node scaling curve on an emulated cluster scaled in
+//! time (`ring-bench --cluster netns --cpu-share --emulate`, needs root): every node, the
+//! one-node baseline too, has the same share of this machine's cores in a cgroup of its own,
+//! and its link is the emulated node's slowed as much as the share slows the compute. Real
+//! training steps (MRPC, the sync behind the backward pass), per-node batch fixed and the
+//! recipe's global batch fixed; a table and a PNG of the curve, with the Hugging Face / Intel
+//! post's 1.7x and 3.0x on c6i.16xlarge nodes beside it. The time it will take is printed before
+//! it starts. `--time-to-accuracy` adds MRPC's 3 epochs on every node count: the wall time to
+//! the final dev scores.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use plotters::prelude::*;
+use ringtune_trainer::plot::register_font;
+
+use crate::scaling::{phases, run_program, train_settings, Batching, Phases};
+
+/// The curve's settings.
+#[derive(Args)]
+pub(crate) struct CurveArgs {
+    /// The `ring-bench` binary (it makes the cluster, caps every host and runs a rank on each).
+    #[arg(long, default_value = "target/release/ringtune-ring-bench")]
+    ring_bench: PathBuf,
+    /// The `ringtune` binary.
+    #[arg(long, default_value = "target/release/ringtune")]
+    ringtune: PathBuf,
+    /// Models, each a curve (comma separated).
+    #[arg(long = "model", value_delimiter = ',', default_value = "minilm")]
+    models: Vec<CurveModel>,
+    /// Node counts.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    nodes: Vec<usize>,
+    /// The node the emulated cluster stands for (`ring-bench --emulate`).
+    #[arg(long, default_value = "c6i.16xlarge")]
+    emulate: String,
+    /// Cores every node gets (default: this machine's cores over the largest node count).
+    #[arg(long)]
+    cpu_share: Option<f64>,
+    /// The batch: per node in one curve, global in the other.
+    #[arg(long, default_value_t = 32)]
+    batch: usize,
+    /// Steps per MiniLM run (the first log window is warm-up and not counted).
+    #[arg(long, default_value_t = 12)]
+    minilm_steps: u64,
+    /// Steps per bert-base or MPNet run.
+    #[arg(long, default_value_t = 6)]
+    base_steps: u64,
+    /// The plot.
+    #[arg(long, default_value = "runs/scaling-curve.png")]
+    plot: PathBuf,
+    /// Also trains MiniLM on MRPC for the recipe's 3 epochs (global batch `--batch`) on every
+    /// node count, and gives the wall time to the final dev scores.
+    #[arg(long)]
+    time_to_accuracy: bool,
+    /// Settings passed on to every `ringtune train` (e.g. `--wire bf16`).
+    #[arg(last = true)]
+    train_args: Vec<String>,
+}
+
+/// The models a curve is drawn for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum CurveModel {
+    /// all-MiniLM-L6-v2 (22.7M parameters), as `just setup` provisions it.
+    Minilm,
+    /// BERT-base's shape (110M parameters), randomly initialised, with MiniLM's vocabulary.
+    BertBase,
+    /// all-mpnet-base-v2 (110M parameters), as `just setup-mpnet` provisions it.
+    Mpnet,
+}
+
+impl CurveModel {
+    fn name(self) -> &'static str {
+        match self {
+            CurveModel::Minilm => "MiniLM",
+            CurveModel::BertBase => "bert-base",
+            CurveModel::Mpnet => "MPNet",
+        }
+    }
+
+    /// Seconds a step of 32 examples takes on one whole core, measured on a 2-core Zen 4
+    /// (MiniLM 1.3 s, the base models about 5x that): what the estimate is made of.
+    fn step_s_per_core(self) -> f64 {
+        match self {
+            CurveModel::Minilm => 1.3,
+            CurveModel::BertBase | CurveModel::Mpnet => 6.5,
+        }
+    }
+}
+
+/// Seconds a run takes beside its steps (starting the hosts, reading the model, building the
+/// sessions) on one whole core.
+const RUN_OVERHEAD_S_PER_CORE: f64 = 12.0;
+
+/// The time the runs asked for should take, in seconds: per run, the start and the steps, each
+/// slowed by the share, and the exposed sync of the larger node counts (up to a step's worth).
+fn estimate_s(args: &CurveArgs, share: f64) -> f64 {
+    let mut total = 0.0;
+    for &model in &args.models {
+        let steps = steps_of(args, model) as f64;
+        for &nodes in &args.nodes {
+            for batching in runs_at(nodes) {
+                let per_node = match batching {
+                    Batching::PerNode => args.batch as f64,
+                    Batching::Global => (args.batch as f64 / nodes as f64).ceil(),
+                };
+                let step = model.step_s_per_core() * per_node / 32.0 / share;
+                let sync = if nodes > 1 { step * 0.5 } else { 0.0 };
+                total += (RUN_OVERHEAD_S_PER_CORE * model.step_s_per_core() / 1.3) / share + steps * (step + sync);
+            }
+        }
+    }
+    total
+}
+
+/// The batchings measured at `nodes`: one node is the same run either way, measured once as
+/// the start of both curves.
+fn runs_at(nodes: usize) -> &'static [Batching] {
+    if nodes == 1 {
+        &[Batching::PerNode]
+    } else {
+        &[Batching::PerNode, Batching::Global]
+    }
+}
+
+fn steps_of(args: &CurveArgs, model: CurveModel) -> u64 {
+    match model {
+        CurveModel::Minilm => args.minilm_steps,
+        CurveModel::BertBase | CurveModel::Mpnet => args.base_steps,
+    }
+}
+
+/// One measured point.
+struct Point {
+    model: CurveModel,
+    batching: Batching,
+    nodes: usize,
+    phases: Phases,
+    samples_per_s: f64,
+}
+
+/// Measures every point, prints the table and draws the plot.
+pub(crate) fn curve(args: &CurveArgs) -> Result<()> {
+    let largest = args.nodes.iter().copied().max().context("--nodes is empty")?;
+    if args.nodes.contains(&0) {
+        bail!("--nodes: a node count is at least 1");
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let share = args.cpu_share.unwrap_or(cores as f64 / largest as f64);
+    let dir = tempfile::tempdir()?;
+    let started = Instant::now();
+    println!("CPU: {}", ringtune_runtime::cpu_model());
+    println!(
+        "{} runs; estimated time: {:.0} min (each run's steps and start, at {share} cores a node)",
+        args.models.len() * args.nodes.iter().map(|&n| runs_at(n).len()).sum::<usize>(),
+        estimate_s(args, share) / 60.0
+    );
+    let mut points = Vec::new();
+    let mut header_shown = false;
+    for &model in &args.models {
+        let model_dir = match model {
+            CurveModel::Minilm => crate::root().join("models/all-MiniLM-L6-v2"),
+            CurveModel::BertBase => random_bert_base(dir.path())?,
+            CurveModel::Mpnet => crate::root().join("models/all-mpnet-base-v2"),
+        };
+        if !model_dir.join("config.json").exists() {
+            bail!("{} is missing: run `just setup-mpnet`", model_dir.display());
+        }
+        let steps = steps_of(args, model);
+        for &nodes in &args.nodes {
+            for &batching in runs_at(nodes) {
+                let out = dir.path().join(format!("{}-{nodes}-{batching:?}", model.name()));
+                let mut train = vec!["--model".to_string(), model_dir.display().to_string()];
+                train.extend(train_settings(steps, batching, args.batch, &args.train_args, &out));
+                train.extend(["--overlap".into(), "true".into()]);
+                let shown = emulated(args, nodes, share, &train, !header_shown)?;
+                header_shown |= shown;
+                let phases = phases(&out.join("metrics.jsonl"))?;
+                let global = match batching {
+                    Batching::PerNode => args.batch * nodes,
+                    Batching::Global => args.batch,
+                };
+                let samples_per_s = global as f64 / phases.step;
+                eprintln!("curve: {} on {nodes} nodes, {batching:?}: {samples_per_s:.2} samples/s", model.name());
+                points.push(Point { model, batching, nodes, phases, samples_per_s });
+            }
+        }
+    }
+    let settings = if args.train_args.is_empty() { "default settings".to_string() } else { args.train_args.join(" ") };
+    println!(
+        "\nScaling on {} emulated nodes ({share} cores each), MRPC, 1 thread per node, sync behind the backward pass, {settings}; \
+         speedup in samples/s over one node of the same share:",
+        args.emulate
+    );
+    println!("| model | batch | nodes | samples/s | speedup | efficiency | step s | exposed sync s | sync in all s | MB per ring pass |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for p in &points {
+        let base = baseline(&points, p.model).map_or(f64::NAN, |b| b.samples_per_s);
+        let speedup = p.samples_per_s / base;
+        let batch = match (p.nodes, p.batching) {
+            (1, _) => format!("{}", args.batch),
+            (_, Batching::PerNode) => format!("{} per node", args.batch),
+            (_, Batching::Global) => format!("{} global", args.batch),
+        };
+        println!(
+            "| {} | {batch} | {} | {:.2} | {speedup:.2}x | {:.0}% | {:.3} | {:.3} | {:.3} | {:.1} |",
+            p.model.name(),
+            p.nodes,
+            p.samples_per_s,
+            100.0 * speedup / p.nodes as f64,
+            p.phases.step,
+            p.phases.sync,
+            p.phases.sync_total,
+            p.phases.sync_mb
+        );
+    }
+    draw(&args.plot, &points, &args.nodes, &args.emulate)?;
+    println!("\nplot: {}", args.plot.display());
+    println!("measured in {:.1} min", started.elapsed().as_secs_f64() / 60.0);
+    if args.time_to_accuracy {
+        time_to_accuracy(args, share)?;
+    }
+    Ok(())
+}
+
+/// The one-node point of `model`'s curves.
+fn baseline(points: &[Point], model: CurveModel) -> Option<&Point> {
+    points.iter().find(|p| p.model == model && p.nodes == 1)
+}
+
+/// Runs `ringtune train` with `train` on `nodes` emulated nodes of `share` cores; shows
+/// ring-bench's account of the emulation when `show` (once a run), and says whether it did.
+fn emulated(args: &CurveArgs, nodes: usize, share: f64, train: &[String], show: bool) -> Result<bool> {
+    let mut command: Vec<String> =
+        ["--cluster", "netns", "--ranks", &nodes.to_string(), "--cpu-share"].iter().map(|s| s.to_string()).collect();
+    command.extend([share.to_string(), "--emulate".into(), args.emulate.clone(), "--".into()]);
+    command.push(args.ringtune.display().to_string());
+    command.push("train".into());
+    command.extend(train.iter().cloned());
+    let stdout = run_program(&args.ring_bench, &command)?;
+    if show {
+        for line in stdout.lines().filter(|l| l.contains("capped at") || l.starts_with("emulating")) {
+            println!("{line}");
+        }
+    }
+    Ok(show)
+}
+
+/// BERT-base's shape (`models/bert-base.json`) with seeded random weights and MiniLM's
+/// tokenizer (the same uncased WordPiece vocabulary of 30522), as a model folder in `dir`.
+fn random_bert_base(dir: &Path) -> Result<PathBuf> {
+    let model = dir.join("bert-base-random");
+    std::fs::create_dir_all(&model)?;
+    std::fs::copy(crate::root().join("models/bert-base.json"), model.join("config.json"))?;
+    let config = ringtune_bert::ModelConfig::from_dir(&model)?;
+    let layout = ringtune_bert::layout(&config);
+    let mut params = vec![0.0f32; layout.total_len()];
+    ringtune_bert::init_all(&config, &layout, 0, &mut params);
+    ringtune_bert::save_params(&model.join("model.safetensors"), &layout, &params)?;
+    let minilm = crate::root().join("models/all-MiniLM-L6-v2");
+    for file in ["tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"] {
+        std::fs::copy(minilm.join(file), model.join(file)).with_context(|| format!("{file}: run `just setup`"))?;
+    }
+    Ok(model)
+}
+
+/// The speedups the Hugging Face / Intel post reports for this recipe on c6i.16xlarge nodes, 32
+/// examples per node (7 min 46 s, 4 min 39 s and 2 min 36 s on 1, 2 and 4 nodes).
+const PUBLISHED: [(f64, f64); 3] = [(1.0, 1.0), (2.0, 466.0 / 279.0), (4.0, 466.0 / 156.0)];
+
+/// The curves as a PNG: speedup by nodes, one line per model and batching, beside the linear
+/// line and the published points.
+fn draw(path: &Path, points: &[Point], nodes: &[usize], emulate: &str) -> Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let text = register_font();
+    let largest = nodes.iter().copied().max().unwrap_or(1) as f64;
+    let fail = |e: &dyn std::fmt::Display| anyhow::anyhow!("plotting {}: {e}", path.display());
+    let root = BitMapBackend::new(path, (800, 600)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| fail(&e))?;
+    let mut builder = ChartBuilder::on(&root);
+    builder.margin(20).x_label_area_size(40).y_label_area_size(50);
+    if text {
+        builder.caption(format!("speedup on emulated {emulate} nodes"), ("sans-serif", 22));
+    }
+    let mut chart = builder.build_cartesian_2d(0.8..largest + 0.2, 0.0..largest + 0.5).map_err(|e| fail(&e))?;
+    let mut mesh = chart.configure_mesh();
+    if text {
+        mesh.x_desc("nodes").y_desc("speedup");
+    } else {
+        mesh.disable_x_axis().disable_y_axis();
+    }
+    mesh.draw().map_err(|e| fail(&e))?;
+    let ideal =
+        chart.draw_series(LineSeries::new([(1.0, 1.0), (largest, largest)], BLACK.mix(0.4))).map_err(|e| fail(&e))?;
+    if text {
+        ideal.label("linear").legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK.mix(0.4)));
+    }
+    let published = chart
+        .draw_series(PUBLISHED.iter().map(|&(n, s)| Cross::new((n, s), 6, BLACK.stroke_width(2))))
+        .map_err(|e| fail(&e))?;
+    if text {
+        published
+            .label("HF / Intel post, c6i.16xlarge, 32 per node")
+            .legend(|(x, y)| Cross::new((x + 10, y), 5, BLACK.stroke_width(2)));
+    }
+    let colours = [BLUE, RED, GREEN, MAGENTA];
+    let mut colour = colours.iter().cycle();
+    let models: Vec<CurveModel> = points.iter().fold(Vec::new(), |mut seen, p| {
+        if !seen.contains(&p.model) {
+            seen.push(p.model);
+        }
+        seen
+    });
+    for model in models {
+        let Some(base) = baseline(points, model) else { continue };
+        for batching in [Batching::PerNode, Batching::Global] {
+            let line: Vec<(f64, f64)> = points
+                .iter()
+                .filter(|p| p.model == model && (p.nodes == 1 || p.batching == batching))
+                .map(|p| (p.nodes as f64, p.samples_per_s / base.samples_per_s))
+                .collect();
+            let c = *colour.next().unwrap_or(&BLUE);
+            let series = chart.draw_series(LineSeries::new(line, c).point_size(4)).map_err(|e| fail(&e))?;
+            if text {
+                let label = match batching {
+                    Batching::PerNode => "batch per node",
+                    Batching::Global => "global batch",
+                };
+                series
+                    .label(format!("{}, {label}", model.name()))
+                    .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], c));
+            }
+        }
+    }
+    if text {
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE)
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| fail(&e))?;
+    }
+    root.present().map_err(|e| fail(&e))?;
+    Ok(())
+}
+
+/// MRPC's recipe (MiniLM, 3 epochs, the global batch) on every node count: the wall time of
+/// each run and its final dev scores.
+fn time_to_accuracy(args: &CurveArgs, share: f64) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut rows = Vec::new();
+    for &nodes in &args.nodes {
+        let out = dir.path().join(format!("mrpc-{nodes}"));
+        let mut train = vec!["--output".to_string(), out.display().to_string()];
+        train.extend(["--global-batch-size".into(), args.batch.to_string(), "--threads".into(), "1".into()]);
+        train.extend(["--overlap".into(), "true".into()]);
+        train.extend(args.train_args.iter().cloned());
+        emulated(args, nodes, share, &train, false)?;
+        let path = out.join("summary.json");
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let summary: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?;
+        let wall = summary["wall_s"].as_f64().with_context(|| format!("{}: no wall_s", path.display()))?;
+        let score = |name: &str| summary["dev"][name].as_f64().unwrap_or(f64::NAN);
+        eprintln!("curve: MRPC on {nodes} nodes: {wall:.0} s");
+        rows.push((nodes, wall, score("accuracy"), score("f1")));
+    }
+    println!(
+        "\nTime to accuracy: MiniLM on MRPC, 3 epochs, global batch {}, on emulated {} nodes ({share} cores each):",
+        args.batch, args.emulate
+    );
+    println!("| nodes | wall s | speedup | dev accuracy | dev F1 |");
+    println!("|---|---|---|---|---|");
+    let base = rows.first().map_or(f64::NAN, |r| r.1);
+    for (nodes, wall, accuracy, f1) in rows {
+        println!("| {nodes} | {wall:.0} | {:.2}x | {accuracy:.4} | {f1:.4} |", base / wall);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        curve: CurveArgs,
+    }
+
+    #[test]
+    fn the_default_curve_is_estimated_to_fit_twenty_minutes_on_two_cores() {
+        let args = Cli::parse_from(["curve"]).curve;
+        assert_eq!(args.models, [CurveModel::Minilm]);
+        let minutes = estimate_s(&args, 2.0 / 4.0) / 60.0;
+        assert!((3.0..20.0).contains(&minutes), "{minutes} min");
+        // bert-base's runs are several times longer, and said to be before they start.
+        let base = Cli::parse_from(["curve", "--model", "bert-base"]).curve;
+        assert!(estimate_s(&base, 0.5) > 2.0 * estimate_s(&args, 0.5));
+        assert_eq!(runs_at(1), [Batching::PerNode]);
+        assert_eq!(runs_at(4).len(), 2);
+    }
+}
