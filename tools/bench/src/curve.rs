@@ -194,8 +194,10 @@ pub(crate) fn curve(args: &CurveArgs) -> Result<()> {
          speedup in samples/s over one node of the same share:",
         args.emulate
     );
-    println!("| model | batch | nodes | samples/s | speedup | efficiency | step s | exposed sync s | sync in all s | MB per ring pass |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!(
+        "| model | batch | nodes | samples/s | speedup | efficiency | step s | forward+backward s | exposed sync s | sync in all s | MB per ring pass |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for p in &points {
         let base = baseline(&points, p.model).map_or(f64::NAN, |b| b.samples_per_s);
         let speedup = p.samples_per_s / base;
@@ -205,12 +207,13 @@ pub(crate) fn curve(args: &CurveArgs) -> Result<()> {
             (_, Batching::Global) => format!("{} global", args.batch),
         };
         println!(
-            "| {} | {batch} | {} | {:.2} | {speedup:.2}x | {:.0}% | {:.3} | {:.3} | {:.3} | {:.1} |",
+            "| {} | {batch} | {} | {:.2} | {speedup:.2}x | {:.0}% | {:.3} | {:.3} | {:.3} | {:.3} | {:.1} |",
             p.model.name(),
             p.nodes,
             p.samples_per_s,
             100.0 * speedup / p.nodes as f64,
             p.phases.step,
+            p.phases.forward_backward,
             p.phases.sync,
             p.phases.sync_total,
             p.phases.sync_mb
