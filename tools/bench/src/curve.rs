@@ -188,6 +188,18 @@ pub(crate) fn curve(args: &CurveArgs) -> Result<()> {
             }
         }
     }
+    print_table(args, share, &points);
+    draw(&args.plot, &points, &args.nodes, &args.emulate)?;
+    println!("\nplot: {}", args.plot.display());
+    println!("measured in {:.1} min", started.elapsed().as_secs_f64() / 60.0);
+    if args.time_to_accuracy {
+        time_to_accuracy(args, share)?;
+    }
+    Ok(())
+}
+
+/// The measured points as a markdown table, with what they were measured on.
+fn print_table(args: &CurveArgs, share: f64, points: &[Point]) {
     let settings = if args.train_args.is_empty() { "default settings".to_string() } else { args.train_args.join(" ") };
     println!(
         "\nScaling on {} emulated nodes ({share} cores each), MRPC, 1 thread per node, sync behind the backward pass, {settings}; \
@@ -198,8 +210,8 @@ pub(crate) fn curve(args: &CurveArgs) -> Result<()> {
         "| model | batch | nodes | samples/s | speedup | efficiency | step s | forward+backward s | exposed sync s | sync in all s | MB per ring pass |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
-    for p in &points {
-        let base = baseline(&points, p.model).map_or(f64::NAN, |b| b.samples_per_s);
+    for p in points {
+        let base = baseline(points, p.model).map_or(f64::NAN, |b| b.samples_per_s);
         let speedup = p.samples_per_s / base;
         let batch = match (p.nodes, p.batching) {
             (1, _) => format!("{}", args.batch),
@@ -219,13 +231,6 @@ pub(crate) fn curve(args: &CurveArgs) -> Result<()> {
             p.phases.sync_mb
         );
     }
-    draw(&args.plot, &points, &args.nodes, &args.emulate)?;
-    println!("\nplot: {}", args.plot.display());
-    println!("measured in {:.1} min", started.elapsed().as_secs_f64() / 60.0);
-    if args.time_to_accuracy {
-        time_to_accuracy(args, share)?;
-    }
-    Ok(())
 }
 
 /// The one-node point of `model`'s curves.
