@@ -237,10 +237,17 @@ fn gradients_that_are_not_finite_stop_every_node_before_the_step() {
                     .expect("adam");
                 let mut params = vec![1.0f32; len];
                 let (mut grads, exchange) = sync.optimizer_view().expect("every piece back");
-                let error =
-                    ringtune_trainer::optimizer::step(&mut adam, &mut params, grads.floats(), exchange, 1.0, 1e-3, 1)
-                        .expect_err("no step")
-                        .to_string();
+                let error = ringtune_trainer::optimizer::step(
+                    &mut adam,
+                    &mut params,
+                    grads.floats().expect("whole"),
+                    exchange,
+                    1.0,
+                    1e-3,
+                    1,
+                )
+                .expect_err("no step")
+                .to_string();
                 (error, params.iter().all(|&p| p == 1.0))
             })
         })

@@ -138,11 +138,13 @@ impl GradSlots {
 pub struct WholeGrads<'a>(MutexGuard<'a, SlotState>);
 
 impl WholeGrads<'_> {
-    /// The floats.
-    pub fn floats(&mut self) -> &mut [f32] {
-        // `GradSlots::whole` made this after finding no piece alive, and the lock it holds
-        // keeps the sink from splitting the buffer since: the fallback never happens.
-        self.0.slab.whole().unwrap_or_default()
+    /// The floats. `GradSlots::whole` made this after finding no piece alive, and the lock it
+    /// holds keeps the sink from splitting the buffer since; were a piece out all the same, that
+    /// is a fault of the sync's protocol, named.
+    pub fn floats(&mut self) -> Result<&mut [f32], TrainError> {
+        self.0.slab.whole().ok_or_else(|| TrainError::Sync {
+            reason: "a piece of the step's gradients went out while the loop held the whole buffer".into(),
+        })
     }
 }
 
@@ -217,6 +219,6 @@ mod tests {
         let Ok(ToSync::Ready { pieces: first, .. }) = rx.try_recv() else { panic!("no hand-over") };
         drop((pieces, first));
         let mut whole = slots.whole().expect("every piece back");
-        assert_eq!(whole.floats(), &[5.0, 5.0, 5.0, 5.0, 0.0, 0.0, 1.0, 2.0, 3.0, 0.0]);
+        assert_eq!(whole.floats().expect("whole"), &[5.0, 5.0, 5.0, 5.0, 0.0, 0.0, 1.0, 2.0, 3.0, 0.0]);
     }
 }

@@ -187,11 +187,25 @@ impl<T: Transport> Exchange for RingExchange<T> {
                 return Err(self
                     .abort_with(format!("rank {rank} sent {} bytes of norms for its {expected} pieces", bytes.len())));
             }
-            let sums: Vec<f64> =
-                bytes.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap_or_default())).collect();
+            let sums: Vec<f64> = bytes
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+                .collect();
             per_rank.push(sums.into_iter());
         }
-        Ok(pieces.iter().map(|(owner, _)| per_rank[*owner].next().unwrap_or(f64::NAN)).collect())
+        let mut sums = Vec::with_capacity(pieces.len());
+        for (owner, _) in &pieces {
+            match per_rank.get_mut(*owner).and_then(Iterator::next) {
+                Some(sum) => sums.push(sum),
+                None => {
+                    return Err(self.abort_with(format!(
+                        "the gather of norms has {} ranks' parts, and rank {owner}'s holds none for one of its pieces",
+                        values.len()
+                    )))
+                }
+            }
+        }
+        Ok(sums)
     }
 
     fn share_params(&mut self, params: &mut [f32]) -> Result<(), TrainError> {

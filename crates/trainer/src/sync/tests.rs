@@ -94,7 +94,7 @@ fn buckets_handed_over_mid_pass_reduce_to_every_ranks_mean() {
         sync.begin(&tokens(rank)).expect("begin");
         hand_over(&sync, rank, all_tensors());
         let averaged = sync.finish(rank as f32).expect("reduced");
-        let grads = sync.optimizer_view().expect("every piece back").0.floats().to_vec();
+        let grads = sync.optimizer_view().expect("every piece back").0.floats().expect("whole").to_vec();
         (averaged, grads)
     });
     let layout = layout();
@@ -132,7 +132,8 @@ fn step_all(mode: SyncMode) -> Vec<Vec<f32>> {
         sync.finish(0.0).expect("reduced");
         let (mut grads, exchange) = sync.optimizer_view().expect("every piece back");
         // Clipped: the norm is far above 0.5.
-        crate::optimizer::step(&mut adam, &mut params, grads.floats(), exchange, 0.5, 1e-2, 1).expect("step");
+        crate::optimizer::step(&mut adam, &mut params, grads.floats().expect("whole"), exchange, 0.5, 1e-2, 1)
+            .expect("step");
         drop(grads);
         sync.settle().expect("gathered");
         params

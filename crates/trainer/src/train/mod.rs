@@ -360,7 +360,7 @@ impl<'s> TrainingRun<'s> {
             Some(sync) => {
                 let (mut grads, exchange) = sync.optimizer_view()?;
                 let params = self.engine.params_mut();
-                crate::optimizer::step(&mut self.adam, params, grads.floats(), exchange, max_norm, lr, threads)
+                crate::optimizer::step(&mut self.adam, params, grads.floats()?, exchange, max_norm, lr, threads)
             }
             None => {
                 let (params, grads) = self.engine.params_and_grads();
