@@ -41,7 +41,18 @@ fn cannot_run() -> Option<String> {
     }
     let v2 = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers").unwrap_or_default().contains("cpu");
     let v1 = Path::new("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").exists();
-    (!v2 && !v1).then(|| "no cgroup CPU controller".to_string())
+    if !v2 && !v1 {
+        return Some("no cgroup CPU controller".to_string());
+    }
+    // A controller that is there may still be read-only (a container's): make a group to see.
+    let probe = Path::new(if v2 { "/sys/fs/cgroup" } else { "/sys/fs/cgroup/cpu" }).join(probe);
+    match std::fs::create_dir(&probe) {
+        Ok(()) => {
+            let _ = std::fs::remove_dir(&probe);
+            None
+        }
+        Err(e) => Some(format!("cannot make a cgroup under {} ({e})", probe.display())),
+    }
 }
 
 fn ring_bench(args: &[&str]) -> Option<Output> {
