@@ -225,7 +225,14 @@ fn main() -> Result<()> {
     }
     println!("CPU: {}", ringtune_runtime::cpu_model());
     if args.cluster.cluster == Some(ClusterKind::Netns) {
-        return on_cluster(&args);
+        let result = on_cluster(&args);
+        if result.is_err() && INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
+            // The interrupt pulled the cluster or the ranks from under the run: the handler is
+            // removing the rest and ends the process as interrupted, which an error must not
+            // pre-empt.
+            std::thread::sleep(Duration::from_secs(60));
+        }
+        return result;
     }
     let reports = run_on_loopback(&args)?;
     let gloo = match &args.pytorch {
