@@ -123,6 +123,7 @@ mod tests {
                 TaskChoice { text_columns: Some(vec!["a".into()]), ..TaskChoice::default() },
                 "--text-columns is for your own files",
             ),
+            (TaskChoice { quoting: Some(Quoting::None), ..TaskChoice::default() }, "--quoting is for your own files"),
             (
                 TaskChoice {
                     task: Some("mnli".into()),

@@ -118,8 +118,11 @@ impl GlueTask {
         if self != GlueTask::Cola {
             return Ok(self.file_layout("dev"));
         }
-        let bytes = std::fs::read(path).map_err(|source| DataError::Io { path: path.into(), source })?;
-        let first = bytes.split(|&b| b == b'\n').next().unwrap_or_default();
+        use std::io::BufRead;
+        // The header line only: the rows are read once, by `read_rows`.
+        let io = |source| DataError::Io { path: path.into(), source };
+        let mut first = Vec::new();
+        std::io::BufReader::new(std::fs::File::open(path).map_err(io)?).read_until(b'\n', &mut first).map_err(io)?;
         let split = if first.starts_with(b"index\tsentence") { "test" } else { "dev" };
         Ok(self.file_layout(split))
     }
@@ -338,7 +341,7 @@ pub struct TextRow {
 }
 
 /// The rows of one file.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default)]
 pub struct TextRows {
     /// The file.
     pub file: PathBuf,
@@ -436,15 +439,13 @@ pub fn read_rows(path: &Path, layout: &FileLayout) -> Result<TextRows, DataError
 fn resolve(table: &Table, asked: Option<&Columns>, path: &Path) -> Result<(Columns, &'static str), DataError> {
     let label = asked.map_or("label", |c| c.label.as_str());
     let found = default_columns(&table.columns, label);
-    let found_id = found.as_ref().and_then(|(f, _)| f.id.clone());
+    let asked_id = asked.and_then(|c| c.id.clone());
     let (columns, why) = match (asked, found) {
-        (Some(c), found) if c.text.is_empty() => match found {
-            Some((f, why)) => (Columns { text: f.text, id: c.id.clone().or(f.id), ..c.clone() }, why),
-            None => (Columns { text: Vec::new(), ..c.clone() }, ""),
-        },
-        (Some(c), _) => (Columns { id: c.id.clone().or(found_id), ..c.clone() }, "the columns asked for"),
-        (None, Some((f, why))) => (f, why),
-        (None, None) => (Columns { text: Vec::new(), label: label.into(), id: None }, ""),
+        (Some(c), found) if !c.text.is_empty() => {
+            (Columns { id: asked_id.or_else(|| found.and_then(|(f, _)| f.id)), ..c.clone() }, "the columns asked for")
+        }
+        (_, Some((f, why))) => (Columns { id: asked_id.or(f.id), ..f }, why),
+        (_, None) => (Columns { text: Vec::new(), label: label.into(), id: None }, ""),
     };
     let listed = || table.columns.iter().map(|c| format!("`{c}`")).collect::<Vec<_>>().join(", ");
     if columns.text.is_empty() {

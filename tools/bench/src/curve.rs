@@ -90,8 +90,8 @@ impl CurveModel {
     }
 }
 
-/// Seconds a run takes beside its steps (starting the hosts, reading the model, building the
-/// sessions) on one whole core.
+/// Seconds a MiniLM run takes beside its steps (starting the hosts, reading the model, building
+/// the sessions) on one whole core.
 const RUN_OVERHEAD_S_PER_CORE: f64 = 12.0;
 
 /// The time the runs asked for should take, in seconds: per run, the start and the steps, each
@@ -108,7 +108,9 @@ fn estimate_s(args: &CurveArgs, share: f64) -> f64 {
                 };
                 let step = model.step_s_per_core() * per_node / 32.0 / share;
                 let sync = if nodes > 1 { step * 0.5 } else { 0.0 };
-                total += (RUN_OVERHEAD_S_PER_CORE * model.step_s_per_core() / 1.3) / share + steps * (step + sync);
+                // The start grows with the model as its steps do.
+                let start = RUN_OVERHEAD_S_PER_CORE * model.step_s_per_core() / CurveModel::Minilm.step_s_per_core();
+                total += start / share + steps * (step + sync);
             }
         }
     }
