@@ -38,7 +38,8 @@ pub struct SyncMode {
     /// Buckets are reduced while the backward pass still runs (else after it).
     pub overlap: bool,
     /// Each node keeps optimizer state for, and steps, its shard of the parameters only; the
-    /// updated parameters are then all-gathered.
+    /// updated parameters are then all-gathered. The word-embedding table is every node's
+    /// (`SyncPlan::shard_of`).
     pub shard_optimizer: bool,
 }
 

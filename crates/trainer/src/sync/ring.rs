@@ -130,11 +130,12 @@ impl<T: Transport> RingExchange<T> {
         TrainError::Sync { reason }
     }
 
-    /// All-gathers `buffer` (as long as the parameters) bucket by bucket: each node's pieces
-    /// go to every other node.
+    /// All-gathers `buffer` (as long as the parameters, or their moments) bucket by bucket:
+    /// each node's pieces go to every other node. The word-embedding table is skipped: every
+    /// node steps all of it (`SyncPlan::shard_of`), so it is in place already.
     fn all_gather(&self, buffer: &mut [f32]) -> Result<(), TrainError> {
         let mut ring = lock(&self.ring);
-        for bucket in &self.plan.buckets {
+        for bucket in self.plan.buckets.iter().filter(|b| b.kind == BucketKind::Dense) {
             ring.all_gather(&mut buffer[bucket.range.clone()]).map_err(sync_error)?;
         }
         Ok(())
@@ -265,7 +266,7 @@ impl<T: Transport> GradSync for RingSync<T> {
     }
 
     fn optimizer_pieces(&self) -> Option<Vec<Range<usize>>> {
-        self.exchange.mode.shard_optimizer.then(|| self.exchange.plan.owned_by(self.exchange.rank))
+        self.exchange.mode.shard_optimizer.then(|| self.exchange.plan.shard_of(self.exchange.rank))
     }
 
     fn begin(&mut self, token_ids: &[i64]) -> Result<(), TrainError> {
@@ -443,15 +444,18 @@ impl<T: Transport> SyncThread<T> {
     }
 
     /// All-gathers the parameters bucket by bucket in forward order (the reverse of the plan's),
-    /// marking each in as it lands, while the next step's forward pass waits for them.
+    /// marking each in as it lands, while the next step's forward pass waits for them; the
+    /// word-embedding table, which every node has stepped, is in at once.
     fn gather_params(&mut self, mut params: LentParams) {
         let Some(gather) = self.gather.clone() else { return };
         let _span = tracing::debug_span!("param_gather").entered();
         let gathering = gather.gathering();
         let plan = self.plan.clone();
         for (index, bucket) in plan.buckets.iter().enumerate().rev() {
-            if let Err(e) = lock(&self.ring).all_gather(params.bucket(bucket.range.clone())) {
-                return gathering.end(Err(e.to_string()));
+            if bucket.kind == BucketKind::Dense {
+                if let Err(e) = lock(&self.ring).all_gather(params.bucket(bucket.range.clone())) {
+                    return gathering.end(Err(e.to_string()));
+                }
             }
             gathering.arrive(index);
         }
@@ -463,6 +467,7 @@ impl<T: Transport> SyncThread<T> {
         let plan = self.plan.clone();
         let (mut floats, mut busy) = (0, Duration::ZERO);
         let mut pieces = Vec::with_capacity(plan.buckets.len());
+        let begun = Instant::now();
         for (index, bucket) in plan.buckets.iter().enumerate() {
             while !(bucket.tensors.iter().all(|&t| self.ready.get(t).copied().unwrap_or(true))
                 && self.bucket_arrived(index))
@@ -487,8 +492,18 @@ impl<T: Transport> SyncThread<T> {
                     ring.all_reduce_rows(buffer, width, used_rows, wire).map(|rows| rows * width)
                 }
             };
-            floats += done.map_err(|e| e.to_string())?;
+            let done = done.map_err(|e| e.to_string())?;
+            floats += done;
             busy += started.elapsed();
+            // When each bucket's gradients were in and when it was reduced, from the step's
+            // start: where the sync falls behind the backward pass (`RUST_LOG=ringtune_trainer::sync=debug`).
+            tracing::debug!(
+                bucket = index,
+                floats = done,
+                arrived_s = (started - begun).as_secs_f64(),
+                reduced_s = begun.elapsed().as_secs_f64(),
+                "bucket reduced"
+            );
             pieces.push(piece);
         }
         // Pieces outside every bucket (none, with a plan that covers the buffer) go back too.
