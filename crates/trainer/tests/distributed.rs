@@ -236,7 +236,7 @@ fn gradients_that_are_not_finite_stop_every_node_before_the_step() {
                     .and_then(|adam| adam.owning(pieces))
                     .expect("adam");
                 let mut params = vec![1.0f32; len];
-                let (mut grads, exchange) = sync.optimizer_view().expect("every piece back");
+                let (mut grads, exchange) = sync.optimizer_view(&mut []).expect("every piece back");
                 let error = ringtune_trainer::optimizer::step(
                     &mut adam,
                     &mut params,

@@ -130,21 +130,35 @@ impl GradSlots {
                 reason: "the step's gradients are not all back from the sync thread".into(),
             });
         }
-        Ok(WholeGrads(state))
+        Ok(WholeGrads(Whole::Held(state)))
     }
 }
 
-/// The whole gradient buffer, held (no step can split it) while this lives.
-pub struct WholeGrads<'a>(MutexGuard<'a, SlotState>);
+/// The whole gradient buffer of a step: the sync's, held (no step can split it) while this
+/// lives, or on one node the session's own.
+pub struct WholeGrads<'a>(Whole<'a>);
 
-impl WholeGrads<'_> {
-    /// The floats. `GradSlots::whole` made this after finding no piece alive, and the lock it
-    /// holds keeps the sink from splitting the buffer since; were a piece out all the same, that
-    /// is a fault of the sync's protocol, named.
+enum Whole<'a> {
+    Held(MutexGuard<'a, SlotState>),
+    Session(&'a mut [f32]),
+}
+
+impl<'a> WholeGrads<'a> {
+    /// The gradients the session wrote into its own buffer (one node: no sink took them).
+    pub(crate) fn session(grads: &'a mut [f32]) -> Self {
+        WholeGrads(Whole::Session(grads))
+    }
+
+    /// The floats. `GradSlots::whole` made a held buffer after finding no piece alive, and the
+    /// lock it holds keeps the sink from splitting the buffer since; were a piece out all the
+    /// same, that is a fault of the sync's protocol, named.
     pub fn floats(&mut self) -> Result<&mut [f32], TrainError> {
-        self.0.slab.whole().ok_or_else(|| TrainError::Sync {
-            reason: "a piece of the step's gradients went out while the loop held the whole buffer".into(),
-        })
+        match &mut self.0 {
+            Whole::Held(state) => state.slab.whole().ok_or_else(|| TrainError::Sync {
+                reason: "a piece of the step's gradients went out while the loop held the whole buffer".into(),
+            }),
+            Whole::Session(grads) => Ok(grads),
+        }
     }
 }
 

@@ -1,7 +1,7 @@
-//! Training on several nodes: the gradient sync a run's loop drives, generic over the
+//! The gradient sync a run's loop drives, the same calls on any number of nodes: over the
 //! collective's [`Transport`](ringtune_collective::Transport) ([`RingSync`]; over QUIC,
-//! [`QuicSync`]), and what the optimizer step exchanges ([`Exchange`]; on one node,
-//! [`OneNode`], which exchanges nothing).
+//! [`QuicSync`]), or on one node [`OneNode`], whose calls do nothing; and what the optimizer
+//! step exchanges ([`Exchange`]).
 //!
 //! The sync offers collectives only: reduce a step's buckets while the backward pass runs
 //! ([`GradSync::begin`], [`GradSync::finish`]), the norm's sums and the parameters' share
@@ -88,8 +88,8 @@ fn table_rows(plan: &SyncPlan) -> Option<usize> {
     })
 }
 
-/// Gradient averaging across nodes and the checks that keep nodes in step. A single node
-/// trains with no `GradSync`.
+/// Gradient averaging across nodes and the checks that keep nodes in step; one node trains
+/// through [`OneNode`], whose calls do nothing.
 ///
 /// A step goes: [`GradSync::begin`] (before the forward and backward run when overlapping,
 /// after it otherwise), the run (whose `GradReady` nodes hand each gradient to the sink of
@@ -118,13 +118,18 @@ pub trait GradSync {
     /// Waits for every bucket, and returns the mean of `loss` over the nodes.
     fn finish(&mut self, loss: f32) -> Result<Averaged, TrainError>;
     /// After [`GradSync::finish`]: the averaged gradients (this node's pieces of them, when
-    /// the optimizer is sharded) and what the optimizer step exchanges.
-    fn optimizer_view(&mut self) -> Result<(WholeGrads<'_>, &mut dyn Exchange), TrainError>;
+    /// the optimizer is sharded) and what the optimizer step exchanges. `session` is the
+    /// gradients' buffer of the training session: where they are when no sink took them (one
+    /// node), empty otherwise.
+    fn optimizer_view<'a>(
+        &'a mut self,
+        session: &'a mut [f32],
+    ) -> Result<(WholeGrads<'a>, &'a mut dyn Exchange), TrainError>;
     /// The optimizer's state over the whole buffer, its moments gathered from the nodes when
     /// it is sharded (`None`: `adam` holds them all). Every node calls it at the same step.
     fn full_moments(&mut self, adam: &AdamW) -> Result<Option<AdamWState>, TrainError>;
-    /// Fails unless every node holds parameters with this hash.
-    fn check_params(&mut self, hash: [u8; 32]) -> Result<(), TrainError>;
+    /// Fails unless every node holds these parameters (their hashes are compared).
+    fn check_params(&mut self, params: &[f32]) -> Result<(), TrainError>;
     /// Returns once the parameters of the last step are all in place on this node (the
     /// all-gather behind the forward pass has ended), or with the reason they never will be.
     fn settle(&mut self) -> Result<(), TrainError>;
@@ -150,8 +155,62 @@ pub trait Exchange {
     fn fail(&mut self, reason: &str);
 }
 
-/// One node: nothing to exchange.
+/// One node: nothing to average, exchange or check; the gradients stay in the session's
+/// buffer.
 pub struct OneNode;
+
+impl GradSync for OneNode {
+    fn rank(&self) -> usize {
+        0
+    }
+
+    fn world(&self) -> usize {
+        1
+    }
+
+    fn mode(&self) -> SyncMode {
+        SyncMode { wire: Wire::F32, overlap: false, shard_optimizer: false }
+    }
+
+    fn hooks(&self) -> SyncHooks {
+        SyncHooks::default()
+    }
+
+    fn optimizer_pieces(&self) -> Option<Vec<Range<usize>>> {
+        None
+    }
+
+    fn begin(&mut self, _token_ids: &[i64]) -> Result<(), TrainError> {
+        Ok(())
+    }
+
+    fn abandon(&mut self, _reason: &str) {}
+
+    fn finish(&mut self, loss: f32) -> Result<Averaged, TrainError> {
+        Ok(Averaged { loss, bytes: 0, busy: Duration::ZERO, params_wait: Duration::ZERO })
+    }
+
+    fn optimizer_view<'a>(
+        &'a mut self,
+        session: &'a mut [f32],
+    ) -> Result<(WholeGrads<'a>, &'a mut dyn Exchange), TrainError> {
+        Ok((WholeGrads::session(session), self))
+    }
+
+    fn full_moments(&mut self, _adam: &AdamW) -> Result<Option<AdamWState>, TrainError> {
+        Ok(None)
+    }
+
+    fn check_params(&mut self, _params: &[f32]) -> Result<(), TrainError> {
+        Ok(())
+    }
+
+    fn settle(&mut self) -> Result<(), TrainError> {
+        Ok(())
+    }
+
+    fn release(&mut self) {}
+}
 
 impl Exchange for OneNode {
     fn nodes(&self) -> usize {

@@ -26,6 +26,7 @@ use super::param_gather::ParamGather;
 use super::slots::{LentParams, Piece};
 use super::{table_rows, Averaged, Exchange, GradSync, SyncMode};
 use crate::engine::SyncHooks;
+use crate::train::params_hash;
 use crate::TrainError;
 
 /// What the sync thread reports when a step's buckets are reduced.
@@ -314,7 +315,10 @@ impl<T: Transport> GradSync for RingSync<T> {
         Ok(Averaged { loss: mean_loss[0], bytes, busy: busy + gathering, params_wait })
     }
 
-    fn optimizer_view(&mut self) -> Result<(WholeGrads<'_>, &mut dyn Exchange), TrainError> {
+    fn optimizer_view<'a>(
+        &'a mut self,
+        _session: &'a mut [f32],
+    ) -> Result<(WholeGrads<'a>, &'a mut dyn Exchange), TrainError> {
         Ok((self.slots.whole()?, &mut self.exchange))
     }
 
@@ -346,8 +350,9 @@ impl<T: Transport> GradSync for RingSync<T> {
         Ok(Some(AdamWState { step: adam.state().step, m, v }))
     }
 
-    fn check_params(&mut self, hash: [u8; 32]) -> Result<(), TrainError> {
+    fn check_params(&mut self, params: &[f32]) -> Result<(), TrainError> {
         self.settle()?;
+        let hash = params_hash(params);
         let hashes = self.exchange.gather(Bytes::copy_from_slice(&hash))?;
         let differ: Vec<usize> =
             hashes.iter().enumerate().filter(|(_, h)| h.as_ref() != hash).map(|(r, _)| r).collect();

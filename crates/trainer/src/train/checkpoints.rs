@@ -87,10 +87,7 @@ impl TrainingRun<'_> {
     pub(super) fn save_checkpoint(&mut self) -> Result<(), TrainError> {
         let _span = tracing::debug_span!("checkpoint").entered();
         self.settle()?;
-        let gathered = match self.sync.as_deref_mut() {
-            Some(sync) => sync.full_moments(&self.adam)?,
-            None => None,
-        };
+        let gathered = self.sync.full_moments(&self.adam)?;
         if self.rank != 0 {
             return Ok(());
         }

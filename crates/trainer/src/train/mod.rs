@@ -20,7 +20,7 @@ use crate::evaluation::{evaluate, Scoring};
 use crate::metrics::{EvalRecord, Record, Scores, StepTimes};
 use crate::optimizer::Stepped;
 use crate::recipe::param_groups;
-use crate::sync::{Averaged, GradSync, OneNode};
+use crate::sync::{GradSync, OneNode};
 use crate::{TrainConfig, TrainError};
 
 mod checkpoints;
@@ -77,7 +77,8 @@ pub enum Start {
     Resume,
 }
 
-/// Trains as `cfg` says; `sync` joins other nodes (rank 0 evaluates and writes the outputs).
+/// Trains as `cfg` says; `sync` joins other nodes (rank 0 evaluates and writes the outputs),
+/// `None` trains on this one.
 pub fn train(
     cfg: &TrainConfig,
     root: &Path,
@@ -96,6 +97,11 @@ pub fn train_on(
     start: Start,
     sync: Option<&mut dyn GradSync>,
 ) -> Result<Summary, TrainError> {
+    let mut one = OneNode;
+    let sync: &mut dyn GradSync = match sync {
+        Some(sync) => sync,
+        None => &mut one,
+    };
     let mut run = TrainingRun::prepare(inputs, cfg, root, start, sync)?;
     while let Some(epoch) = run.next_epoch() {
         for (index, rows) in run.epoch_batches(epoch)? {
@@ -131,7 +137,7 @@ pub enum Continue {
 /// One run of training, from prepared to finished.
 pub struct TrainingRun<'s> {
     cfg: TrainConfig,
-    sync: Option<&'s mut dyn GradSync>,
+    sync: &'s mut dyn GradSync,
     rank: usize,
     world: usize,
     inputs: Inputs,
@@ -146,17 +152,17 @@ pub struct TrainingRun<'s> {
 impl<'s> TrainingRun<'s> {
     /// Reads the data and the model, checks the output folder (a fresh run never overwrites an
     /// earlier one), builds the sessions and the schedule; a resumed run then loads its
-    /// newest usable checkpoint.
+    /// newest usable checkpoint. `sync` is [`OneNode`] on one node.
     pub fn prepare(
         inputs: Inputs,
         cfg: &TrainConfig,
         root: &Path,
         start: Start,
-        sync: Option<&'s mut dyn GradSync>,
+        sync: &'s mut dyn GradSync,
     ) -> Result<Self, TrainError> {
         cfg.validate()?;
         let started = Instant::now();
-        let (rank, world) = sync.as_ref().map_or((0, 1), |s| (s.rank(), s.world()));
+        let (rank, world) = (sync.rank(), sync.world());
         let layout = inputs.model.layout.clone();
         let plan = plan(cfg, root, &inputs, world)?;
         if rank == 0 && start == Start::Fresh {
@@ -182,11 +188,10 @@ impl<'s> TrainingRun<'s> {
         let mut adam =
             AdamW::new(AdamWConfig::default(), &param_groups(&layout, cfg.weight_decay), layout.total_len())?
                 .with_threads(cfg.threads);
-        if let Some(pieces) = sync.as_ref().and_then(|s| s.optimizer_pieces()) {
+        if let Some(pieces) = sync.optimizer_pieces() {
             adam = adam.owning(pieces)?;
         }
-        let hooks = sync.as_ref().map(|s| s.hooks()).unwrap_or_default();
-        let (engine, evaluator) = sessions(cfg, &inputs, params, rank == 0, hooks)?;
+        let (engine, evaluator) = sessions(cfg, &inputs, params, rank == 0, sync.hooks())?;
         if rank == 0 {
             tracing::info!(
                 steps = plan.total,
@@ -198,7 +203,8 @@ impl<'s> TrainingRun<'s> {
                 "training {}",
                 inputs.model.dir.display()
             );
-            if let Some(mode) = sync.as_ref().map(|s| s.mode()) {
+            if world > 1 {
+                let mode = sync.mode();
                 tracing::info!(
                     wire = mode.wire_name(),
                     overlap = mode.overlap,
@@ -208,7 +214,7 @@ impl<'s> TrainingRun<'s> {
             }
         }
         let mut log = RunLog::new(rank == 0, &plan, started);
-        log.wire = sync.as_ref().map(|s| s.mode().wire_name());
+        log.wire = (world > 1).then(|| sync.mode().wire_name());
         let progress = Progress { step: 0, epoch: 0, batch_in_epoch: 0 };
         let mut run =
             TrainingRun { cfg: cfg.clone(), sync, rank, world, inputs, plan, engine, evaluator, adam, progress, log };
@@ -260,9 +266,9 @@ impl<'s> TrainingRun<'s> {
             Batch::new(&self.inputs.train, rows, Padding::Dynamic, self.inputs.config.pad_token_id)
         };
         let t1 = Instant::now();
-        let overlap = self.sync.as_ref().is_some_and(|s| s.mode().overlap);
+        let overlap = self.sync.mode().overlap;
         if overlap {
-            self.begin_sync(&batch.input_ids)?;
+            self.sync.begin(&batch.input_ids)?;
         }
         let out = {
             let _span = tracing::debug_span!("forward_backward").entered();
@@ -272,19 +278,21 @@ impl<'s> TrainingRun<'s> {
         let out = match out {
             Ok(out) => out,
             Err(e) => {
-                if let Some(sync) = self.sync.as_deref_mut() {
-                    sync.abandon(&format!("its forward or backward pass failed: {e}"));
-                    // A pass that failed waiting for parameters failed for the sync's reason.
-                    sync.settle()?;
-                }
+                self.sync.abandon(&format!("its forward or backward pass failed: {e}"));
+                // A pass that failed waiting for parameters failed for the sync's reason.
+                self.sync.settle()?;
                 return Err(e);
             }
         };
         if !overlap {
-            self.begin_sync(&batch.input_ids)?;
+            self.sync.begin(&batch.input_ids)?;
         }
         let t2 = Instant::now();
-        let (loss, synced) = self.finish_sync(out.loss)?;
+        let averaged = {
+            let _span = tracing::debug_span!("sync_exposed").entered();
+            self.sync.finish(out.loss)?
+        };
+        let (loss, synced) = (averaged.loss, (self.world > 1).then_some(averaged));
         let t3 = Instant::now();
         // Checked before the optimizer, which would carry a NaN into the parameters and so into
         // the checkpoints.
@@ -333,55 +341,23 @@ impl<'s> TrainingRun<'s> {
         Ok(StepDone { next: Continue::Next, loss, times })
     }
 
-    fn begin_sync(&mut self, token_ids: &[i64]) -> Result<(), TrainError> {
-        match self.sync.as_deref_mut() {
-            Some(sync) => sync.begin(token_ids),
-            None => Ok(()),
-        }
-    }
-
-    /// Waits for the gradients averaged over the nodes (the mean loss too); one node keeps its own.
-    fn finish_sync(&mut self, loss: f32) -> Result<(f32, Option<Averaged>), TrainError> {
-        match self.sync.as_deref_mut() {
-            Some(sync) => {
-                let _span = tracing::debug_span!("sync_exposed").entered();
-                let averaged = sync.finish(loss)?;
-                Ok((averaged.loss, Some(averaged)))
-            }
-            None => Ok((loss, None)),
-        }
-    }
-
-    /// Clips and steps the optimizer; on several nodes the sync shares the norm's sums and the
-    /// parameters.
+    /// Clips and steps the optimizer over the averaged gradients; on several nodes the sync
+    /// shares the norm's sums and the parameters.
     fn optimize(&mut self, lr: f32) -> Result<Stepped, TrainError> {
         let (max_norm, threads) = (self.cfg.max_grad_norm, self.cfg.threads);
-        match self.sync.as_deref_mut() {
-            Some(sync) => {
-                let (mut grads, exchange) = sync.optimizer_view()?;
-                let params = self.engine.params_mut();
-                crate::optimizer::step(&mut self.adam, params, grads.floats()?, exchange, max_norm, lr, threads)
-            }
-            None => {
-                let (params, grads) = self.engine.params_and_grads();
-                crate::optimizer::step(&mut self.adam, params, grads, &mut OneNode, max_norm, lr, threads)
-            }
-        }
+        let (params, session_grads) = self.engine.params_and_grads();
+        let (mut grads, exchange) = self.sync.optimizer_view(session_grads)?;
+        crate::optimizer::step(&mut self.adam, params, grads.floats()?, exchange, max_norm, lr, threads)
     }
 
     fn check_params(&mut self) -> Result<(), TrainError> {
-        match self.sync.as_deref_mut() {
-            Some(sync) => {
-                sync.settle()?;
-                sync.check_params(params_hash(self.engine.params()))
-            }
-            None => Ok(()),
-        }
+        self.settle()?;
+        self.sync.check_params(self.engine.params())
     }
 
     /// Waits until the parameters of the last step are all in place (see [`GradSync::settle`]).
     fn settle(&mut self) -> Result<(), TrainError> {
-        self.sync.as_deref_mut().map_or(Ok(()), |sync| sync.settle())
+        self.sync.settle()
     }
 
     /// The end of an epoch, or of the run when `--max-steps` stops it inside one: the nodes
@@ -449,8 +425,6 @@ impl Drop for TrainingRun<'_> {
     fn drop(&mut self) {
         // The sync thread may still be gathering into the parameters, which the engine owns:
         // a run left on an error path stops that before the engine goes.
-        if let Some(sync) = self.sync.as_deref_mut() {
-            sync.release();
-        }
+        self.sync.release();
     }
 }
