@@ -4,8 +4,10 @@
 //! and its link is the emulated node's slowed as much as the share slows the compute. Real
 //! training steps (MRPC, the sync behind the backward pass), per-node batch fixed and the
 //! recipe's global batch fixed; a table and a PNG of the curve, with the Hugging Face / Intel
-//! post's 1.7x and 3.0x on c6i.16xlarge nodes beside it. The time it will take is printed before
-//! it starts. `--time-to-accuracy` adds MRPC's 3 epochs on every node count: the wall time to
+//! post's 1.7x and 3.0x on c6i.16xlarge nodes beside it. Beside every synced run of N > 1 nodes
+//! with a batch per node, the same N nodes each train alone (`ring-bench --alone`): the floor
+//! under a synced step, what the data's lengths and the shared machine cost with nothing to sync.
+//! The time it will take is printed before it starts. `--time-to-accuracy` adds MRPC's 3 epochs on every node count: the wall time to
 //! the final dev scores.
 
 use std::path::{Path, PathBuf};
@@ -15,6 +17,8 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use plotters::prelude::*;
 use ringtune_trainer::plot::register_font;
+
+use ringtune_trainer::metrics::{read_records, Record};
 
 use crate::scaling::{phases, run_program, train_settings, Batching, Phases};
 
@@ -55,7 +59,11 @@ pub(crate) struct CurveArgs {
     /// node count, and gives the wall time to the final dev scores.
     #[arg(long)]
     time_to_accuracy: bool,
-    /// Settings passed on to every `ringtune train` (e.g. `--wire bf16`).
+    /// The gradients' number format on the wire of every synced run (`ringtune train --wire`):
+    /// bf16, as the emulated links are the bottleneck (the optimizer is then not sharded).
+    #[arg(long, default_value = "bf16")]
+    wire: String,
+    /// Settings passed on to every `ringtune train` (e.g. `--shard-optimizer true`).
     #[arg(last = true)]
     train_args: Vec<String>,
 }
@@ -111,6 +119,10 @@ fn estimate_s(args: &CurveArgs, share: f64) -> f64 {
                 // The start grows with the model as its steps do.
                 let start = RUN_OVERHEAD_S_PER_CORE * model.step_s_per_core() / CurveModel::Minilm.step_s_per_core();
                 total += start / share + steps * (step + sync);
+                if nodes > 1 && *batching == Batching::PerNode {
+                    // The floor: the same nodes alone, a slowest step a step.
+                    total += start / share + steps * step * 1.2;
+                }
             }
         }
     }
@@ -132,6 +144,16 @@ fn steps_of(args: &CurveArgs, model: CurveModel) -> u64 {
         CurveModel::Minilm => args.minilm_steps,
         CurveModel::BertBase | CurveModel::Mpnet => args.base_steps,
     }
+}
+
+/// N nodes each training alone side by side, a batch per node: the mean over the steps of the
+/// slowest node's step is the floor under a synced step of N nodes; the mean step is one node's
+/// under the load of N.
+struct Floor {
+    model: CurveModel,
+    nodes: usize,
+    slowest_step: f64,
+    mean_step: f64,
 }
 
 /// One measured point.
@@ -160,6 +182,7 @@ pub(crate) fn curve(args: &CurveArgs) -> Result<()> {
         estimate_s(args, share) / 60.0
     );
     let mut points = Vec::new();
+    let mut floors = Vec::new();
     let mut header_shown = false;
     for &model in &args.models {
         let model_dir = match model {
@@ -176,8 +199,8 @@ pub(crate) fn curve(args: &CurveArgs) -> Result<()> {
                 let out = dir.path().join(format!("{}-{nodes}-{batching:?}", model.name()));
                 let mut train = vec!["--model".to_string(), model_dir.display().to_string()];
                 train.extend(train_settings(steps, batching, args.batch, &args.train_args, &out));
-                train.extend(["--overlap".into(), "true".into()]);
-                let shown = emulated(args, nodes, share, &train, !header_shown)?;
+                train.extend(["--overlap".into(), "true".into(), "--wire".into(), args.wire.clone()]);
+                let shown = emulated(args, nodes, share, &train, !header_shown, false)?;
                 header_shown |= shown;
                 let phases = phases(&out.join("metrics.jsonl"))?;
                 let global = match batching {
@@ -187,10 +210,21 @@ pub(crate) fn curve(args: &CurveArgs) -> Result<()> {
                 let samples_per_s = global as f64 / phases.step;
                 eprintln!("curve: {} on {nodes} nodes, {batching:?}: {samples_per_s:.2} samples/s", model.name());
                 points.push(Point { model, batching, nodes, phases, samples_per_s });
+                if nodes > 1 && batching == Batching::PerNode {
+                    let floor = floor(args, (model, &model_dir), nodes, share, dir.path())?;
+                    eprintln!(
+                        "curve: {} on {nodes} nodes alone: slowest step {:.3} s, mean {:.3} s",
+                        model.name(),
+                        floor.slowest_step,
+                        floor.mean_step
+                    );
+                    floors.push(floor);
+                }
             }
         }
     }
     print_table(args, share, &points);
+    print_floors(args, &points, &floors);
     draw(&args.plot, &points, &args.nodes, &args.emulate)?;
     println!("\nplot: {}", args.plot.display());
     println!("measured in {:.1} min", started.elapsed().as_secs_f64() / 60.0);
@@ -202,7 +236,8 @@ pub(crate) fn curve(args: &CurveArgs) -> Result<()> {
 
 /// The measured points as a markdown table, with what they were measured on.
 fn print_table(args: &CurveArgs, share: f64, points: &[Point]) {
-    let settings = if args.train_args.is_empty() { "default settings".to_string() } else { args.train_args.join(" ") };
+    let settings = std::iter::once(format!("--wire {}", args.wire)).chain(args.train_args.iter().cloned());
+    let settings = settings.collect::<Vec<_>>().join(" ");
     println!(
         "\nScaling on {} emulated nodes ({share} cores each), MRPC, 1 thread per node, sync behind the backward pass, {settings}; \
          speedup in samples/s over one node of the same share:",
@@ -235,17 +270,92 @@ fn print_table(args: &CurveArgs, share: f64, points: &[Point]) {
     }
 }
 
+/// Runs `nodes` nodes of `model` each alone, side by side, a batch each, every one its own
+/// order of the data (its rank as the seed) as the shards of a synced run differ.
+fn floor(args: &CurveArgs, (model, dir): (CurveModel, &Path), nodes: usize, share: f64, runs: &Path) -> Result<Floor> {
+    let steps = steps_of(args, model);
+    let out = |host: &str| runs.join(format!("{}-{nodes}-alone-{host}", model.name()));
+    let mut train: Vec<String> = vec!["--model".into(), dir.display().to_string(), "--output".into()];
+    train.push(out("{rank}").display().to_string());
+    let settings = ["--max-steps", &steps.to_string(), "--log-every", "1", "--threads", "1", "--seed", "{rank}"];
+    train.extend(settings.iter().map(|s| s.to_string()));
+    train.extend(["--batch-size".into(), args.batch.to_string()]);
+    train.extend(args.train_args.iter().cloned());
+    emulated(args, nodes, share, &train, false, true)?;
+    // As the synced runs' first log window: warm-up, not counted.
+    let warm_up = (steps / 4).max(1) as usize;
+    let mut hosts = Vec::with_capacity(nodes);
+    for host in 0..nodes {
+        let metrics = out(&host.to_string()).join("metrics.jsonl");
+        let steps: Vec<f64> = read_records(&metrics)?
+            .iter()
+            .filter_map(|r| match r {
+                Record::Step(s) => Some(s.times.step_s()),
+                Record::Eval(_) => None,
+            })
+            .skip(warm_up)
+            .collect();
+        if steps.is_empty() {
+            bail!("{} has no step records after the warm-up", metrics.display());
+        }
+        hosts.push(steps);
+    }
+    let counted = hosts.iter().map(Vec::len).min().unwrap_or(0);
+    let slowest: Vec<f64> = (0..counted).map(|k| hosts.iter().map(|h| h[k]).fold(0.0, f64::max)).collect();
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let all: Vec<f64> = hosts.iter().flat_map(|h| h[..counted].iter().copied()).collect();
+    Ok(Floor { model, nodes, slowest_step: mean(&slowest), mean_step: mean(&all) })
+}
+
+/// The floors beside the synced runs: the speedup a sync that cost nothing would give, and one
+/// node's rate under the same load.
+fn print_floors(args: &CurveArgs, points: &[Point], floors: &[Floor]) {
+    if floors.is_empty() {
+        return;
+    }
+    println!(
+        "\nThe floor: the same nodes each training alone side by side ({} per node, each its own order of the data), \
+         nothing synced; a synced step cannot be shorter than the slowest of them:",
+        args.batch
+    );
+    println!("| model | nodes | slowest step s | speedup at the floor | synced speedup | of the floor | mean step alone s | synced speedup over one node under that load |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for f in floors {
+        let Some(base) = baseline(points, f.model) else { continue };
+        let synced =
+            points.iter().find(|p| p.model == f.model && p.nodes == f.nodes && p.batching == Batching::PerNode);
+        let Some(synced) = synced else { continue };
+        let nodes = f.nodes as f64;
+        let at_floor = nodes * base.phases.step / f.slowest_step;
+        let speedup = synced.samples_per_s / base.samples_per_s;
+        let loaded = nodes * f.mean_step / synced.phases.step;
+        println!(
+            "| {} | {} | {:.3} | {at_floor:.2}x | {speedup:.2}x | {:.0}% | {:.3} | {loaded:.2}x |",
+            f.model.name(),
+            f.nodes,
+            f.slowest_step,
+            100.0 * speedup / at_floor,
+            f.mean_step
+        );
+    }
+}
+
 /// The one-node point of `model`'s curves.
 fn baseline(points: &[Point], model: CurveModel) -> Option<&Point> {
     points.iter().find(|p| p.model == model && p.nodes == 1)
 }
 
-/// Runs `ringtune train` with `train` on `nodes` emulated nodes of `share` cores; shows
-/// ring-bench's account of the emulation when `show` (once a run), and says whether it did.
-fn emulated(args: &CurveArgs, nodes: usize, share: f64, train: &[String], show: bool) -> Result<bool> {
+/// Runs `ringtune train` with `train` on `nodes` emulated nodes of `share` cores (each node a
+/// run of its own when `alone`); shows ring-bench's account of the emulation when `show` (once
+/// a run), and says whether it did.
+fn emulated(args: &CurveArgs, nodes: usize, share: f64, train: &[String], show: bool, alone: bool) -> Result<bool> {
     let mut command: Vec<String> =
         ["--cluster", "netns", "--ranks", &nodes.to_string(), "--cpu-share"].iter().map(|s| s.to_string()).collect();
-    command.extend([share.to_string(), "--emulate".into(), args.emulate.clone(), "--".into()]);
+    command.extend([share.to_string(), "--emulate".into(), args.emulate.clone()]);
+    if alone {
+        command.push("--alone".into());
+    }
+    command.push("--".into());
     command.push(args.ringtune.display().to_string());
     command.push("train".into());
     command.extend(train.iter().cloned());
@@ -368,9 +478,9 @@ fn time_to_accuracy(args: &CurveArgs, share: f64) -> Result<()> {
         let out = dir.path().join(format!("mrpc-{nodes}"));
         let mut train = vec!["--output".to_string(), out.display().to_string()];
         train.extend(["--global-batch-size".into(), args.batch.to_string(), "--threads".into(), "1".into()]);
-        train.extend(["--overlap".into(), "true".into()]);
+        train.extend(["--overlap".into(), "true".into(), "--wire".into(), args.wire.clone()]);
         train.extend(args.train_args.iter().cloned());
-        emulated(args, nodes, share, &train, false)?;
+        emulated(args, nodes, share, &train, false, false)?;
         let path = out.join("summary.json");
         let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
         let summary: serde_json::Value =

@@ -80,6 +80,11 @@ struct Args {
     /// train --max-steps 20`; host 0's output is shown.
     #[arg(last = true)]
     exec: Vec<String>,
+    /// With `-- COMMAND`: every host runs it alone, without the launcher's variables, each its
+    /// own one-node job: the same work side by side with nothing to sync, the floor under a
+    /// synced step. `{rank}` in the command becomes the host's rank (an output folder, a seed).
+    #[arg(long, requires = "exec")]
+    alone: bool,
 }
 
 /// Where the ranks run: loopback, or an emulated cluster.
@@ -283,22 +288,31 @@ fn unless_failed(gloo: Result<Gloo>) -> Gloo {
     })
 }
 
-/// Runs `command` on every host of `net` as one rank of a job, each in its CPU share when
-/// there are shares, and waits for all of them.
-fn exec_on_hosts(command: &[String], net: &cluster::Cluster, shares: Option<&CpuShares>) -> Result<()> {
+/// The launcher's variables: what a torchrun-style launcher tells each rank.
+const LAUNCHER_VARIABLES: [&str; 5] = ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "RINGTUNE_CERTS"];
+
+/// Runs `command` on every host of `net` as one rank of a job (or, `alone`, as a job of its
+/// own), each in its CPU share when there are shares, and waits for all of them.
+fn exec_on_hosts(command: &[String], net: &cluster::Cluster, shares: Option<&CpuShares>, alone: bool) -> Result<()> {
     let certs = tempfile::tempdir()?;
     write(certs.path(), &generate(net.hosts())?)?;
     let mut ranks = Processes::default();
     for h in 0..net.hosts() {
         let mut cmd = net.command(h, std::path::Path::new(&command[0]));
-        cmd.args(&command[1..])
-            .env("RANK", h.to_string())
-            .env("WORLD_SIZE", net.hosts().to_string())
-            .env("MASTER_ADDR", net.addr(0).to_string())
-            .env("MASTER_PORT", "29500")
-            .env("RINGTUNE_CERTS", certs.path())
-            .stdout(if h == 0 { Stdio::inherit() } else { Stdio::null() })
-            .stderr(if h == 0 { Stdio::inherit() } else { Stdio::piped() });
+        cmd.args(command[1..].iter().map(|a| a.replace("{rank}", &h.to_string())));
+        if alone {
+            for variable in LAUNCHER_VARIABLES {
+                cmd.env_remove(variable);
+            }
+        } else {
+            let values = [h.to_string(), net.hosts().to_string(), net.addr(0).to_string(), "29500".into()];
+            cmd.envs(LAUNCHER_VARIABLES.iter().zip(values)).env("RINGTUNE_CERTS", certs.path());
+        }
+        cmd.stdout(if h == 0 { Stdio::inherit() } else { Stdio::null() }).stderr(if h == 0 {
+            Stdio::inherit()
+        } else {
+            Stdio::piped()
+        });
         let pid = ranks.spawn(&mut cmd)?;
         if let Some(shares) = shares {
             // Before the rank starts its threads (they join its group with it) or much work.
@@ -376,7 +390,7 @@ fn on_cluster(args: &Args) -> Result<()> {
         println!("{}", node.describe(share, link.delay.as_deref()));
     }
     if !args.exec.is_empty() {
-        return exec_on_hosts(&args.exec, &net, shares.as_ref());
+        return exec_on_hosts(&args.exec, &net, shares.as_ref(), args.alone);
     }
     let addrs: Vec<SocketAddr> = (0..net.hosts()).map(|h| SocketAddr::new(net.addr(h).into(), 4000)).collect();
     let relays = match c.impair.as_slice() {

@@ -214,7 +214,9 @@ pub(crate) struct ClusterArgs {
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub(crate) overlap: bool,
     /// Each node keeps optimizer state for, and steps, its shard of the parameters only, then
-    /// the nodes all-gather the parameters (default: true); every node must use the same.
+    /// the nodes all-gather the parameters (default: true with `--wire fp32`, where it sends no
+    /// more bytes than an all-reduce, false with bf16, where the gathered parameters, fp32,
+    /// would make 1.5x the bytes); every node must use the same.
     #[arg(long, action = clap::ArgAction::Set)]
     pub(crate) shard_optimizer: Option<bool>,
 }

@@ -73,13 +73,16 @@ fn cluster_options_from(args: &ClusterArgs, var: impl Fn(&str) -> Option<String>
         deadline: std::time::Duration::from_secs(args.deadline.max(1)),
         lanes: args.lanes.max(1),
         mtu: args.mtu,
-        mode: SyncMode {
-            wire: match args.wire {
+        mode: {
+            let wire = match args.wire {
                 WireFormat::Bf16 => Wire::Bf16,
                 WireFormat::Fp32 => Wire::F32,
-            },
-            overlap: args.overlap,
-            shard_optimizer: args.shard_optimizer.unwrap_or(true),
+            };
+            SyncMode {
+                wire,
+                overlap: args.overlap,
+                shard_optimizer: args.shard_optimizer.unwrap_or(SyncMode::shards_by_default(wire)),
+            }
         },
     }))
 }
