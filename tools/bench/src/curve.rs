@@ -7,8 +7,8 @@
 //! post's 1.7x and 3.0x on c6i.16xlarge nodes beside it. Beside every synced run of N > 1 nodes
 //! with a batch per node, the same N nodes each train alone (`ring-bench --alone`): the floor
 //! under a synced step, what the data's lengths and the shared machine cost with nothing to sync.
-//! The time it will take is printed before it starts. `--time-to-accuracy` adds MRPC's 3 epochs on every node count: the wall time to
-//! the final dev scores.
+//! The time it will take is printed before it starts. `--to-accuracy` adds MRPC's 3 epochs on
+//! every node count, a batch per node: the wall time to the final dev scores.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -55,10 +55,15 @@ pub(crate) struct CurveArgs {
     /// The plot.
     #[arg(long, default_value = "runs/scaling-curve.png")]
     plot: PathBuf,
-    /// Also trains MiniLM on MRPC for the recipe's 3 epochs (global batch `--batch`) on every
-    /// node count, and gives the wall time to the final dev scores.
-    #[arg(long)]
-    time_to_accuracy: bool,
+    /// Also trains MiniLM on MRPC for the recipe's 3 epochs on every node count, `--batch` per
+    /// node, the learning rate scaled by the square root of the global batch's growth (the
+    /// square-root rule for Adam), and gives the wall time to the final dev scores.
+    #[arg(long, alias = "time-to-accuracy")]
+    to_accuracy: bool,
+    /// The learning rate of one node's batch, which `--to-accuracy` scales (`ringtune train`'s
+    /// default).
+    #[arg(long, default_value_t = 1e-4)]
+    learning_rate: f64,
     /// The gradients' number format on the wire of every synced run (`ringtune train --wire`):
     /// bf16, as the emulated links are the bottleneck (the optimizer is then not sharded).
     #[arg(long, default_value = "bf16")]
@@ -178,7 +183,7 @@ pub(crate) fn curve(args: &CurveArgs) -> Result<()> {
     println!("CPU: {}", ringtune_runtime::cpu_model());
     println!(
         "{} runs; estimated time: {:.0} min (each run's steps and start, at {share} cores a node)",
-        args.models.len() * args.nodes.iter().map(|&n| runs_at(n).len()).sum::<usize>(),
+        args.models.len() * args.nodes.iter().map(|&n| runs_at(n).len() + usize::from(n > 1)).sum::<usize>(),
         estimate_s(args, share) / 60.0
     );
     let mut points = Vec::new();
@@ -225,11 +230,11 @@ pub(crate) fn curve(args: &CurveArgs) -> Result<()> {
     }
     print_table(args, share, &points);
     print_floors(args, &points, &floors);
-    draw(&args.plot, &points, &args.nodes, &args.emulate)?;
+    draw(&args.plot, (&points, &floors), &args.nodes, &args.emulate)?;
     println!("\nplot: {}", args.plot.display());
     println!("measured in {:.1} min", started.elapsed().as_secs_f64() / 60.0);
-    if args.time_to_accuracy {
-        time_to_accuracy(args, share)?;
+    if args.to_accuracy {
+        to_accuracy(args, share)?;
     }
     Ok(())
 }
@@ -392,7 +397,7 @@ const PUBLISHED: [(f64, f64); 3] = [(1.0, 1.0), (2.0, 466.0 / 279.0), (4.0, 466.
 
 /// The curves as a PNG: speedup by nodes, one line per model and batching, beside the linear
 /// line and the published points.
-fn draw(path: &Path, points: &[Point], nodes: &[usize], emulate: &str) -> Result<()> {
+fn draw(path: &Path, (points, floors): (&[Point], &[Floor]), nodes: &[usize], emulate: &str) -> Result<()> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)?;
     }
@@ -428,32 +433,11 @@ fn draw(path: &Path, points: &[Point], nodes: &[usize], emulate: &str) -> Result
             .legend(|(x, y)| Cross::new((x + 10, y), 5, BLACK.stroke_width(2)));
     }
     let colours = [BLUE, RED, GREEN, MAGENTA];
-    let mut colour = colours.iter().cycle();
-    let models: Vec<CurveModel> = points.iter().fold(Vec::new(), |mut seen, p| {
-        if !seen.contains(&p.model) {
-            seen.push(p.model);
-        }
-        seen
-    });
-    for model in models {
-        let Some(base) = baseline(points, model) else { continue };
-        for batching in [Batching::PerNode, Batching::Global] {
-            let line: Vec<(f64, f64)> = points
-                .iter()
-                .filter(|p| p.model == model && (p.nodes == 1 || p.batching == batching))
-                .map(|p| (p.nodes as f64, p.samples_per_s / base.samples_per_s))
-                .collect();
-            let c = *colour.next().unwrap_or(&BLUE);
-            let series = chart.draw_series(LineSeries::new(line, c).point_size(4)).map_err(|e| fail(&e))?;
-            if text {
-                let label = match batching {
-                    Batching::PerNode => "batch per node",
-                    Batching::Global => "global batch",
-                };
-                series
-                    .label(format!("{}, {label}", model.name()))
-                    .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], c));
-            }
+    for ((label, line, faint), c) in lines(points, floors).into_iter().zip(colours.iter().cycle()) {
+        let c = if faint { c.mix(0.5) } else { c.to_rgba() };
+        let series = chart.draw_series(LineSeries::new(line, c).point_size(4)).map_err(|e| fail(&e))?;
+        if text {
+            series.label(label).legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], c));
         }
     }
     if text {
@@ -469,15 +453,57 @@ fn draw(path: &Path, points: &[Point], nodes: &[usize], emulate: &str) -> Result
     Ok(())
 }
 
-/// MRPC's recipe (MiniLM, 3 epochs, the global batch) on every node count: the wall time of
-/// each run and its final dev scores.
-fn time_to_accuracy(args: &CurveArgs, share: f64) -> Result<()> {
+/// The learning rate of a global batch `nodes` times one node's: `base` scaled by the square
+/// root of the growth, the rule for Adam (Malladi et al., 2022, "On the SDEs and scaling rules
+/// for adaptive gradient algorithms"); the linear rule overshoots AdamW's fine-tuning rates.
+fn scaled_learning_rate(base: f64, nodes: usize) -> f64 {
+    base * (nodes as f64).sqrt()
+}
+
+/// A line of the plot: its label, its points (nodes, speedup), and whether it is drawn faint.
+type Line = (String, Vec<(f64, f64)>, bool);
+
+/// The plot's lines: per model, the speedup with a batch per node, with the global batch, and
+/// at the floor (faint).
+fn lines(points: &[Point], floors: &[Floor]) -> Vec<Line> {
+    let models: Vec<CurveModel> = points.iter().fold(Vec::new(), |mut seen, p| {
+        if !seen.contains(&p.model) {
+            seen.push(p.model);
+        }
+        seen
+    });
+    let mut out = Vec::new();
+    for model in models {
+        let Some(base) = baseline(points, model) else { continue };
+        for (batching, label) in [(Batching::PerNode, "batch per node"), (Batching::Global, "global batch")] {
+            let line = points
+                .iter()
+                .filter(|p| p.model == model && (p.nodes == 1 || p.batching == batching))
+                .map(|p| (p.nodes as f64, p.samples_per_s / base.samples_per_s))
+                .collect();
+            out.push((format!("{}, {label}", model.name()), line, false));
+        }
+        let at_floor = |f: &Floor| (f.nodes as f64, f.nodes as f64 * base.phases.step / f.slowest_step);
+        let floor: Vec<(f64, f64)> =
+            std::iter::once((1.0, 1.0)).chain(floors.iter().filter(|f| f.model == model).map(at_floor)).collect();
+        if floor.len() > 1 {
+            out.push((format!("{}, the floor: each node alone, nothing synced", model.name()), floor, true));
+        }
+    }
+    out
+}
+
+/// MRPC's recipe (MiniLM, 3 epochs) on every node count, a batch per node, the learning rate
+/// scaled for the global batch: the wall time of each run and its final dev scores.
+fn to_accuracy(args: &CurveArgs, share: f64) -> Result<()> {
     let dir = tempfile::tempdir()?;
     let mut rows = Vec::new();
     for &nodes in &args.nodes {
         let out = dir.path().join(format!("mrpc-{nodes}"));
+        let lr = scaled_learning_rate(args.learning_rate, nodes);
         let mut train = vec!["--output".to_string(), out.display().to_string()];
-        train.extend(["--global-batch-size".into(), args.batch.to_string(), "--threads".into(), "1".into()]);
+        train.extend(["--batch-size".into(), args.batch.to_string(), "--threads".into(), "1".into()]);
+        train.extend(["--learning-rate".into(), format!("{lr:e}")]);
         train.extend(["--overlap".into(), "true".into(), "--wire".into(), args.wire.clone()]);
         train.extend(args.train_args.iter().cloned());
         emulated(args, nodes, share, &train, false, false)?;
@@ -488,17 +514,25 @@ fn time_to_accuracy(args: &CurveArgs, share: f64) -> Result<()> {
         let wall = summary["wall_s"].as_f64().with_context(|| format!("{}: no wall_s", path.display()))?;
         let score = |name: &str| summary["dev"][name].as_f64().unwrap_or(f64::NAN);
         eprintln!("curve: MRPC on {nodes} nodes: {wall:.0} s");
-        rows.push((nodes, wall, score("accuracy"), score("f1")));
+        rows.push((nodes, lr, wall, score("accuracy"), score("f1")));
     }
     println!(
-        "\nTime to accuracy: MiniLM on MRPC, 3 epochs, global batch {}, on emulated {} nodes ({share} cores each):",
-        args.batch, args.emulate
+        "\nTime to accuracy: MiniLM on MRPC, 3 epochs, {} per node, --wire {}, on emulated {} nodes ({share} cores each); \
+         the learning rate {:e} x sqrt(nodes) (the square-root rule for Adam):",
+        args.batch, args.wire, args.emulate, args.learning_rate
     );
-    println!("| nodes | wall s | speedup | dev accuracy | dev F1 |");
-    println!("|---|---|---|---|---|");
-    let base = rows.first().map_or(f64::NAN, |r| r.1);
-    for (nodes, wall, accuracy, f1) in rows {
-        println!("| {nodes} | {wall:.0} | {:.2}x | {accuracy:.4} | {f1:.4} |", base / wall);
+    println!(
+        "| nodes | global batch | learning rate | wall s | speedup | of one node's wall | dev accuracy | dev F1 |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    let base = rows.first().map_or(f64::NAN, |r| r.2);
+    for (nodes, lr, wall, accuracy, f1) in rows {
+        println!(
+            "| {nodes} | {} | {lr:.2e} | {wall:.0} | {:.2}x | {:.2} | {accuracy:.4} | {f1:.4} |",
+            nodes * args.batch,
+            base / wall,
+            wall / base
+        );
     }
     Ok(())
 }
@@ -525,5 +559,12 @@ mod tests {
         assert!(estimate_s(&base, 0.5) > 2.0 * estimate_s(&args, 0.5));
         assert_eq!(runs_at(1), [Batching::PerNode]);
         assert_eq!(runs_at(4).len(), 2);
+    }
+
+    #[test]
+    fn the_learning_rate_grows_with_the_square_root_of_the_global_batch() {
+        assert_eq!(scaled_learning_rate(1e-4, 1), 1e-4);
+        assert!((scaled_learning_rate(1e-4, 4) - 2e-4).abs() < 1e-12);
+        assert!(Cli::parse_from(["curve", "--time-to-accuracy"]).curve.to_accuracy, "the old name still works");
     }
 }

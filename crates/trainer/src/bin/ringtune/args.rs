@@ -204,8 +204,8 @@ pub(crate) struct ClusterArgs {
     #[arg(long)]
     pub(crate) mtu: Option<u16>,
     /// Gradients' number format on the wire (sums stay fp32 at every hop); every node must
-    /// use the same. bf16 halves the bytes; it stays opt-in until MRPC shows it costs no
-    /// accuracy (README, "MRPC on several nodes").
+    /// use the same. bf16 halves the bytes, at fp32's accuracy on MRPC (README, "MRPC on
+    /// several nodes"): use it where the link is the bottleneck.
     #[arg(long, value_enum, default_value_t = WireFormat::Fp32)]
     pub(crate) wire: WireFormat,
     /// Reduce gradient buckets while the backward pass runs, and with a sharded optimizer
