@@ -131,7 +131,29 @@ fn estimate_s(args: &CurveArgs, share: f64) -> f64 {
             }
         }
     }
+    if args.to_accuracy {
+        total += to_accuracy_estimate_s(args, share);
+    }
     total
+}
+
+/// Examples in MRPC's training split.
+const MRPC_TRAIN: usize = 3668;
+
+/// The time `--to-accuracy`'s runs should take: MiniLM's 3 epochs at a batch per node on every
+/// node count, a step as in [`estimate_s`] and three evaluations of the dev split, each about
+/// 10 steps' worth.
+fn to_accuracy_estimate_s(args: &CurveArgs, share: f64) -> f64 {
+    let model = CurveModel::Minilm;
+    let step = model.step_s_per_core() * args.batch as f64 / 32.0 / share;
+    args.nodes
+        .iter()
+        .map(|&nodes| {
+            let steps = 3.0 * MRPC_TRAIN.div_ceil(args.batch * nodes.max(1)) as f64;
+            let sync = if nodes > 1 { step * 0.5 } else { 0.0 };
+            RUN_OVERHEAD_S_PER_CORE / share + steps * (step + sync) + 3.0 * 10.0 * step
+        })
+        .sum()
 }
 
 /// The batchings measured at `nodes`: one node is the same run either way, measured once as
@@ -565,6 +587,10 @@ mod tests {
     fn the_learning_rate_grows_with_the_square_root_of_the_global_batch() {
         assert_eq!(scaled_learning_rate(1e-4, 1), 1e-4);
         assert!((scaled_learning_rate(1e-4, 4) - 2e-4).abs() < 1e-12);
-        assert!(Cli::parse_from(["curve", "--time-to-accuracy"]).curve.to_accuracy, "the old name still works");
+        let to_accuracy = Cli::parse_from(["curve", "--time-to-accuracy"]).curve;
+        assert!(to_accuracy.to_accuracy, "the old name still works");
+        // MRPC's 3 epochs on 1, 2 and 4 nodes: tens of minutes, said before they start.
+        let minutes = (estimate_s(&to_accuracy, 0.5) - estimate_s(&Cli::parse_from(["curve"]).curve, 0.5)) / 60.0;
+        assert!((20.0..60.0).contains(&minutes), "{minutes} min");
     }
 }
