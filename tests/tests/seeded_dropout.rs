@@ -67,12 +67,12 @@ fn gradients_with_dropout_match_finite_differences() {
         // Central difference along the gradient: (L(p + h d) - L(p - h d)) / 2h = |g| for d = g / |g|.
         let h = 1e-2;
         let mut loss_at = |sign: f64| {
-            let params = engine.params_mut();
+            let params = engine.params_mut().expect("not lent");
             for (p, g) in params[entry.range()].iter_mut().zip(g) {
                 *p += (sign * h * f64::from(*g) / norm) as f32;
             }
             let loss = f64::from(engine.step(&batch).expect("step").loss);
-            let params = engine.params_mut();
+            let params = engine.params_mut().expect("not lent");
             for (p, g) in params[entry.range()].iter_mut().zip(g) {
                 *p -= (sign * h * f64::from(*g) / norm) as f32;
             }

@@ -4,7 +4,7 @@
 //! checkpoints (`model.safetensors` in, with or without the `bert.` prefix; Hugging Face names
 //! out), the flat parameter layout shared by gradients, optimizer, checkpoints and the
 //! all-reduce, seeded initialisation, the forward graph with parameters as graph inputs, and the
-//! self-contained inference export.
+//! self-contained inference export, in float or with int8 linear layers.
 //!
 //! Does not own: gradients (`autodiff`), running graphs (`runtime`) or tokenization (`mrpc`).
 //!
@@ -27,6 +27,7 @@ mod checkpoint;
 mod config;
 mod error;
 mod forward;
+mod int8;
 mod layout;
 mod mpnet;
 mod params;
@@ -39,6 +40,7 @@ pub use forward::{
     export_inference, forward_graph, layer_prefixes, layer_scope, ForwardGraph, GraphOptions, Params, ATTENTION_MASK,
     INPUT_IDS, LABELS, LOGITS, LOSS, TOKEN_TYPE_IDS,
 };
+pub use int8::{export_inference_int8, Int8Report, WeightRange};
 pub use layout::{ParamEntry, ParamLayout, ALIGN_FLOATS};
 pub use params::{init_all, init_param, is_head, layout, param_shapes, word_embeddings_name};
 pub use tensor_file::{read_tensor_file, write_tensor_file, HostTensor};

@@ -335,11 +335,14 @@ impl Graph {
     /// Adds a node whose outputs get the given names (`""` for an unused optional output).
     pub fn add_named(&mut self, spec: NodeSpec<'_>, output_names: &[&str]) -> Result<Vec<Value>, IrError> {
         let node_name = self.fresh_name(spec.op_type);
+        // Absent optional inputs at the end are left out rather than named `""`: tools that
+        // rewrite graphs (ONNX Runtime's quantizer) take an empty name for a real input.
+        let given = spec.inputs.iter().rposition(Option::is_some).map_or(0, |last| last + 1);
         let node = Node {
             name: node_name,
             op_type: spec.op_type.to_string(),
             domain: spec.domain.to_string(),
-            inputs: spec.inputs.iter().map(|v| v.map(|v| v.name().to_string()).unwrap_or_default()).collect(),
+            inputs: spec.inputs[..given].iter().map(|v| v.map(|v| v.name().to_string()).unwrap_or_default()).collect(),
             outputs: output_names.iter().map(|s| s.to_string()).collect(),
             attributes: spec.attributes.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
         };

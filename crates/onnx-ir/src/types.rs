@@ -19,6 +19,8 @@ pub enum DType {
     I32,
     /// 8-bit unsigned integer.
     U8,
+    /// 8-bit signed integer (quantized weights).
+    I8,
     /// Boolean.
     Bool,
 }
@@ -29,6 +31,7 @@ impl DType {
         match self {
             DType::F32 => 1,
             DType::U8 => 2,
+            DType::I8 => 3,
             DType::I32 => 6,
             DType::I64 => 7,
             DType::Bool => 9,
@@ -43,6 +46,7 @@ impl DType {
         Some(match code {
             1 => DType::F32,
             2 => DType::U8,
+            3 => DType::I8,
             6 => DType::I32,
             7 => DType::I64,
             9 => DType::Bool,
@@ -64,7 +68,7 @@ impl DType {
             DType::F64 | DType::I64 => 8,
             DType::F32 | DType::I32 => 4,
             DType::BF16 | DType::F16 => 2,
-            DType::U8 | DType::Bool => 1,
+            DType::U8 | DType::I8 | DType::Bool => 1,
         }
     }
 }
@@ -79,6 +83,7 @@ impl fmt::Display for DType {
             DType::I64 => "i64",
             DType::I32 => "i32",
             DType::U8 => "u8",
+            DType::I8 => "i8",
             DType::Bool => "bool",
         };
         f.write_str(s)

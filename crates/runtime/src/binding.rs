@@ -7,7 +7,7 @@ use ort::session::IoBinding;
 use ort::value::{Shape, TensorRefMut};
 use ort::AsPointer;
 
-use crate::{FlatBuffer, OwnedTensor, Result, RuntimeError, Session, TensorView};
+use crate::{FlatBuffer, LendableBuffer, OwnedTensor, Result, RuntimeError, Session, TensorView};
 
 /// Where one graph input or output lives inside a flat buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,14 +36,15 @@ impl BoundTensor {
 
 /// A session's inputs and outputs bound once to two flat buffers that this binding owns:
 /// ONNX Runtime reads the `inputs` buffer (parameters) and writes the `outputs` buffer
-/// (gradients) in place on every run. Between runs the caller may read and change both.
+/// (gradients) in place on every run. Between runs the caller may read and change both; the
+/// inputs can also be lent to a writer that runs beside the next run (see [`LendableBuffer`]).
 pub struct FlatBinding {
     // Declared first so it is dropped before the buffers it points into.
     io: IoBinding,
     input_views: Vec<(String, TensorRefMut<'static, f32>)>,
     fetch: Vec<String>,
     cpu: MemoryInfo<'static>,
-    inputs: FlatBuffer,
+    inputs: LendableBuffer,
     outputs: FlatBuffer,
 }
 
@@ -91,7 +92,7 @@ impl FlatBinding {
             input_views: views,
             fetch: fetch.iter().map(|s| s.to_string()).collect(),
             cpu,
-            inputs,
+            inputs: LendableBuffer::new(inputs),
             outputs,
         })
     }
@@ -133,12 +134,12 @@ impl FlatBinding {
     }
 
     /// The inputs buffer (parameters).
-    pub fn inputs(&self) -> &[f32] {
+    pub fn inputs(&self) -> &LendableBuffer {
         &self.inputs
     }
 
-    /// The inputs buffer, to update between runs (the optimizer step).
-    pub fn inputs_mut(&mut self) -> &mut [f32] {
+    /// The inputs buffer, to update between runs (the optimizer step) or to lend.
+    pub fn inputs_mut(&mut self) -> &mut LendableBuffer {
         &mut self.inputs
     }
 
@@ -153,12 +154,12 @@ impl FlatBinding {
     }
 
     /// Both buffers at once: inputs to change, outputs to read (the optimizer step).
-    pub fn split_mut(&mut self) -> (&mut [f32], &mut [f32]) {
+    pub fn split_mut(&mut self) -> (&mut LendableBuffer, &mut [f32]) {
         (&mut self.inputs, &mut self.outputs)
     }
 
     /// Unbinds and hands the buffers back.
-    pub fn into_buffers(self) -> (FlatBuffer, FlatBuffer) {
+    pub fn into_buffers(self) -> (LendableBuffer, FlatBuffer) {
         let FlatBinding { io, input_views, inputs, outputs, .. } = self;
         drop(io);
         drop(input_views);
@@ -172,8 +173,9 @@ fn view_in_place(name: &str, ptr: *mut f32, shape: &[i64]) -> Result<TensorRefMu
     let cpu = MemoryInfo::new(AllocationDevice::CPU, 0, AllocatorType::Device, MemoryType::Default)
         .map_err(RuntimeError::ort("describing CPU memory"))?;
     // SAFETY: `ptr` points at `shape.product()` floats inside a FlatBuffer owned by the
-    // FlatBinding that also owns the returned view and the IoBinding; the buffer's heap storage
-    // never moves and is dropped only after both (field order of FlatBinding).
+    // FlatBinding (through its LendableBuffer) that also owns the returned view and the
+    // IoBinding; the buffer's heap storage never moves and is dropped only after both (field
+    // order of FlatBinding), or later, when a lend outlives the binding.
     unsafe { TensorRefMut::<f32>::from_raw(cpu, ptr.cast(), Shape::new(shape.iter().copied())) }
         .map_err(RuntimeError::ort(format!("viewing input `{name}`")))
 }

@@ -4,7 +4,8 @@
 //! else the cache folder that `just setup` fills), the one ORT environment of the process,
 //! sessions with the options training needs (threads, graph optimisation, arena, execution
 //! provider), running them on borrowed tensors, binding flat `f32` buffers to a session so
-//! that parameters go in and gradients come out without a copy per step, the CPU features that
+//! that parameters go in and gradients come out without a copy per step (and the parameters
+//! can be lent to a thread that writes them beside a run), the CPU features that
 //! decide which kernels are fast, and the [`Kernel`] trait that custom operators plug into
 //! (including operators that pass their input through in its own buffer).
 //!
@@ -28,6 +29,7 @@ mod cpu;
 mod custom_op;
 mod error;
 mod flat;
+mod lendable;
 mod library;
 mod parallel;
 mod session;
@@ -39,6 +41,7 @@ pub use cpu::{cpu_model, CpuFeatures};
 pub use custom_op::{Attributes, CustomOp, ElementType, Kernel, Port, TensorMut, TensorRef, DOMAIN};
 pub use error::RuntimeError;
 pub use flat::FlatBuffer;
+pub use lendable::{LendableBuffer, LentBuffer};
 pub use library::{default_library_path, LibraryChoice, Runtime, ORT_VERSION};
 pub use parallel::{for_each_part, Parallel, Serial};
 pub use session::{Arena, CustomOps, GraphOptimization, Provider, Session, SessionOptions};

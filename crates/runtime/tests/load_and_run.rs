@@ -111,7 +111,7 @@ fn flat_binding_reads_and_writes_in_place() {
     assert_eq!(fetched[0].as_f32().expect("z")[0], 4.5 * 4.5);
 
     // A change to the parameters between runs is seen by the next run, with no rebinding.
-    bound.inputs_mut()[16] = 1.5;
+    bound.inputs_mut().floats_mut().expect("not lent")[16] = 1.5;
     bound.run(&mut session, &[("x", TensorView::f32(&[2, 3], &X))]).expect("run");
     assert_eq!(&bound.outputs()[4..8], [5.5, 4.5, 11.5, 10.5]);
 

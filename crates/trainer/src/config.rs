@@ -42,6 +42,9 @@ pub struct TrainConfig {
     pub num_labels: Option<usize>,
     /// Skip malformed rows (each is logged, with its file and line) instead of failing.
     pub skip_bad: bool,
+    /// Also write a quantized model at the end (`int8`: `model.int8.onnx`), its scores beside
+    /// the float model's in `summary.json`.
+    pub quantize: Option<crate::quantize::Quantization>,
     /// Output folder: checkpoints, metrics, the trained model.
     pub output: PathBuf,
     /// Passes over the training data.
@@ -110,6 +113,7 @@ impl Default for TrainConfig {
             quoting: None,
             num_labels: None,
             skip_bad: false,
+            quantize: None,
             output: PathBuf::from("runs/minilm-mrpc"),
             epochs: 3,
             batch_size: 32,

@@ -9,7 +9,7 @@ use ringtune_ops::grad_ready::{GradReady, GradSink};
 use ringtune_ops::param_ready::{ParamReady, ParamSource};
 use ringtune_ops::{Kernels, SEED_INPUT};
 use ringtune_runtime::{
-    ArenaStats, BoundTensor, FlatBinding, FlatBuffer, Runtime, Session, SessionOptions, TensorView,
+    ArenaStats, BoundTensor, FlatBinding, FlatBuffer, LendableBuffer, Runtime, Session, SessionOptions, TensorView,
 };
 
 use crate::model::{eval_graph, grad_name, training_graph, GraphChoices, SyncNodes};
@@ -167,14 +167,14 @@ impl Engine {
         &self.layout
     }
 
-    /// The parameters.
-    pub fn params(&self) -> &[f32] {
-        self.binding.inputs()
+    /// The parameters; an error while they are lent to the sync's gather.
+    pub fn params(&self) -> Result<&[f32], TrainError> {
+        self.binding.inputs().floats().ok_or_else(TrainError::params_lent)
     }
 
-    /// The parameters, to change between steps.
-    pub fn params_mut(&mut self) -> &mut [f32] {
-        self.binding.inputs_mut()
+    /// The parameters, to change between steps; an error while they are lent.
+    pub fn params_mut(&mut self) -> Result<&mut [f32], TrainError> {
+        self.binding.inputs_mut().floats_mut().ok_or_else(TrainError::params_lent)
     }
 
     /// The gradients of the last step (empty when they go to a sink).
@@ -187,17 +187,18 @@ impl Engine {
         self.binding.outputs_mut()
     }
 
-    /// Parameters to change and gradients, at once (the optimizer step).
-    pub fn params_and_grads(&mut self) -> (&mut [f32], &mut [f32]) {
+    /// Parameters to change (or lend) and gradients, at once (the optimizer step).
+    pub fn params_and_grads(&mut self) -> (&mut LendableBuffer, &mut [f32]) {
         self.binding.split_mut()
     }
 }
 
-/// Forward-only evaluation that reads parameters in place from any buffer of the layout.
+/// Forward-only evaluation: of a graph that reads parameters in place from any buffer of the
+/// layout, or of a self-contained model (`model.onnx`, `model.int8.onnx`) that embeds its own.
 pub struct Evaluator {
     session: Session,
-    layout: ParamLayout,
-    shapes: Vec<Vec<i64>>,
+    /// The layout and shapes of the parameters fed each run; `None` when they are embedded.
+    fed: Option<(ParamLayout, Vec<Vec<i64>>)>,
 }
 
 impl Evaluator {
@@ -215,18 +216,31 @@ impl Evaluator {
             &with_ops(options, kernels, &SyncHooks::default())?,
         )?;
         let shapes = layout.entries().iter().map(|e| e.dims_i64()).collect();
-        Ok(Evaluator { session, layout: layout.clone(), shapes })
+        Ok(Evaluator { session, fed: Some((layout.clone(), shapes)) })
     }
 
-    /// `[rows, num_labels]` logits of `batch` under `params`.
+    /// A self-contained model (its parameters embedded), as ONNX bytes.
+    pub fn embedded(runtime: &Runtime, model: &[u8], options: &SessionOptions) -> Result<Self, TrainError> {
+        Ok(Evaluator { session: Session::from_bytes(runtime, model, options)?, fed: None })
+    }
+
+    /// `[rows, num_labels]` logits of `batch` under `params` (none for an embedded model).
     pub fn logits(&mut self, params: &[f32], batch: &Batch) -> Result<Vec<f32>, TrainError> {
-        self.layout.check_len(params.len())?;
         let dims = batch.dims();
         let labels = [batch.rows as i64];
         // The evaluation graph has no labels input: the problem only picks their type.
         let mut feeds = batch_feeds(&self.session, batch, &dims, &labels, ProblemType::SingleLabel);
-        for (entry, shape) in self.layout.entries().iter().zip(&self.shapes) {
-            feeds.push((entry.name.as_str(), TensorView::f32(shape, &params[entry.range()])));
+        match &self.fed {
+            Some((layout, shapes)) => {
+                layout.check_len(params.len())?;
+                for (entry, shape) in layout.entries().iter().zip(shapes) {
+                    feeds.push((entry.name.as_str(), TensorView::f32(shape, &params[entry.range()])));
+                }
+            }
+            None if !params.is_empty() => {
+                return Err(TrainError::Other("a model with embedded parameters was given parameters".into()))
+            }
+            None => {}
         }
         let out = self.session.run(&feeds, &[ringtune_bert::LOGITS])?;
         out[0].as_f32().map(<[f32]>::to_vec).ok_or(TrainError::MissingOutput("logits"))

@@ -129,6 +129,14 @@ pub enum TrainError {
     Other(String),
 }
 
+impl TrainError {
+    /// The parameters were reached while the sync still held them (a fault of the step's
+    /// protocol: the loop settles the gather before it touches them).
+    pub(crate) fn params_lent() -> Self {
+        TrainError::Sync { reason: "the parameters were reached while the last step's gather still held them".into() }
+    }
+}
+
 fn not_finite(norm: f64, nodes: usize) -> String {
     let cause = if nodes > 1 {
         "a node's own gradients overflowed (lower --learning-rate) or a node sent non-finite values"

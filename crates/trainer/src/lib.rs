@@ -25,6 +25,7 @@ pub mod model;
 pub mod optimizer;
 pub mod plot;
 pub mod predict;
+pub mod quantize;
 pub mod recipe;
 pub mod replay;
 pub mod sync;

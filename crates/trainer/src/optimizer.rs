@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use ringtune_optim::{clip_coefficient, scale, squared_sums, AdamW};
+use ringtune_runtime::LendableBuffer;
 
 use crate::sync::Exchange;
 use crate::TrainError;
@@ -20,11 +21,12 @@ pub struct Stepped {
 }
 
 /// Clips `grads` by their global norm `max_grad_norm` and steps `adam` at `lr` on the pieces
-/// it owns, then shares the parameters through `exchange`. A norm that is not finite stops
-/// every node before any parameter changes.
+/// it owns, then shares the parameters through `exchange` (which may lend them to the gather
+/// behind the next forward pass). A norm that is not finite stops every node before any
+/// parameter changes.
 pub fn step(
     adam: &mut AdamW,
-    params: &mut [f32],
+    params: &mut LendableBuffer,
     grads: &mut [f32],
     exchange: &mut dyn Exchange,
     max_grad_norm: f64,
@@ -45,7 +47,7 @@ pub fn step(
     for piece in adam.owned() {
         scale(&mut grads[piece.clone()], coef, threads);
     }
-    adam.step(params, grads, lr);
+    adam.step(params.floats_mut().ok_or_else(TrainError::params_lent)?, grads, lr);
     let sharing = Instant::now();
     exchange.share_params(params)?;
     spent += sharing.elapsed();
@@ -55,6 +57,7 @@ pub fn step(
 #[cfg(test)]
 mod tests {
     use ringtune_optim::{AdamWConfig, Group};
+    use ringtune_runtime::FlatBuffer;
 
     use super::*;
     use crate::sync::OneNode;
@@ -65,15 +68,19 @@ mod tests {
         let groups =
             [Group { range: 0..len / 2, weight_decay: 0.01 }, Group { range: len / 2..len, weight_decay: 0.0 }];
         let grads: Vec<f32> = (0..len).map(|i| ((i * 37 % 101) as f32 - 50.0) * 1e-2).collect();
-        let mut ours =
-            (AdamW::new(AdamWConfig::default(), &groups, len).expect("adam"), vec![0.5f32; len], grads.clone());
+        let mut ours = (
+            AdamW::new(AdamWConfig::default(), &groups, len).expect("adam"),
+            LendableBuffer::new(FlatBuffer::from_slice(&vec![0.5f32; len])),
+            grads.clone(),
+        );
         let mut theirs = (AdamW::new(AdamWConfig::default(), &groups, len).expect("adam"), vec![0.5f32; len], grads);
         for _ in 0..3 {
             let (adam, params, grads) = (&mut ours.0, &mut ours.1, &mut ours.2);
             let stepped = step(adam, params, grads, &mut OneNode, 1.0, 1e-3, 2).expect("finite");
             let norm = theirs.0.clip_and_step(&mut theirs.1, &mut theirs.2, 1.0, 1e-3).expect("finite");
             assert_eq!(stepped.grad_norm.to_bits(), norm.to_bits());
-            assert!(ours.1.iter().zip(&theirs.1).all(|(a, b)| a.to_bits() == b.to_bits()), "same bits");
+            let ours = ours.1.floats().expect("not lent");
+            assert!(ours.iter().zip(&theirs.1).all(|(a, b)| a.to_bits() == b.to_bits()), "same bits");
         }
     }
 
@@ -81,12 +88,12 @@ mod tests {
     fn a_norm_that_is_not_finite_changes_nothing() {
         let mut adam =
             AdamW::new(AdamWConfig::default(), &[Group { range: 0..3, weight_decay: 0.0 }], 3).expect("adam");
-        let mut params = vec![1.0f32; 3];
+        let mut params = LendableBuffer::new(FlatBuffer::from_slice(&[1.0; 3]));
         let mut grads = vec![0.1, f32::INFINITY, 0.2];
         let error = step(&mut adam, &mut params, &mut grads, &mut OneNode, 1.0, 1e-3, 1).expect_err("not finite");
         assert!(matches!(error, TrainError::NotFinite { nodes: 1, .. }), "{error}");
         assert!(error.to_string().contains("--learning-rate"), "{error}");
-        assert_eq!(params, vec![1.0; 3]);
+        assert_eq!(params.floats(), Some(&[1.0; 3][..]));
         assert_eq!(adam.state().step, 0);
     }
 }

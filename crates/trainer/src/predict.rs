@@ -13,6 +13,7 @@ use crate::engine::Evaluator;
 use crate::evaluation::{evaluate, label_set, predict_logits, Scoring, TaskFile};
 use crate::metrics::{predictions, Scores};
 use crate::model::ModelDir;
+use crate::quantize::INT8_MODEL;
 use crate::TrainError;
 
 /// A trained model ready to score or label a task's rows.
@@ -20,30 +21,66 @@ pub struct Predictor {
     model: ModelDir,
     task: TaskFile,
     labels: LabelSet,
+    /// The parameters fed to the evaluation graph (none for the int8 model, which embeds them).
     params: FlatBuffer,
     tokenizer: PairTokenizer,
     evaluator: Evaluator,
 }
 
+/// Which of a run's models scores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// The trained float weights (`model.safetensors`).
+    #[default]
+    Float,
+    /// The int8 model `ringtune quantize` wrote (`model.int8.onnx`).
+    Int8,
+}
+
 impl Predictor {
     /// Loads a model folder (a training run's output, or any Hugging Face BERT folder, which is
-    /// taken to be for MRPC).
-    pub fn open(dir: &Path, max_len: usize, options: &SessionOptions) -> Result<Self, TrainError> {
+    /// taken to be for MRPC) to score with its float weights or its int8 model.
+    pub fn open(
+        dir: &Path,
+        max_len: usize,
+        options: &SessionOptions,
+        precision: Precision,
+    ) -> Result<Self, TrainError> {
         let model = ModelDir::open(dir)?;
         model.check_max_len(max_len)?;
         let task = TaskFile::read(dir)?;
-        let mut params = FlatBuffer::zeros(model.layout.total_len());
-        let report = load_params(&model.weight_files(&[]), &model.config, &model.layout, 0, &mut params)?;
-        if !report.initialized.is_empty() {
-            tracing::warn!(
-                "{} has no trained head ({}): predictions are from a random one",
-                dir.display(),
-                report.initialized.join(", ")
-            );
-        }
         let tokenizer = PairTokenizer::from_model_dir(dir, max_len)?;
-        let evaluator = Evaluator::new(Runtime::get()?, &model.config, &model.layout, Kernels::Mlas, options)?;
         let labels = label_set(&model.config);
+        let runtime = Runtime::get()?;
+        let (params, evaluator) = match precision {
+            Precision::Float => {
+                let mut params = FlatBuffer::zeros(model.layout.total_len());
+                let report = load_params(&model.weight_files(&[]), &model.config, &model.layout, 0, &mut params)?;
+                if !report.initialized.is_empty() {
+                    tracing::warn!(
+                        "{} has no trained head ({}): predictions are from a random one",
+                        dir.display(),
+                        report.initialized.join(", ")
+                    );
+                }
+                (params, Evaluator::new(runtime, &model.config, &model.layout, Kernels::Mlas, options)?)
+            }
+            Precision::Int8 => {
+                let path = dir.join(INT8_MODEL);
+                let bytes = std::fs::read(&path).map_err(|source| match source.kind() {
+                    std::io::ErrorKind::NotFound => TrainError::Unusable {
+                        path: dir.to_path_buf(),
+                        reason: format!("no {INT8_MODEL}: make it with `ringtune quantize --model {}`", dir.display()),
+                    },
+                    _ => TrainError::Io { path: path.clone(), source },
+                })?;
+                let evaluator = Evaluator::embedded(runtime, &bytes, options).map_err(|e| TrainError::Unusable {
+                    path,
+                    reason: format!("no model ONNX Runtime can load ({e})"),
+                })?;
+                (FlatBuffer::zeros(0), evaluator)
+            }
+        };
         Ok(Predictor { model, task, labels, params, tokenizer, evaluator })
     }
 

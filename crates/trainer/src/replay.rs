@@ -50,7 +50,7 @@ pub fn replay(engine: &mut Engine, batches: &[ringtune_data::Batch], trace: &Tra
     }
     let config = AdamWConfig { beta1: trace.betas[0] as f32, beta2: trace.betas[1] as f32, eps: trace.eps as f32 };
     let groups = param_groups(engine.layout(), trace.weight_decay);
-    let mut adam = AdamW::new(config, &groups, engine.params().len())?;
+    let mut adam = AdamW::new(config, &groups, engine.params()?.len())?;
     let mut losses = Vec::with_capacity(trace.steps);
     for batch in &batches[..trace.steps] {
         losses.push(engine.step(batch)?.loss);

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use common::cluster::{certs, free_ports, l2, on_loopback, params, train_on_nodes};
 use common::{config, small_mrpc, tiny_model};
 use ringtune_collective::Wire;
+use ringtune_runtime::{FlatBuffer, LendableBuffer};
 use ringtune_trainer::sync::{GradSync, QuicSync, SyncMode};
 use ringtune_trainer::train::Start;
 use ringtune_trainer::TrainConfig;
@@ -235,7 +236,7 @@ fn gradients_that_are_not_finite_stop_every_node_before_the_step() {
                 let mut adam = ringtune_optim::AdamW::new(ringtune_optim::AdamWConfig::default(), &groups, len)
                     .and_then(|adam| adam.owning(pieces))
                     .expect("adam");
-                let mut params = vec![1.0f32; len];
+                let mut params = LendableBuffer::new(FlatBuffer::from_slice(&vec![1.0f32; len]));
                 let (mut grads, exchange) = sync.optimizer_view(&mut []).expect("every piece back");
                 let error = ringtune_trainer::optimizer::step(
                     &mut adam,
@@ -248,7 +249,7 @@ fn gradients_that_are_not_finite_stop_every_node_before_the_step() {
                 )
                 .expect_err("no step")
                 .to_string();
-                (error, params.iter().all(|&p| p == 1.0))
+                (error, params.floats().is_some_and(|p| p.iter().all(|&p| p == 1.0)))
             })
         })
         .collect();

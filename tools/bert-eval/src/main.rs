@@ -64,7 +64,7 @@ fn main() -> Result<()> {
         let batches =
             (0..trace.steps).map(|i| read_batch(batches, &format!("step{i}."))).collect::<Result<Vec<_>>>()?;
         let losses = replay(&mut engine, &batches, &trace)?;
-        ringtune_bert::save_params(&args.out, &model.layout, engine.params())?;
+        ringtune_bert::save_params(&args.out, &model.layout, engine.params()?)?;
         println!("losses before each step {losses:?} -> {}", args.out.display());
         return Ok(());
     }

@@ -153,6 +153,10 @@ mod tests {
         assert_eq!(g.shape(&y).expect("shape"), &shape(&[Dim::sym("n"), Dim::Known(8)]));
         let dw = g.gemm(&y, &x, None, true, false).expect("gemm");
         assert_eq!(g.shape(&dw).expect("shape"), &shape(&[8, 16]));
+        // No bias: two inputs, not an empty third (which graph rewriters take for a value).
+        let inputs = |value: &Value| g.producer(value.name()).map(|n| n.inputs.clone()).expect("a node");
+        assert_eq!(inputs(&dw), vec![y.name().to_string(), "x".to_string()]);
+        assert_eq!(inputs(&y).len(), 3);
         assert!(g.gemm(&x, &w, None, false, false).is_err());
     }
 }

@@ -14,7 +14,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use ringtune_collective::SyncPlan;
 use ringtune_ops::grad_ready::GradSink;
 
-use super::slots::{LentParams, Piece, Slab};
+use ringtune_runtime::LentBuffer;
+
+use super::slots::{Piece, Slab};
 use crate::TrainError;
 
 /// The gradient buffer and how it is cut: shared by the loop, ONNX Runtime's thread (the sink)
@@ -172,8 +174,9 @@ pub(crate) enum ToSync {
     /// The step's forward or backward pass failed: stop, and tell the other nodes why.
     Abandon(String),
     /// The optimizer has stepped this node's shard: all-gather the parameters into this
-    /// buffer, bucket by bucket in forward order (see `super::param_gather`).
-    Gather(LentParams),
+    /// buffer, lent until the gather ends, bucket by bucket in forward order (see
+    /// `super::param_gather`).
+    Gather(LentBuffer),
     /// The run is over.
     Stop,
 }

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use ringtune_collective::{BucketKind, RingMode, SyncPlan, Wire};
 use ringtune_optim::{AdamW, AdamWState};
+use ringtune_runtime::LendableBuffer;
 
 pub use handoff::WholeGrads;
 pub use quic::{ClusterOptions, QuicSync};
@@ -158,8 +159,9 @@ pub trait Exchange {
     /// Every piece's squared sum, in one order on every node, from this node's own.
     fn share_sums(&mut self, mine: Vec<f64>) -> Result<Vec<f64>, TrainError>;
     /// This node has stepped its pieces: puts every node's parameters in place (at once, or
-    /// behind the next step's forward pass).
-    fn share_params(&mut self, params: &mut [f32]) -> Result<(), TrainError>;
+    /// behind the next step's forward pass, lending `params` to the sync thread until
+    /// [`GradSync::settle`]).
+    fn share_params(&mut self, params: &mut LendableBuffer) -> Result<(), TrainError>;
     /// The step failed for `reason`: the other nodes are told.
     fn fail(&mut self, reason: &str);
 }
@@ -234,7 +236,7 @@ impl Exchange for OneNode {
         Ok(mine)
     }
 
-    fn share_params(&mut self, _params: &mut [f32]) -> Result<(), TrainError> {
+    fn share_params(&mut self, _params: &mut LendableBuffer) -> Result<(), TrainError> {
         Ok(())
     }
 

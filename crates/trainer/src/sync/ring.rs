@@ -20,10 +20,11 @@ use ringtune_collective::{used_rows, BucketKind, Collective, RingMode, SyncPlan,
 use ringtune_ops::grad_ready::GradSink;
 use ringtune_ops::param_ready::ParamSource;
 use ringtune_optim::{AdamW, AdamWState};
+use ringtune_runtime::{LendableBuffer, LentBuffer};
 
 use super::handoff::{GradSlots, Handoff, ToSync, WholeGrads};
 use super::param_gather::ParamGather;
-use super::slots::{LentParams, Piece};
+use super::slots::Piece;
 use super::{table_rows, Averaged, Exchange, GradSync, SyncMode};
 use crate::engine::SyncHooks;
 use crate::train::params_hash;
@@ -210,17 +211,18 @@ impl<T: Transport> Exchange for RingExchange<T> {
         Ok(sums)
     }
 
-    fn share_params(&mut self, params: &mut [f32]) -> Result<(), TrainError> {
+    fn share_params(&mut self, params: &mut LendableBuffer) -> Result<(), TrainError> {
         if let Some(gather) = &self.gather {
+            let lent = params.lend().ok_or_else(TrainError::params_lent)?;
             gather.begin();
-            if self.to_sync.send(ToSync::Gather(LentParams::new(params))).is_err() {
+            if self.to_sync.send(ToSync::Gather(lent)).is_err() {
                 // Nobody will gather: end it here, so that nothing waits for it.
                 gather.gathering().end(Err("the sync thread has stopped".into()));
                 return Err(self.abort_with("the sync thread has stopped"));
             }
             Ok(())
         } else if self.mode.shard_optimizer {
-            self.all_gather(params)
+            self.all_gather(params.floats_mut().ok_or_else(TrainError::params_lent)?)
         } else {
             Ok(())
         }
@@ -450,21 +452,29 @@ impl<T: Transport> SyncThread<T> {
 
     /// All-gathers the parameters bucket by bucket in forward order (the reverse of the plan's),
     /// marking each in as it lands, while the next step's forward pass waits for them; the
-    /// word-embedding table, which every node has stepped, is in at once.
-    fn gather_params(&mut self, mut params: LentParams) {
+    /// word-embedding table, which every node has stepped, is in at once. The lent buffer goes
+    /// back before the gather ends, so that the loop finds it home once it has settled.
+    fn gather_params(&mut self, mut params: LentBuffer) {
         let Some(gather) = self.gather.clone() else { return };
         let _span = tracing::debug_span!("param_gather").entered();
         let gathering = gather.gathering();
         let plan = self.plan.clone();
+        let mut gathered = Ok(());
         for (index, bucket) in plan.buckets.iter().enumerate().rev() {
             if bucket.kind == BucketKind::Dense {
-                if let Err(e) = lock(&self.ring).all_gather(params.bucket(bucket.range.clone())) {
-                    return gathering.end(Err(e.to_string()));
+                let Some(floats) = params.range_mut(bucket.range.clone()) else {
+                    gathered = Err(format!("bucket {index} lies outside the {} parameters", params.len()));
+                    break;
+                };
+                if let Err(e) = lock(&self.ring).all_gather(floats) {
+                    gathered = Err(e.to_string());
+                    break;
                 }
             }
             gathering.arrive(index);
         }
-        gathering.end(Ok(()));
+        drop(params);
+        gathering.end(gathered);
     }
 
     /// Reduces every bucket in plan order, each as soon as all its gradients have arrived.

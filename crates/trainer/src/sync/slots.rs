@@ -1,5 +1,5 @@
-//! The one place where the sync's buffers are split between threads, and the only `unsafe`
-//! of the sync layer.
+//! The one place where the gradients' buffer is split between threads, and the only `unsafe`
+//! of the trainer.
 //!
 //! **Gradients move by ownership.** The gradient buffer ([`Slab`]) is split once per step into
 //! [`Piece`]s, cut at every parameter's and every bucket's bounds. A piece is the sole handle
@@ -11,14 +11,9 @@
 //! of one slab. So the live pieces of a slab always cover disjoint floats, and `&mut` to a
 //! piece's floats is exclusive. The storage lives as long as its last piece (an `Arc`).
 //!
-//! **Parameters are lent by pointer** ([`LentParams`]): the parameters' buffer belongs to the
-//! session binding, which ONNX Runtime reads through a raw pointer in its forward pass, so it
-//! cannot be moved in pieces. The sync thread writes it during the all-gather behind the next
-//! forward pass (`super::param_gather`), bucket by bucket, under this protocol: the loop lends
-//! the buffer after its optimizer step and touches the parameters again only after `settle` (or
-//! `release`), which return once the gather has ended; the session's readers of a bucket wait
-//! (`ParamReady`) until it is marked in; the buffer outlives the gather (the training run
-//! settles before it drops).
+//! The parameters move by ownership too, but live in the session's binding
+//! ([`ringtune_runtime::LendableBuffer`]): the gather behind the next forward pass borrows
+//! them as a lend that the runtime's types keep exclusive.
 
 #![allow(unsafe_code)]
 
@@ -103,31 +98,6 @@ impl Piece {
         } else {
             Err((self, next))
         }
-    }
-}
-
-/// The parameters' buffer as the sync thread writes it during a gather (see the module's
-/// argument for the protocol that makes its use exclusive).
-pub(crate) struct LentParams {
-    first: *mut f32,
-    len: usize,
-}
-
-// SAFETY: used by the sync thread only, within the protocol of the module's doc.
-unsafe impl Send for LentParams {}
-
-impl LentParams {
-    pub(crate) fn new(params: &mut [f32]) -> Self {
-        LentParams { first: params.as_mut_ptr(), len: params.len() }
-    }
-
-    /// The floats of `range` of the lent buffer, for one bucket's gather.
-    pub(crate) fn bucket(&mut self, range: Range<usize>) -> &mut [f32] {
-        assert!(range.start <= range.end && range.end <= self.len, "{range:?} outside the parameters");
-        // SAFETY: inside the buffer (checked above); alive, and not read by the session's
-        // readers of this bucket nor by the loop until the gather marks it in and ends (the
-        // module's protocol); `&mut self` keeps this the only slice of the sync thread's.
-        unsafe { std::slice::from_raw_parts_mut(self.first.add(range.start), range.len()) }
     }
 }
 

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use ringtune_bert::ParamLayout;
 use ringtune_collective::{memory_ring, BucketKind, Collective, MemoryTransport, SyncPlan, Wire};
 use ringtune_optim::{AdamW, AdamWConfig, Group};
+use ringtune_runtime::{FlatBuffer, LendableBuffer};
 
 use super::{GradSync, RingSync, SyncMode};
 use crate::TrainError;
@@ -126,7 +127,7 @@ fn step_all(mode: SyncMode) -> Vec<Vec<f32>> {
         if let Some(pieces) = sync.optimizer_pieces() {
             adam = adam.owning(pieces).expect("pieces");
         }
-        let mut params = vec![0.25f32; len];
+        let mut params = LendableBuffer::new(FlatBuffer::from_slice(&vec![0.25f32; len]));
         sync.begin(&tokens(rank)).expect("begin");
         hand_over(&sync, rank, all_tensors());
         sync.finish(0.0).expect("reduced");
@@ -136,7 +137,7 @@ fn step_all(mode: SyncMode) -> Vec<Vec<f32>> {
             .expect("step");
         drop(grads);
         sync.settle().expect("gathered");
-        params
+        params.floats().expect("handed back once settled").to_vec()
     })
 }
 

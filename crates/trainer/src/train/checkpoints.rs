@@ -59,7 +59,7 @@ impl TrainingRun<'_> {
                 self.cfg.seed
             )));
         }
-        self.engine.params_mut().copy_from_slice(&ckpt.params);
+        self.engine.params_mut()?.copy_from_slice(&ckpt.params);
         self.adam.restore(AdamWState { step: ckpt.meta.adam_step, m: ckpt.m, v: ckpt.v })?;
         let batch_in_epoch = ckpt.meta.resume_batch(self.world, self.plan.batch_size);
         self.progress = ckpt.meta.progress.clone();
@@ -100,13 +100,13 @@ impl TrainingRun<'_> {
             progress: self.progress.clone(),
             seed: self.cfg.seed,
             layout_hash: self.plan.layout_hash.clone(),
-            total_len: self.engine.params().len(),
+            total_len: self.engine.params()?.len(),
             adam_step: state.step,
             world: self.world,
             node_batch: Some(self.plan.batch_size),
         };
         let path = self.plan.checkpoints.join(checkpoint::file_name(self.progress.step));
-        checkpoint::save(&path, &meta, self.engine.params(), m, v)?;
+        checkpoint::save(&path, &meta, self.engine.params()?, m, v)?;
         checkpoint::prune(&self.plan.checkpoints, self.cfg.keep_checkpoints)
     }
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use ringtune_bert::load_params;
 use ringtune_data::{epoch_order, shard, Batch, Padding, ShardMode};
 use ringtune_optim::{AdamW, AdamWConfig};
-use ringtune_runtime::FlatBuffer;
+use ringtune_runtime::{FlatBuffer, Runtime, SessionOptions};
 use serde::Serialize;
 
 use crate::checkpoint::Progress;
@@ -19,6 +19,7 @@ use crate::engine::{Engine, Evaluator};
 use crate::evaluation::{evaluate, Scoring};
 use crate::metrics::{EvalRecord, Record, Scores, StepTimes};
 use crate::optimizer::Stepped;
+use crate::quantize::{quantize, Quantization, QuantizeOptions, Quantized};
 use crate::recipe::param_groups;
 use crate::sync::{GradSync, OneNode};
 use crate::{TrainConfig, TrainError};
@@ -49,6 +50,18 @@ pub struct Summary {
     pub evaluations: BTreeMap<String, Scores>,
     /// Where the outputs are.
     pub output: PathBuf,
+    /// The int8 model and its scores on the same evaluation sets (`--quantize int8`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub int8: Option<Int8Summary>,
+}
+
+/// The int8 model a run wrote at its end, and how it scores.
+#[derive(Debug, Clone, Serialize)]
+pub struct Int8Summary {
+    /// The model file and what it quantized.
+    pub model: Quantized,
+    /// Its scores on every evaluation set, by name.
+    pub evaluations: BTreeMap<String, Scores>,
 }
 
 /// Parameter hash for cross-node checks.
@@ -345,6 +358,9 @@ impl<'s> TrainingRun<'s> {
     /// shares the norm's sums and the parameters.
     fn optimize(&mut self, lr: f32) -> Result<Stepped, TrainError> {
         let (max_norm, threads) = (self.cfg.max_grad_norm, self.cfg.threads);
+        // The gather behind this step's forward pass has marked every bucket in; once it has
+        // ended it has handed the parameters back.
+        self.settle()?;
         let (params, session_grads) = self.engine.params_and_grads();
         let (mut grads, exchange) = self.sync.optimizer_view(session_grads)?;
         crate::optimizer::step(&mut self.adam, params, grads.floats()?, exchange, max_norm, lr, threads)
@@ -352,7 +368,7 @@ impl<'s> TrainingRun<'s> {
 
     fn check_params(&mut self) -> Result<(), TrainError> {
         self.settle()?;
-        self.sync.check_params(self.engine.params())
+        self.sync.check_params(self.engine.params()?)
     }
 
     /// Waits until the parameters of the last step are all in place (see [`GradSync::settle`]).
@@ -375,9 +391,9 @@ impl<'s> TrainingRun<'s> {
         let Some(evaluator) = self.evaluator.as_mut() else { return Ok(()) };
         let c = &self.inputs.config;
         let scoring = Scoring::new(c, &self.inputs.task.name);
+        let params = self.engine.params()?;
         for (split, examples) in &self.inputs.evals {
-            let scores =
-                evaluate(evaluator, self.engine.params(), examples, self.cfg.eval_batch_size, c.pad_token_id, scoring)?;
+            let scores = evaluate(evaluator, params, examples, self.cfg.eval_batch_size, c.pad_token_id, scoring)?;
             self.log.bar.suspend(|| {
                 tracing::info!(epoch = epoch + 1, step = self.progress.step, "{split} {}", scores.describe())
             });
@@ -402,8 +418,12 @@ impl<'s> TrainingRun<'s> {
         self.log.bar.finish_and_clear();
         let train_s = self.log.train_started.elapsed().as_secs_f64();
         let output = &self.plan.output;
+        let mut int8 = None;
         if self.rank == 0 {
-            write_outputs(output, &self.inputs, self.engine.layout(), self.engine.params())?;
+            write_outputs(output, &self.inputs, self.engine.layout(), self.engine.params()?)?;
+            if self.cfg.quantize == Some(Quantization::Int8) {
+                int8 = Some(self.int8_model()?);
+            }
         }
         let summary = Summary {
             steps: self.progress.step,
@@ -412,12 +432,33 @@ impl<'s> TrainingRun<'s> {
             dev: self.log.last_scores.get("dev").copied(),
             evaluations: self.log.last_scores.clone(),
             output: output.clone(),
+            int8,
         };
         if self.rank == 0 {
             let json = serde_json::to_string_pretty(&summary)?;
             ringtune_files::write_atomically(&output.join("summary.json"), json.as_bytes())?;
         }
         Ok(summary)
+    }
+}
+
+impl TrainingRun<'_> {
+    /// Writes the int8 model of the trained weights and scores it on the evaluation sets.
+    fn int8_model(&self) -> Result<Int8Summary, TrainError> {
+        let _span = tracing::debug_span!("quantize").entered();
+        let model = quantize(&self.plan.output, &QuantizeOptions::default())?;
+        let bytes = std::fs::read(&model.path).map_err(|source| TrainError::Io { path: model.path.clone(), source })?;
+        let options = SessionOptions { threads: self.cfg.threads, ..SessionOptions::default() };
+        let mut evaluator = Evaluator::embedded(Runtime::get()?, &bytes, &options)?;
+        let c = &self.inputs.config;
+        let scoring = Scoring::new(c, &self.inputs.task.name);
+        let mut evaluations = BTreeMap::new();
+        for (split, examples) in &self.inputs.evals {
+            let scores = evaluate(&mut evaluator, &[], examples, self.cfg.eval_batch_size, c.pad_token_id, scoring)?;
+            self.log.bar.suspend(|| tracing::info!("{split} int8 {}", scores.describe()));
+            evaluations.insert(split.clone(), scores);
+        }
+        Ok(Int8Summary { model, evaluations })
     }
 }
 

@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use ringtune_data::Quoting;
 use ringtune_ops::{KernelChoice, PrecisionChoice, Recompute};
 use ringtune_runtime::Provider;
+use ringtune_trainer::quantize::Quantization;
 use ringtune_trainer::TrainConfig;
 
 /// Fine-tunes BERT on GLUE's tasks or your own files across CPU nodes with a custom ONNX trainer.
@@ -25,6 +26,8 @@ pub(crate) enum Command {
     Eval(UseArgs),
     /// Writes GLUE-format predictions (index, label name or score) for a file.
     Predict(PredictArgs),
+    /// Writes a trained model's int8 inference model (model.int8.onnx) beside its model.onnx.
+    Quantize(QuantizeArgs),
     /// Makes a cluster CA and one certificate per node (`ca.pem`, `node-<rank>.pem`, `.key`).
     Certs {
         /// Nodes in the cluster.
@@ -100,6 +103,10 @@ pub(crate) struct TrainArgs {
     /// Skip malformed rows (each logged with its file and line) instead of failing.
     #[arg(long)]
     skip_bad: bool,
+    /// Also write the model quantized at the end (int8: model.int8.onnx, its dev scores beside
+    /// the float model's in summary.json).
+    #[arg(long)]
+    quantize: Option<Quantization>,
     /// Output folder.
     #[arg(long)]
     output: Option<PathBuf>,
@@ -248,6 +255,33 @@ pub(crate) struct UseArgs {
     /// Intra-op threads (0: one per core).
     #[arg(long, default_value_t = 0)]
     pub(crate) threads: usize,
+    /// Score with the int8 model (model.int8.onnx, from `ringtune quantize`).
+    #[arg(long)]
+    pub(crate) int8: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct QuantizeArgs {
+    /// A trained model folder (a run's output).
+    #[arg(long)]
+    pub(crate) model: PathBuf,
+    /// Linear layers that stay in float: those whose weight's name contains one of these
+    /// (comma-separated; default: pooler,classifier; `none`: quantize every one).
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) keep_float: Option<Vec<String>>,
+    /// Weight range: full (8 bits, for CPUs with VNNI) or reduced (7 bits, which CPUs without
+    /// VNNI need to avoid saturating); default: by this CPU.
+    #[arg(long)]
+    pub(crate) weights: Option<WeightBits>,
+}
+
+/// `--weights`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum WeightBits {
+    /// `[-127, 127]`.
+    Full,
+    /// `[-63, 63]`.
+    Reduced,
 }
 
 #[derive(Args)]
@@ -312,7 +346,8 @@ pub(crate) fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
             quoting,
             num_labels,
             dropout,
-            global_batch_size
+            global_batch_size,
+            quantize
         ],
         flags: [skip_bad]
     );

@@ -13,7 +13,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use ringtune_runtime::SessionOptions;
-use ringtune_trainer::predict::Predictor;
+use ringtune_trainer::predict::{Precision, Predictor};
+use ringtune_trainer::quantize::{self, QuantizeOptions, WeightRange};
 use ringtune_trainer::sync::QuicSync;
 use ringtune_trainer::train::Start;
 
@@ -82,6 +83,22 @@ fn main() -> Result<()> {
             let n = predictor(&args.common)?.predict(&file, args.common.batch_size, &args.out)?;
             println!("{n} predictions for {} -> {}", file.display(), args.out.display());
         }
+        Command::Quantize(args) => {
+            let q = quantize::quantize(&args.model, &quantize_options(&args))
+                .with_context(|| format!("quantizing {}", args.model.display()))?;
+            let float = std::fs::metadata(args.model.join("model.onnx")).map(|m| m.len()).ok();
+            let share = float.map(|f| format!(" ({:.0}% of model.onnx)", 100.0 * q.bytes as f64 / f as f64));
+            println!(
+                "{} ({:.1} MB{}): {} linear layers in int8 ({} weights), {} kept in float{}",
+                q.path.display(),
+                q.bytes as f64 / 1e6,
+                share.unwrap_or_default(),
+                q.quantized.len(),
+                if q.full_range { "8-bit" } else { "7-bit" },
+                q.kept_float.len(),
+                if q.kept_float.is_empty() { String::new() } else { format!(": {}", q.kept_float.join(", ")) }
+            );
+        }
         Command::Info => {
             let report = ringtune_trainer::info::Report::gather();
             print!("{report}");
@@ -126,7 +143,9 @@ fn start(resume: bool) -> Start {
 
 fn predictor(args: &UseArgs) -> Result<Predictor> {
     let options = SessionOptions { threads: args.threads, ..SessionOptions::default() };
-    Predictor::open(&args.model, args.max_len, &options).with_context(|| format!("loading {}", args.model.display()))
+    let precision = if args.int8 { Precision::Int8 } else { Precision::Float };
+    Predictor::open(&args.model, args.max_len, &options, precision)
+        .with_context(|| format!("loading {}", args.model.display()))
 }
 
 fn print_summary(s: &ringtune_trainer::train::Summary) {
@@ -137,10 +156,33 @@ fn print_summary(s: &ringtune_trainer::train::Summary) {
         }
         println!("{:<12} {:.4}", format!("{split} loss"), scores.loss);
     }
+    if let Some(int8) = &s.int8 {
+        for (split, scores) in &int8.evaluations {
+            for (name, value) in scores.metrics() {
+                println!("{:<12} {value:.4}", format!("{split} {name} int8"));
+            }
+        }
+        println!("int8 model   {} ({:.1} MB)", int8.model.path.display(), int8.model.bytes as f64 / 1e6);
+    }
     println!(
         "train        {:.2} samples/s\nwall         {:.1} s\noutput       {}",
         s.train_samples_per_s,
         s.wall_s,
         s.output.display()
     );
+}
+
+/// `ringtune quantize`'s flags as the library takes them.
+fn quantize_options(args: &args::QuantizeArgs) -> QuantizeOptions {
+    let defaults = QuantizeOptions::default();
+    let keep_float = match &args.keep_float {
+        Some(names) if names.iter().any(|n| n == "none") => Vec::new(),
+        Some(names) => names.clone(),
+        None => defaults.keep_float,
+    };
+    let range = args.weights.map(|w| match w {
+        args::WeightBits::Full => WeightRange::Full,
+        args::WeightBits::Reduced => WeightRange::Reduced,
+    });
+    QuantizeOptions { keep_float, range }
 }

@@ -1,0 +1,243 @@
+//! The int8 inference model: the inference export with its linear layers' weights in int8.
+//!
+//! Every `Gemm` of the inference graph whose weight is embedded (`x @ W^T + b`, the Hugging
+//! Face linear layers) becomes ONNX Runtime's `com.microsoft.DynamicQuantizeMatMul`: the
+//! weight stored as int8, symmetric, one scale per output channel; the activations quantized
+//! per batch (uint8, their own scale and zero point) when the node runs; an integer matmul
+//! (VNNI where the CPU has it) scaled back to float, plus the float bias. The stock CPU build
+//! of ONNX Runtime runs it, from any language. The layers the caller keeps in float stay
+//! `Gemm`s; embeddings, LayerNorm, softmax and the attention matmuls are float throughout.
+
+use ringtune_onnx_ir::{DType, Dim, Graph, InferCtx, Node, Tensor, ValueType};
+
+use crate::{forward_graph, GraphOptions, ModelConfig, ModelError, ParamLayout, Params};
+
+/// ONNX Runtime's domain of contrib operators.
+const CONTRIB: &str = "com.microsoft";
+const QUANTIZED_LINEAR: &str = "DynamicQuantizeMatMul";
+
+/// How the weights are rounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightRange {
+    /// `[-127, 127]`: full precision, for CPUs with VNNI (their uint8 x int8 dot products
+    /// accumulate in 32 bits).
+    Full,
+    /// `[-63, 63]`: one bit less, for CPUs without VNNI, whose uint8 x int8 instructions
+    /// (`vpmaddubsw`) add pairs of products in 16 bits and saturate with full-range weights.
+    Reduced,
+}
+
+impl WeightRange {
+    fn max(self) -> f32 {
+        match self {
+            WeightRange::Full => 127.0,
+            WeightRange::Reduced => 63.0,
+        }
+    }
+}
+
+/// What the int8 export did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Int8Report {
+    /// The linear layers whose weights are int8 (their weights' names).
+    pub quantized: Vec<String>,
+    /// The linear layers kept in float.
+    pub kept_float: Vec<String>,
+}
+
+/// The int8 inference model as ONNX bytes, and which layers it quantized: every linear layer
+/// whose weight's name `keep_float` does not claim.
+pub fn export_inference_int8(
+    config: &ModelConfig,
+    layout: &ParamLayout,
+    params: &[f32],
+    range: WeightRange,
+    keep_float: &dyn Fn(&str) -> bool,
+) -> Result<(Vec<u8>, Int8Report), ModelError> {
+    let options = GraphOptions { params: Params::Embedded(params), with_loss: false, dropout: false };
+    let mut graph = forward_graph(config, layout, &options)?.graph;
+    let report = quantize_linear_layers(&mut graph, range, keep_float)?;
+    graph.prune();
+    Ok((graph.to_bytes()?, report))
+}
+
+/// Rewrites the graph's linear layers (see the module doc).
+fn quantize_linear_layers(
+    graph: &mut Graph,
+    range: WeightRange,
+    keep_float: &dyn Fn(&str) -> bool,
+) -> Result<Int8Report, ModelError> {
+    graph.register_op(CONTRIB, QUANTIZED_LINEAR, quantized_linear_shape);
+    let mut report = Int8Report::default();
+    for index in 0..graph.nodes().len() {
+        let Some(linear) = Linear::of(graph, &graph.nodes()[index]) else { continue };
+        if keep_float(&linear.weight_name) {
+            report.kept_float.push(linear.weight_name);
+            continue;
+        }
+        let node = linear.quantized(graph, range)?;
+        graph.replace_node(index, node)?;
+        report.quantized.push(linear.weight_name);
+    }
+    Ok(report)
+}
+
+/// A `Gemm` computing `x @ W^T + b` with `W` (`[out, in]`) and `b` embedded.
+struct Linear {
+    node_name: String,
+    input: String,
+    output: String,
+    weight_name: String,
+    weight: Vec<f32>,
+    outputs: usize,
+    inputs: usize,
+    bias: Option<String>,
+}
+
+impl Linear {
+    fn of(graph: &Graph, node: &Node) -> Option<Linear> {
+        let plain = node.op_type == "Gemm"
+            && node.domain.is_empty()
+            && node.int("transB") == Some(1)
+            && node.int("transA").unwrap_or(0) == 0
+            && node.float("alpha").unwrap_or(1.0) == 1.0
+            && node.float("beta").unwrap_or(1.0) == 1.0;
+        if !plain {
+            return None;
+        }
+        let weight_name = node.input(1)?.to_string();
+        let weight = graph.constant_value(&weight_name)?;
+        let &[outputs, inputs] = weight.dims.as_slice() else { return None };
+        let bias = match node.input(2) {
+            Some(b) => {
+                let t = graph.constant_value(b)?;
+                Some((t.dtype == DType::F32 && t.dims == [outputs]).then(|| b.to_string())?)
+            }
+            None => None,
+        };
+        Some(Linear {
+            node_name: node.name.clone(),
+            input: node.input(0)?.to_string(),
+            output: node.outputs.first()?.clone(),
+            weight: weight.to_f32()?,
+            weight_name,
+            outputs: usize::try_from(outputs).ok()?,
+            inputs: usize::try_from(inputs).ok()?,
+            bias,
+        })
+    }
+
+    /// The node that replaces this layer's `Gemm`, its int8 weight, scales and zero points
+    /// added to the graph as initialisers.
+    fn quantized(&self, graph: &mut Graph, range: WeightRange) -> Result<Node, ModelError> {
+        let (q, scales) = quantize_per_output(&self.weight, self.outputs, self.inputs, range);
+        let (k, n) = (self.inputs as i64, self.outputs as i64);
+        let weight = graph.initializer(&format!("{}_int8", self.weight_name), Tensor::from_i8(&[k, n], &q))?;
+        let scale = graph.initializer(&format!("{}_scale", self.weight_name), Tensor::from_f32(&[n], &scales))?;
+        let zero = graph
+            .initializer(&format!("{}_zero_point", self.weight_name), Tensor::from_i8(&[n], &vec![0; self.outputs]))?;
+        let mut inputs = vec![self.input.clone(), weight.name().to_string(), scale.name().to_string()];
+        inputs.push(zero.name().to_string());
+        inputs.extend(self.bias.clone());
+        Ok(Node {
+            name: format!("{}_int8", self.node_name),
+            op_type: QUANTIZED_LINEAR.into(),
+            domain: CONTRIB.into(),
+            inputs,
+            outputs: vec![self.output.clone()],
+            attributes: Default::default(),
+        })
+    }
+}
+
+/// `weight` (`[outputs, inputs]`, row-major) as int8 `[inputs, outputs]` (the layout of
+/// MatMul's right-hand side), symmetric with one scale per output: `w ≈ q * scale`.
+fn quantize_per_output(weight: &[f32], outputs: usize, inputs: usize, range: WeightRange) -> (Vec<i8>, Vec<f32>) {
+    let limit = range.max();
+    let scales: Vec<f32> = weight
+        .chunks_exact(inputs.max(1))
+        .map(|row| {
+            let largest = row.iter().fold(0.0f32, |m, w| m.max(w.abs()));
+            // An all-zero row gets any positive scale: its weights round to 0 either way.
+            if largest > 0.0 {
+                largest / limit
+            } else {
+                1.0
+            }
+        })
+        .collect();
+    let mut q = vec![0i8; outputs * inputs];
+    for (o, (row, scale)) in weight.chunks_exact(inputs.max(1)).zip(&scales).enumerate() {
+        for (i, w) in row.iter().enumerate() {
+            q[i * outputs + o] = (w / scale).round().clamp(-limit, limit) as i8;
+        }
+    }
+    (q, scales)
+}
+
+/// `DynamicQuantizeMatMul(A [..., K], B [K, N], ...)`: float `[..., N]`.
+fn quantized_linear_shape(ctx: &InferCtx<'_>) -> Result<Vec<ValueType>, String> {
+    let a = ctx.ranked(0)?;
+    let b = ctx.ranked(1)?;
+    let (Some(_), [_, n]) = (a.split_last(), b.as_slice()) else {
+        return Err(format!("{QUANTIZED_LINEAR} needs a ranked A and a 2-D B"));
+    };
+    let mut out: Vec<Dim> = a[..a.len() - 1].to_vec();
+    out.push(n.clone());
+    Ok(vec![ValueType::new(DType::F32, out)])
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn tiny() -> (ModelConfig, ParamLayout, Vec<f32>) {
+        let config = ModelConfig::from_json(
+            r#"{"vocab_size": 30, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                "intermediate_size": 128, "max_position_embeddings": 10}"#,
+            Path::new("config.json"),
+        )
+        .expect("config");
+        let layout = crate::layout(&config);
+        let mut params = vec![0.0; layout.total_len()];
+        crate::init_all(&config, &layout, 3, &mut params);
+        (config, layout, params)
+    }
+
+    #[test]
+    fn every_linear_layer_but_the_kept_ones_becomes_an_int8_matmul() {
+        let (config, layout, params) = tiny();
+        let options = GraphOptions { params: Params::Embedded(&params), with_loss: false, dropout: false };
+        let mut graph = forward_graph(&config, &layout, &options).expect("graph").graph;
+        let keep = |w: &str| w.contains("classifier");
+        let report = quantize_linear_layers(&mut graph, WeightRange::Full, &keep).expect("quantized");
+        graph.prune();
+        // Query, key, value, attention output, intermediate, output, and the pooler.
+        assert_eq!(report.quantized.len(), 7, "{report:?}");
+        assert!(report.quantized.contains(&"bert.encoder.layer.0.attention.self.key.weight".to_string()));
+        assert_eq!(report.kept_float, vec!["classifier.weight".to_string()]);
+        let count = |op: &str| graph.nodes().iter().filter(|n| n.op_type == op).count();
+        assert_eq!((count(QUANTIZED_LINEAR), count("Gemm")), (7, 1));
+        for node in graph.nodes() {
+            assert!(node.inputs.iter().all(|i| !i.is_empty()), "{} has an empty input", node.name);
+        }
+        let int8 = graph.to_bytes().expect("valid").len();
+        let float = crate::export_inference(&config, &layout, &params).expect("float").len();
+        // The linear layers hold most of the weights; their scales and names add a little.
+        assert!(int8 * 2 < float, "int8 {int8} bytes, float {float}");
+    }
+
+    #[test]
+    fn weights_round_per_output_channel_into_matmul_layout() {
+        // Two outputs, three inputs: rows [1, -2, 0.5] and [0, 0, 0].
+        let w = [1.0, -2.0, 0.5, 0.0, 0.0, 0.0];
+        let (q, scales) = quantize_per_output(&w, 2, 3, WeightRange::Full);
+        assert_eq!(scales, vec![2.0 / 127.0, 1.0]);
+        // Transposed: q[i * outputs + o].
+        assert_eq!(q, vec![64, 0, -127, 0, 32, 0]);
+        let (q, _) = quantize_per_output(&w, 2, 3, WeightRange::Reduced);
+        assert_eq!(q[2], -63, "the largest weight takes the reduced range's end");
+    }
+}

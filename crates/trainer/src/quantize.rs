@@ -1,0 +1,98 @@
+//! `ringtune quantize`: a trained model's int8 inference model, `model.int8.onnx` beside its
+//! `model.onnx`, built from the run's own weights (see [`ringtune_bert::export_inference_int8`]).
+
+use std::path::{Path, PathBuf};
+
+pub use ringtune_bert::WeightRange;
+use ringtune_bert::{export_inference_int8, load_params, Int8Report};
+use ringtune_runtime::{CpuFeatures, FlatBuffer};
+use serde::{Deserialize, Serialize};
+
+use crate::model::ModelDir;
+use crate::TrainError;
+
+/// The int8 model's file name in a run's folder.
+pub const INT8_MODEL: &str = "model.int8.onnx";
+
+/// The linear layers that stay in float unless the caller says otherwise (names of their
+/// weights contain one of these): the pooler and the classifier, a few thousand
+/// multiply-adds a row whose rounding would fall straight on the logits.
+pub const KEEP_FLOAT: &[&str] = &["pooler", "classifier"];
+
+/// What a run makes of its trained model at the end (`--quantize`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Quantization {
+    /// `model.int8.onnx`, scored on the run's evaluation sets beside the float model.
+    Int8,
+}
+
+/// How to quantize.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuantizeOptions {
+    /// Linear layers whose weight's name contains any of these stay in float.
+    pub keep_float: Vec<String>,
+    /// The weights' range; `None`: by this CPU (full with VNNI, reduced without).
+    pub range: Option<WeightRange>,
+}
+
+impl Default for QuantizeOptions {
+    fn default() -> Self {
+        QuantizeOptions { keep_float: KEEP_FLOAT.iter().map(|s| s.to_string()).collect(), range: None }
+    }
+}
+
+/// What [`quantize`] wrote.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Quantized {
+    /// The int8 model.
+    pub path: PathBuf,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// Whether the weights use the full int8 range (`false`: 7 bits, for CPUs without VNNI).
+    pub full_range: bool,
+    /// The linear layers quantized (their weights' names).
+    pub quantized: Vec<String>,
+    /// The linear layers kept in float.
+    pub kept_float: Vec<String>,
+}
+
+/// Writes `dir/model.int8.onnx` from the trained weights in `dir` (a run's output folder).
+pub fn quantize(dir: &Path, options: &QuantizeOptions) -> Result<Quantized, TrainError> {
+    if dir.is_file() {
+        return Err(TrainError::Unusable {
+            path: dir.to_path_buf(),
+            reason: "no run folder: it is a file (an exported model is quantized from the run folder that holds its weights)"
+                .into(),
+        });
+    }
+    let model = ModelDir::open(dir)?;
+    let weights = model.weight_files(&[]);
+    if let Some(missing) = weights.iter().find(|f| !f.is_file()) {
+        return Err(TrainError::Unusable {
+            path: dir.to_path_buf(),
+            reason: format!("no trained weights ({} is missing): quantize a run's output folder", missing.display()),
+        });
+    }
+    let mut params = FlatBuffer::zeros(model.layout.total_len());
+    let report = load_params(&weights, &model.config, &model.layout, 0, &mut params)?;
+    if !report.initialized.is_empty() {
+        return Err(TrainError::Unusable {
+            path: weights[0].clone(),
+            reason: format!("no trained head ({}): quantize a fine-tuned model", report.initialized.join(", ")),
+        });
+    }
+    let range = options.range.unwrap_or_else(|| {
+        if CpuFeatures::detect().avx512_vnni {
+            WeightRange::Full
+        } else {
+            WeightRange::Reduced
+        }
+    });
+    let keep_float = |weight: &str| options.keep_float.iter().any(|k| weight.contains(k.as_str()));
+    let (bytes, Int8Report { quantized, kept_float }) =
+        export_inference_int8(&model.config, &model.layout, &params, range, &keep_float)?;
+    let path = dir.join(INT8_MODEL);
+    ringtune_files::write_atomically(&path, &bytes)?;
+    Ok(Quantized { path, bytes: bytes.len() as u64, full_range: range == WeightRange::Full, quantized, kept_float })
+}
