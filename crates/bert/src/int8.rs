@@ -1,20 +1,27 @@
 //! The int8 inference model: the inference export with its linear layers' weights in int8.
 //!
 //! Every `Gemm` of the inference graph whose weight is embedded (`x @ W^T + b`, the Hugging
-//! Face linear layers) becomes ONNX Runtime's `com.microsoft.DynamicQuantizeMatMul`: the
-//! weight stored as int8, symmetric, one scale per output channel; the activations quantized
-//! per batch (uint8, their own scale and zero point) when the node runs; an integer matmul
-//! (VNNI where the CPU has it) scaled back to float, plus the float bias. The stock CPU build
-//! of ONNX Runtime runs it, from any language. The layers the caller keeps in float stay
-//! `Gemm`s; embeddings, LayerNorm, softmax and the attention matmuls are float throughout.
+//! Face linear layers) becomes ONNX Runtime's `com.microsoft.MatMulIntegerToFloat`: the weight
+//! stored as int8, symmetric, one scale per output channel; its input quantized per batch
+//! (uint8, its own scale and zero point) by one `DynamicQuantizeLinear` that the layers reading
+//! the same input share (query, key and value); an integer matmul (VNNI where the CPU has it)
+//! scaled back to float, plus the float bias. Every embedding table
+//! (a `Gather` of rows from an embedded `[rows, width]` table) is stored as int8 with one scale
+//! per row, its gathered rows cast back to float and scaled: the word embeddings are half of
+//! a small model's bytes. The stock CPU build of ONNX Runtime runs it, from any language. The
+//! weights the caller keeps in float stay as they were; LayerNorm, softmax and the attention
+//! matmuls are float throughout.
 
-use ringtune_onnx_ir::{DType, Dim, Graph, InferCtx, Node, Tensor, ValueType};
+use std::collections::{BTreeMap, HashMap};
+
+use ringtune_onnx_ir::{Attribute, DType, Dim, Graph, InferCtx, Node, Tensor, ValueType};
 
 use crate::{forward_graph, GraphOptions, ModelConfig, ModelError, ParamLayout, Params};
 
 /// ONNX Runtime's domain of contrib operators.
 const CONTRIB: &str = "com.microsoft";
-const QUANTIZED_LINEAR: &str = "DynamicQuantizeMatMul";
+const QUANTIZED_LINEAR: &str = "MatMulIntegerToFloat";
+const QUANTIZE_INPUT: &str = "DynamicQuantizeLinear";
 
 /// How the weights are rounded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,17 +43,19 @@ impl WeightRange {
     }
 }
 
-/// What the int8 export did.
+/// What the int8 export did (weights by name).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Int8Report {
-    /// The linear layers whose weights are int8 (their weights' names).
-    pub quantized: Vec<String>,
-    /// The linear layers kept in float.
+    /// The linear layers whose weights are int8.
+    pub linear: Vec<String>,
+    /// The embedding tables stored as int8.
+    pub tables: Vec<String>,
+    /// The weights kept in float.
     pub kept_float: Vec<String>,
 }
 
-/// The int8 inference model as ONNX bytes, and which layers it quantized: every linear layer
-/// whose weight's name `keep_float` does not claim.
+/// The int8 inference model as ONNX bytes, and what it quantized: every linear layer and
+/// embedding table whose weight's name `keep_float` does not claim.
 pub fn export_inference_int8(
     config: &ModelConfig,
     layout: &ParamLayout,
@@ -68,18 +77,127 @@ fn quantize_linear_layers(
     keep_float: &dyn Fn(&str) -> bool,
 ) -> Result<Int8Report, ModelError> {
     graph.register_op(CONTRIB, QUANTIZED_LINEAR, quantized_linear_shape);
+    graph.register_op("", QUANTIZE_INPUT, quantize_input_shape);
     let mut report = Int8Report::default();
-    for index in 0..graph.nodes().len() {
-        let Some(linear) = Linear::of(graph, &graph.nodes()[index]) else { continue };
-        if keep_float(&linear.weight_name) {
-            report.kept_float.push(linear.weight_name);
-            continue;
+    // Each float input's quantized form (value, scale, zero point), made once.
+    let mut quantized_inputs: HashMap<String, [String; 3]> = HashMap::new();
+    let mut index = 0;
+    while index < graph.nodes().len() {
+        let node = &graph.nodes()[index];
+        if let Some(linear) = Linear::of(graph, node) {
+            if keep_float(&linear.weight_name) {
+                report.kept_float.push(linear.weight_name);
+            } else {
+                let input = match quantized_inputs.get(&linear.input) {
+                    Some(q) => q.clone(),
+                    None => {
+                        let q = quantize_input(graph, index, &linear.input)?;
+                        index += 1;
+                        quantized_inputs.insert(linear.input.clone(), q.clone());
+                        q
+                    }
+                };
+                let node = linear.quantized(graph, range, input)?;
+                graph.replace_node(index, node)?;
+                report.linear.push(linear.weight_name);
+            }
+        } else if let Some(table) = Table::of(graph, node) {
+            if keep_float(&table.name) {
+                report.kept_float.push(table.name);
+            } else {
+                index += table.quantize(graph, index)?;
+                report.tables.push(table.name);
+            }
         }
-        let node = linear.quantized(graph, range)?;
-        graph.replace_node(index, node)?;
-        report.quantized.push(linear.weight_name);
+        index += 1;
     }
     Ok(report)
+}
+
+/// A `Gather` of rows (axis 0) from an embedded float table `[rows, width]`.
+struct Table {
+    name: String,
+    indices: String,
+    output: String,
+    values: Vec<f32>,
+    width: usize,
+}
+
+impl Table {
+    fn of(graph: &Graph, node: &Node) -> Option<Table> {
+        if node.op_type != "Gather" || !node.domain.is_empty() || node.int("axis").unwrap_or(0) != 0 {
+            return None;
+        }
+        let name = node.input(0)?.to_string();
+        let table = graph.constant_value(&name)?;
+        let (DType::F32, &[_, width]) = (table.dtype, table.dims.as_slice()) else { return None };
+        Some(Table {
+            indices: node.input(1)?.to_string(),
+            output: node.outputs.first()?.clone(),
+            values: table.to_f32()?,
+            width: usize::try_from(width).ok().filter(|&w| w > 0)?,
+            name,
+        })
+    }
+
+    /// Replaces the `Gather` at `index` by a gather of int8 rows, a cast to float and a product
+    /// with the gathered rows' scales; returns how many nodes went in before it.
+    fn quantize(&self, graph: &mut Graph, index: usize) -> Result<usize, ModelError> {
+        let rows = self.values.len() / self.width;
+        let (q, scales) = quantize_rows(&self.values, self.width);
+        let (r, w) = (rows as i64, self.width as i64);
+        let table = graph.initializer(&format!("{}_int8", self.name), Tensor::from_i8(&[r, w], &q))?;
+        // `[rows, 1]`: the gathered scales broadcast over each row's width.
+        let scale = graph.initializer(&format!("{}_scale", self.name), Tensor::from_f32(&[r, 1], &scales))?;
+        let node = |graph: &mut Graph, op: &str, inputs: Vec<String>, attribute: Option<(&str, i64)>| {
+            let output = graph.fresh_name(&op.to_ascii_lowercase());
+            Node {
+                name: graph.fresh_name(op),
+                op_type: op.into(),
+                domain: String::new(),
+                inputs,
+                outputs: vec![output],
+                attributes: attribute
+                    .map(|(k, v)| (k.to_string(), Attribute::Int(v)))
+                    .into_iter()
+                    .collect::<BTreeMap<_, _>>(),
+            }
+        };
+        let gathered = node(graph, "Gather", vec![table.name().into(), self.indices.clone()], None);
+        let widened = node(graph, "Cast", vec![gathered.outputs[0].clone()], Some(("to", DType::F32.onnx() as i64)));
+        let row_scales = node(graph, "Gather", vec![scale.name().into(), self.indices.clone()], None);
+        let mut scaled = node(graph, "Mul", vec![widened.outputs[0].clone(), row_scales.outputs[0].clone()], None);
+        scaled.outputs = vec![self.output.clone()];
+        let before = [gathered, widened, row_scales];
+        let inserted = before.len();
+        for (offset, n) in before.into_iter().enumerate() {
+            graph.insert_node(index + offset, n)?;
+        }
+        graph.replace_node(index + inserted, scaled)?;
+        Ok(inserted)
+    }
+}
+
+/// `values` (rows of `width`) as int8, symmetric with one scale per row: `v ≈ q * scale`.
+fn quantize_rows(values: &[f32], width: usize) -> (Vec<i8>, Vec<f32>) {
+    let scales: Vec<f32> = values.chunks_exact(width).map(|row| symmetric_scale(row, 127.0)).collect();
+    let q = values
+        .chunks_exact(width)
+        .zip(&scales)
+        .flat_map(|(row, scale)| row.iter().map(move |v| (v / scale).round().clamp(-127.0, 127.0) as i8))
+        .collect();
+    (q, scales)
+}
+
+/// The scale that maps `values`' largest magnitude to `limit` (any positive one for zeros,
+/// which round to 0 either way).
+fn symmetric_scale(values: &[f32], limit: f32) -> f32 {
+    let largest = values.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    if largest > 0.0 {
+        largest / limit
+    } else {
+        1.0
+    }
 }
 
 /// A `Gemm` computing `x @ W^T + b` with `W` (`[out, in]`) and `b` embedded.
@@ -127,17 +245,19 @@ impl Linear {
         })
     }
 
-    /// The node that replaces this layer's `Gemm`, its int8 weight, scales and zero points
-    /// added to the graph as initialisers.
-    fn quantized(&self, graph: &mut Graph, range: WeightRange) -> Result<Node, ModelError> {
+    /// The node that replaces this layer's `Gemm`, reading its input as `input` quantized
+    /// (value, scale, zero point); its int8 weight, scales and zero points are added to the
+    /// graph as initialisers.
+    fn quantized(&self, graph: &mut Graph, range: WeightRange, input: [String; 3]) -> Result<Node, ModelError> {
         let (q, scales) = quantize_per_output(&self.weight, self.outputs, self.inputs, range);
         let (k, n) = (self.inputs as i64, self.outputs as i64);
         let weight = graph.initializer(&format!("{}_int8", self.weight_name), Tensor::from_i8(&[k, n], &q))?;
         let scale = graph.initializer(&format!("{}_scale", self.weight_name), Tensor::from_f32(&[n], &scales))?;
         let zero = graph
             .initializer(&format!("{}_zero_point", self.weight_name), Tensor::from_i8(&[n], &vec![0; self.outputs]))?;
-        let mut inputs = vec![self.input.clone(), weight.name().to_string(), scale.name().to_string()];
-        inputs.push(zero.name().to_string());
+        let [value, input_scale, input_zero] = input;
+        let mut inputs = vec![value, weight.name().to_string(), input_scale, scale.name().to_string()];
+        inputs.extend([input_zero, zero.name().to_string()]);
         inputs.extend(self.bias.clone());
         Ok(Node {
             name: format!("{}_int8", self.node_name),
@@ -154,18 +274,7 @@ impl Linear {
 /// MatMul's right-hand side), symmetric with one scale per output: `w ≈ q * scale`.
 fn quantize_per_output(weight: &[f32], outputs: usize, inputs: usize, range: WeightRange) -> (Vec<i8>, Vec<f32>) {
     let limit = range.max();
-    let scales: Vec<f32> = weight
-        .chunks_exact(inputs.max(1))
-        .map(|row| {
-            let largest = row.iter().fold(0.0f32, |m, w| m.max(w.abs()));
-            // An all-zero row gets any positive scale: its weights round to 0 either way.
-            if largest > 0.0 {
-                largest / limit
-            } else {
-                1.0
-            }
-        })
-        .collect();
+    let scales: Vec<f32> = weight.chunks_exact(inputs.max(1)).map(|row| symmetric_scale(row, limit)).collect();
     let mut q = vec![0i8; outputs * inputs];
     for (o, (row, scale)) in weight.chunks_exact(inputs.max(1)).zip(&scales).enumerate() {
         for (i, w) in row.iter().enumerate() {
@@ -175,7 +284,28 @@ fn quantize_per_output(weight: &[f32], outputs: usize, inputs: usize, range: Wei
     (q, scales)
 }
 
-/// `DynamicQuantizeMatMul(A [..., K], B [K, N], ...)`: float `[..., N]`.
+/// Inserts at `index` the `DynamicQuantizeLinear` of `input`; its three outputs' names.
+fn quantize_input(graph: &mut Graph, index: usize, input: &str) -> Result<[String; 3], ModelError> {
+    let outputs = ["quantized", "scale", "zero_point"].map(|hint| graph.fresh_name(&format!("{input}_{hint}")));
+    let node = Node {
+        name: graph.fresh_name(QUANTIZE_INPUT),
+        op_type: QUANTIZE_INPUT.into(),
+        domain: String::new(),
+        inputs: vec![input.to_string()],
+        outputs: outputs.to_vec(),
+        attributes: BTreeMap::new(),
+    };
+    graph.insert_node(index, node)?;
+    Ok(outputs)
+}
+
+/// `DynamicQuantizeLinear(x)`: uint8 `x`'s shape, a float scale, a uint8 zero point.
+fn quantize_input_shape(ctx: &InferCtx<'_>) -> Result<Vec<ValueType>, String> {
+    let x = ctx.ranked(0)?.clone();
+    Ok(vec![ValueType::new(DType::U8, x), ValueType::new(DType::F32, vec![]), ValueType::new(DType::U8, vec![])])
+}
+
+/// `MatMulIntegerToFloat(A [..., K], B [K, N], ...)`: float `[..., N]`.
 fn quantized_linear_shape(ctx: &InferCtx<'_>) -> Result<Vec<ValueType>, String> {
     let a = ctx.ranked(0)?;
     let b = ctx.ranked(1)?;
@@ -215,11 +345,18 @@ mod tests {
         let report = quantize_linear_layers(&mut graph, WeightRange::Full, &keep).expect("quantized");
         graph.prune();
         // Query, key, value, attention output, intermediate, output, and the pooler.
-        assert_eq!(report.quantized.len(), 7, "{report:?}");
-        assert!(report.quantized.contains(&"bert.encoder.layer.0.attention.self.key.weight".to_string()));
+        assert_eq!(report.linear.len(), 7, "{report:?}");
+        assert!(report.linear.contains(&"bert.encoder.layer.0.attention.self.key.weight".to_string()));
         assert_eq!(report.kept_float, vec!["classifier.weight".to_string()]);
+        // Words, token types, positions.
+        assert_eq!(report.tables.len(), 3, "{report:?}");
         let count = |op: &str| graph.nodes().iter().filter(|n| n.op_type == op).count();
         assert_eq!((count(QUANTIZED_LINEAR), count("Gemm")), (7, 1));
+        // One quantized input for query, key and value, one for each other layer.
+        assert_eq!(count(QUANTIZE_INPUT), 5);
+        let int8_rows =
+            graph.nodes().iter().filter(|n| n.op_type == "Gather" && n.inputs[0].ends_with("_int8")).count();
+        assert_eq!(int8_rows, 3);
         for node in graph.nodes() {
             assert!(node.inputs.iter().all(|i| !i.is_empty()), "{} has an empty input", node.name);
         }
@@ -239,5 +376,12 @@ mod tests {
         assert_eq!(q, vec![64, 0, -127, 0, 32, 0]);
         let (q, _) = quantize_per_output(&w, 2, 3, WeightRange::Reduced);
         assert_eq!(q[2], -63, "the largest weight takes the reduced range's end");
+    }
+
+    #[test]
+    fn table_rows_round_with_a_scale_each() {
+        let (q, scales) = quantize_rows(&[0.5, -1.0, 0.0, 0.0, 4.0, 2.0], 2);
+        assert_eq!(scales, vec![1.0 / 127.0, 1.0, 4.0 / 127.0]);
+        assert_eq!(q, vec![64, -127, 0, 0, 127, 64]);
     }
 }

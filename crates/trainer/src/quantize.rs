@@ -14,9 +14,9 @@ use crate::TrainError;
 /// The int8 model's file name in a run's folder.
 pub const INT8_MODEL: &str = "model.int8.onnx";
 
-/// The linear layers that stay in float unless the caller says otherwise (names of their
-/// weights contain one of these): the pooler and the classifier, a few thousand
-/// multiply-adds a row whose rounding would fall straight on the logits.
+/// The weights that stay in float unless the caller says otherwise (their names contain one
+/// of these): the pooler and the classifier, a few thousand multiply-adds a row whose
+/// rounding would fall straight on the logits.
 pub const KEEP_FLOAT: &[&str] = &["pooler", "classifier"];
 
 /// What a run makes of its trained model at the end (`--quantize`).
@@ -30,7 +30,7 @@ pub enum Quantization {
 /// How to quantize.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QuantizeOptions {
-    /// Linear layers whose weight's name contains any of these stay in float.
+    /// Weights (linear layers, embedding tables) whose name contains any of these stay in float.
     pub keep_float: Vec<String>,
     /// The weights' range; `None`: by this CPU (full with VNNI, reduced without).
     pub range: Option<WeightRange>,
@@ -52,8 +52,10 @@ pub struct Quantized {
     /// Whether the weights use the full int8 range (`false`: 7 bits, for CPUs without VNNI).
     pub full_range: bool,
     /// The linear layers quantized (their weights' names).
-    pub quantized: Vec<String>,
-    /// The linear layers kept in float.
+    pub linear: Vec<String>,
+    /// The embedding tables quantized.
+    pub tables: Vec<String>,
+    /// The weights kept in float.
     pub kept_float: Vec<String>,
 }
 
@@ -90,9 +92,16 @@ pub fn quantize(dir: &Path, options: &QuantizeOptions) -> Result<Quantized, Trai
         }
     });
     let keep_float = |weight: &str| options.keep_float.iter().any(|k| weight.contains(k.as_str()));
-    let (bytes, Int8Report { quantized, kept_float }) =
+    let (bytes, Int8Report { linear, tables, kept_float }) =
         export_inference_int8(&model.config, &model.layout, &params, range, &keep_float)?;
     let path = dir.join(INT8_MODEL);
     ringtune_files::write_atomically(&path, &bytes)?;
-    Ok(Quantized { path, bytes: bytes.len() as u64, full_range: range == WeightRange::Full, quantized, kept_float })
+    Ok(Quantized {
+        path,
+        bytes: bytes.len() as u64,
+        full_range: range == WeightRange::Full,
+        linear,
+        tables,
+        kept_float,
+    })
 }

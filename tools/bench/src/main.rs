@@ -2,9 +2,11 @@
 //! (`table`, each configuration measured by `one` in its own process so peak memory is that
 //! configuration's), 1 node against 2 nodes with a cluster projection (`scaling`), and
 //! training steps on an emulated cluster with and without overlap (`cluster`), and the
-//! 1 / 2 / 4-node curve on emulated nodes with cores of their own, scaled in time (`curve`).
+//! 1 / 2 / 4-node curve on emulated nodes with cores of their own, scaled in time (`curve`),
+//! and the inference model in fp32 against int8 (`int8`).
 
 mod curve;
+mod int8;
 mod one;
 mod scaling;
 mod table;
@@ -36,6 +38,9 @@ enum Cmd {
     /// The 1 / 2 / 4-node scaling curve on emulated nodes with cores of their own, scaled in
     /// time to stand for a real cluster (needs root): a table and a PNG.
     Curve(curve::CurveArgs),
+    /// The inference model in fp32 and int8 side by side (and ONNX Runtime's own
+    /// quantize_dynamic, given a Python with onnxruntime): samples/s, batch-1 latency, size.
+    Int8(int8::Int8Args),
 }
 
 fn main() -> Result<()> {
@@ -45,6 +50,7 @@ fn main() -> Result<()> {
         Cmd::Scaling(args) => scaling::scaling(&args)?,
         Cmd::Cluster(args) => scaling::on_cluster(&args)?,
         Cmd::Curve(args) => curve::curve(&args)?,
+        Cmd::Int8(args) => int8::int8(&args)?,
     }
     Ok(())
 }

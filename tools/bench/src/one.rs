@@ -125,7 +125,7 @@ impl MemoryBreakdown {
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
-fn config_of(model: &str) -> Result<ModelConfig> {
+pub(crate) fn config_of(model: &str) -> Result<ModelConfig> {
     let path = match model {
         "bert-base" => crate::root().join("models/bert-base.json"),
         "bert-large" => crate::root().join("models/bert-large.json"),
@@ -137,7 +137,7 @@ fn config_of(model: &str) -> Result<ModelConfig> {
 }
 
 /// A batch like the reference's: random ids, lengths 40..=seq padded to seq, two segments.
-fn synthetic_batch(rows: usize, seq: usize, vocab: usize, seed: u64) -> Batch {
+pub(crate) fn synthetic_batch(rows: usize, seq: usize, vocab: usize, seed: u64) -> Batch {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut b = Batch {
         rows,

@@ -265,8 +265,8 @@ pub(crate) struct QuantizeArgs {
     /// A trained model folder (a run's output).
     #[arg(long)]
     pub(crate) model: PathBuf,
-    /// Linear layers that stay in float: those whose weight's name contains one of these
-    /// (comma-separated; default: pooler,classifier; `none`: quantize every one).
+    /// Weights that stay in float: linear layers and embedding tables whose name contains one
+    /// of these (comma-separated; default: pooler,classifier; `none`: quantize every one).
     #[arg(long, value_delimiter = ',')]
     pub(crate) keep_float: Option<Vec<String>>,
     /// Weight range: full (8 bits, for CPUs with VNNI) or reduced (7 bits, which CPUs without

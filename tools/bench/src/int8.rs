@@ -1,0 +1,173 @@
+//! `ringtune-bench int8`: the self-contained inference model in fp32 (`model.onnx`) and in
+//! int8 (`model.int8.onnx`), timed side by side in one process by the stock ONNX Runtime:
+//! samples/s at a batch (32 x 128 by default), latency at batch 1 (p50, p99), file sizes.
+//! With a Python that has `onnxruntime` (`--python`, or `RINGTUNE_PYTORCH`), ONNX Runtime's
+//! own `quantize_dynamic` of the same `model.onnx` is timed too, by the same rules.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use ringtune_bert::{export_inference, export_inference_int8, load_params, WeightRange};
+use ringtune_data::Batch;
+use ringtune_runtime::{CpuFeatures, FlatBuffer, Runtime, SessionOptions};
+use ringtune_trainer::engine::Evaluator;
+use ringtune_trainer::quantize::KEEP_FLOAT;
+
+use crate::one::{config_of, synthetic_batch};
+
+/// The comparison's settings.
+#[derive(Args)]
+pub(crate) struct Int8Args {
+    /// minilm, bert-base, bert-mini (seeded weights), or a run folder (its trained weights).
+    #[arg(long, default_value = "minilm")]
+    model: String,
+    /// Intra-op threads.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Rows of the throughput batch.
+    #[arg(long, default_value_t = 32)]
+    batch: usize,
+    /// Tokens per row.
+    #[arg(long, default_value_t = 128)]
+    seq: usize,
+    /// Timed batches per repeat.
+    #[arg(long, default_value_t = 5)]
+    steps: usize,
+    /// Repeats (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// Timed runs at batch 1.
+    #[arg(long, default_value_t = 100)]
+    latency_runs: usize,
+    /// A Python with onnxruntime: its `quantize_dynamic` is measured beside ours.
+    #[arg(long, env = "RINGTUNE_PYTORCH")]
+    python: Option<PathBuf>,
+    /// The script that quantizes and times with Python's ONNX Runtime.
+    #[arg(long, default_value = "tools/bench/ort_int8.py")]
+    script: PathBuf,
+}
+
+/// One model's figures.
+struct Timed {
+    samples_per_s: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+/// Prints the comparison.
+pub(crate) fn int8(args: &Int8Args) -> Result<()> {
+    let config = config_of(&args.model)?;
+    let layout = ringtune_bert::layout(&config);
+    let mut params = FlatBuffer::zeros(layout.total_len());
+    let weights = Path::new(&args.model).join("model.safetensors");
+    let source = if weights.is_file() {
+        load_params(std::slice::from_ref(&weights), &config, &layout, 0, &mut params)?;
+        format!("trained weights of {}", weights.display())
+    } else {
+        ringtune_bert::init_all(&config, &layout, 0, &mut params);
+        "seeded weights".to_string()
+    };
+    let vnni = CpuFeatures::detect().avx512_vnni;
+    let range = if vnni { WeightRange::Full } else { WeightRange::Reduced };
+    let keep_float = |w: &str| KEEP_FLOAT.iter().any(|k| w.contains(k));
+    let fp32 = export_inference(&config, &layout, &params)?;
+    let (int8, report) = export_inference_int8(&config, &layout, &params, range, &keep_float)?;
+    let batch = synthetic_batch(args.batch, args.seq, config.vocab_size, 0);
+    let single = synthetic_batch(1, args.seq, config.vocab_size, 1);
+    let options = SessionOptions { threads: args.threads, ..SessionOptions::default() };
+    let mut rows = vec![
+        ("ringtune fp32 (MLAS)", time(&fp32, &options, &batch, &single, args)?, fp32.len()),
+        ("ringtune int8", time(&int8, &options, &batch, &single, args)?, int8.len()),
+    ];
+    if let Some(python) = &args.python {
+        let (timed, bytes) = ort_quantize_dynamic(python, &crate::root().join(&args.script), &fp32, args)?;
+        rows.push(("ONNX Runtime quantize_dynamic", timed, bytes));
+    }
+    println!(
+        "CPU: {} (AVX512-VNNI: {}); model {} ({source}); {} threads; int8 weights {}; {} linear layers and {} \
+         embedding tables in int8, kept in float: {}\n",
+        ringtune_runtime::cpu_model(),
+        if vnni { "yes" } else { "no" },
+        args.model,
+        args.threads,
+        if vnni { "8-bit" } else { "7-bit (no VNNI)" },
+        report.linear.len(),
+        report.tables.len(),
+        report.kept_float.join(", ")
+    );
+    println!(
+        "| model | samples/s at {} x {} | vs fp32 | batch 1 p50 ms | batch 1 p99 ms | size MB | vs fp32 |",
+        args.batch, args.seq
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let (base_sps, base_bytes) = (rows[0].1.samples_per_s, rows[0].2 as f64);
+    for (name, t, bytes) in &rows {
+        println!(
+            "| {name} | {:.1} | {:.2}x | {:.1} | {:.1} | {:.1} | {:.0}% |",
+            t.samples_per_s,
+            t.samples_per_s / base_sps,
+            t.p50_ms,
+            t.p99_ms,
+            *bytes as f64 / 1e6,
+            100.0 * *bytes as f64 / base_bytes
+        );
+    }
+    Ok(())
+}
+
+/// Throughput (median of the repeats) and batch-1 latency of a self-contained model.
+fn time(model: &[u8], options: &SessionOptions, batch: &Batch, single: &Batch, args: &Int8Args) -> Result<Timed> {
+    let mut evaluator = Evaluator::embedded(Runtime::get()?, model, options)?;
+    for _ in 0..2 {
+        evaluator.logits(&[], batch)?;
+    }
+    let mut repeats = Vec::with_capacity(args.repeats);
+    for _ in 0..args.repeats.max(1) {
+        let started = Instant::now();
+        for _ in 0..args.steps.max(1) {
+            evaluator.logits(&[], batch)?;
+        }
+        repeats.push((args.steps.max(1) * batch.rows) as f64 / started.elapsed().as_secs_f64());
+    }
+    repeats.sort_by(f64::total_cmp);
+    let mut latencies: Vec<Duration> = Vec::with_capacity(args.latency_runs);
+    evaluator.logits(&[], single)?;
+    for _ in 0..args.latency_runs.max(1) {
+        let started = Instant::now();
+        evaluator.logits(&[], single)?;
+        latencies.push(started.elapsed());
+    }
+    latencies.sort();
+    let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e3;
+    Ok(Timed { samples_per_s: repeats[repeats.len() / 2], p50_ms: at(0.5), p99_ms: at(0.99) })
+}
+
+/// ONNX Runtime's `quantize_dynamic` (int8 weights per channel) of `fp32`, timed by Python.
+fn ort_quantize_dynamic(python: &Path, script: &Path, fp32: &[u8], args: &Int8Args) -> Result<(Timed, usize)> {
+    let dir = tempfile::tempdir()?;
+    let model = dir.path().join("model.onnx");
+    std::fs::write(&model, fp32)?;
+    let out = Command::new(python)
+        .arg(script)
+        .arg(&model)
+        .args(["--threads", &args.threads.to_string(), "--batch", &args.batch.to_string()])
+        .args(["--seq", &args.seq.to_string(), "--steps", &args.steps.to_string()])
+        .args(["--repeats", &args.repeats.to_string(), "--latency-runs", &args.latency_runs.to_string()])
+        .output()
+        .with_context(|| format!("running {} {}", python.display(), script.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let Some(result) = stdout.lines().find_map(|l| l.strip_prefix("RESULT ")) else {
+        bail!(
+            "{} printed no RESULT line: {}",
+            script.display(),
+            String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("")
+        );
+    };
+    let value: serde_json::Value = serde_json::from_str(result)?;
+    let number = |key: &str| value[key].as_f64().with_context(|| format!("RESULT without {key}"));
+    let timed = Timed { samples_per_s: number("samples_per_s")?, p50_ms: number("p50_ms")?, p99_ms: number("p99_ms")? };
+    Ok((timed, number("bytes")? as usize))
+}
