@@ -4,7 +4,8 @@
 //! checkpoints, outputs); it wires the other crates together. The optimizer step, one path for
 //! one node or many (`optimizer`). On several nodes (`sync`): the gradient buffer the backward
 //! pass hands gradients into, the sync thread that reduces buckets while the pass runs, and the
-//! sharded optimizer's exchanges, over any ring transport.
+//! sharded optimizer's exchanges, over any ring transport. After training: scoring and labelling
+//! files with the float model or its int8 one (`predict`), and writing the int8 one (`quantize`).
 //!
 //! Does not own: the model graph (`bert`), gradients (`autodiff`), ONNX Runtime (`runtime`),
 //! the optimizer (`optim`) or the network (`collective`, `quic`).
