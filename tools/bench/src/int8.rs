@@ -1,5 +1,6 @@
-//! `ringtune-bench int8`: the self-contained inference model in fp32 (`model.onnx`) and in
-//! int8 (`model.int8.onnx`), timed side by side in one process by the stock ONNX Runtime:
+//! `ringtune-bench int8`: the self-contained inference model in fp32 (`model.onnx`, MLAS), the
+//! evaluation graph on our oneDNN kernels (fp32, and bf16 where the CPU has it), and the int8
+//! model (`model.int8.onnx`), timed side by side in one process:
 //! samples/s at a batch (32 x 128 by default), latency at batch 1 (p50, p99), file sizes.
 //! With a Python that has `onnxruntime` (`--python`, or `RINGTUNE_PYTORCH`), ONNX Runtime's
 //! own `quantize_dynamic` of the same `model.onnx` is timed too, by the same rules.
@@ -12,6 +13,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use ringtune_bert::{export_inference, export_inference_int8, load_params, WeightRange};
 use ringtune_data::Batch;
+use ringtune_ops::{Kernels, Precision};
 use ringtune_runtime::{CpuFeatures, FlatBuffer, Runtime, SessionOptions};
 use ringtune_trainer::engine::Evaluator;
 use ringtune_trainer::quantize::KEEP_FLOAT;
@@ -78,13 +80,25 @@ pub(crate) fn int8(args: &Int8Args) -> Result<()> {
     let batch = synthetic_batch(args.batch, args.seq, config.vocab_size, 0);
     let single = synthetic_batch(1, args.seq, config.vocab_size, 1);
     let options = SessionOptions { threads: args.threads, ..SessionOptions::default() };
-    let mut rows = vec![
-        ("ringtune fp32 (MLAS)", time(&fp32, &options, &batch, &single, args)?, fp32.len()),
-        ("ringtune int8", time(&int8, &options, &batch, &single, args)?, int8.len()),
-    ];
+    let runtime = Runtime::get()?;
+    let embedded = |model: &[u8]| Evaluator::embedded(runtime, model, &options);
+    // Our oneDNN kernels run the evaluation graph, which reads the float parameters as inputs.
+    let onednn = |precision| Evaluator::new(runtime, &config, &layout, Kernels::OneDnn(precision), &options);
+    let mut rows =
+        vec![("ringtune fp32 (MLAS)".to_string(), time(embedded(&fp32)?, &[], &batch, &single, args)?, fp32.len())];
+    rows.push((
+        "ringtune fp32 (oneDNN)".into(),
+        time(onednn(Precision::F32)?, &params, &batch, &single, args)?,
+        fp32.len(),
+    ));
+    if CpuFeatures::detect().has_native_bf16() {
+        let timed = time(onednn(Precision::Bf16)?, &params, &batch, &single, args)?;
+        rows.push(("ringtune bf16 (oneDNN)".into(), timed, fp32.len()));
+    }
+    rows.push(("ringtune int8".into(), time(embedded(&int8)?, &[], &batch, &single, args)?, int8.len()));
     if let Some(python) = &args.python {
         let (timed, bytes) = ort_quantize_dynamic(python, &crate::root().join(&args.script), &fp32, args)?;
-        rows.push(("ONNX Runtime quantize_dynamic", timed, bytes));
+        rows.push(("ONNX Runtime quantize_dynamic".into(), timed, bytes));
     }
     println!(
         "CPU: {} (AVX512-VNNI: {}); model {} ({source}); {} threads; int8 weights {}; {} linear layers and {} \
@@ -118,26 +132,26 @@ pub(crate) fn int8(args: &Int8Args) -> Result<()> {
     Ok(())
 }
 
-/// Throughput (median of the repeats) and batch-1 latency of a self-contained model.
-fn time(model: &[u8], options: &SessionOptions, batch: &Batch, single: &Batch, args: &Int8Args) -> Result<Timed> {
-    let mut evaluator = Evaluator::embedded(Runtime::get()?, model, options)?;
+/// Throughput (median of the repeats) and batch-1 latency of a model (`params`: what its
+/// graph reads as inputs, none for a self-contained one).
+fn time(mut evaluator: Evaluator, params: &[f32], batch: &Batch, single: &Batch, args: &Int8Args) -> Result<Timed> {
     for _ in 0..2 {
-        evaluator.logits(&[], batch)?;
+        evaluator.logits(params, batch)?;
     }
     let mut repeats = Vec::with_capacity(args.repeats);
     for _ in 0..args.repeats.max(1) {
         let started = Instant::now();
         for _ in 0..args.steps.max(1) {
-            evaluator.logits(&[], batch)?;
+            evaluator.logits(params, batch)?;
         }
         repeats.push((args.steps.max(1) * batch.rows) as f64 / started.elapsed().as_secs_f64());
     }
     repeats.sort_by(f64::total_cmp);
     let mut latencies: Vec<Duration> = Vec::with_capacity(args.latency_runs);
-    evaluator.logits(&[], single)?;
+    evaluator.logits(params, single)?;
     for _ in 0..args.latency_runs.max(1) {
         let started = Instant::now();
-        evaluator.logits(&[], single)?;
+        evaluator.logits(params, single)?;
         latencies.push(started.elapsed());
     }
     latencies.sort();
