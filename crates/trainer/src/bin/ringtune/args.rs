@@ -211,7 +211,7 @@ pub(crate) struct ClusterArgs {
     #[arg(long)]
     pub(crate) mtu: Option<u16>,
     /// Gradients' number format on the wire (sums stay fp32 at every hop); every node must
-    /// use the same. bf16 halves the bytes, at fp32's accuracy on MRPC (README, "MRPC on
+    /// use the same. bf16 halves the bytes, at fp32's accuracy on MRPC (docs/benchmarks.md, "MRPC on
     /// several nodes"): use it where the link is the bottleneck.
     #[arg(long, value_enum, default_value_t = WireFormat::Fp32)]
     pub(crate) wire: WireFormat,
