@@ -49,6 +49,14 @@ fn a_run_quantized_at_its_end_scores_its_int8_model_as_eval_does() {
     assert!(ok, "{stderr}");
     assert!(stdout.contains(&format!("accuracy {int8_acc:.4}")), "{stdout} (int8 accuracy {int8_acc:.4})");
 
+    // And labels a file with it.
+    let out = cfg.output.join("predictions.int8.tsv");
+    let (ok, _, stderr) =
+        ringtune(&["predict", "--model", utf8(&cfg.output), "--file", utf8(&dev), "--out", utf8(&out), "--int8"]);
+    assert!(ok, "{stderr}");
+    let predictions = std::fs::read_to_string(&out).expect("predictions");
+    assert_eq!(predictions.lines().count(), 41, "a header and one line per dev row: {predictions}");
+
     // `ringtune quantize` writes the same file again, with every layer quantized on request.
     let (ok, stdout, stderr) = ringtune(&["quantize", "--model", utf8(&cfg.output), "--keep-float", "none"]);
     assert!(ok, "{stderr}");
