@@ -35,7 +35,7 @@ pub enum WeightRange {
 }
 
 impl WeightRange {
-    fn max(self) -> f32 {
+    fn limit(self) -> f32 {
         match self {
             WeightRange::Full => 127.0,
             WeightRange::Reduced => 63.0,
@@ -65,13 +65,13 @@ pub fn export_inference_int8(
 ) -> Result<(Vec<u8>, Int8Report), ModelError> {
     let options = GraphOptions { params: Params::Embedded(params), with_loss: false, dropout: false };
     let mut graph = forward_graph(config, layout, &options)?.graph;
-    let report = quantize_linear_layers(&mut graph, range, keep_float)?;
+    let report = quantize_weights(&mut graph, range, keep_float)?;
     graph.prune();
     Ok((graph.to_bytes()?, report))
 }
 
-/// Rewrites the graph's linear layers (see the module doc).
-fn quantize_linear_layers(
+/// Rewrites the graph's linear layers and embedding tables (see the module doc).
+fn quantize_weights(
     graph: &mut Graph,
     range: WeightRange,
     keep_float: &dyn Fn(&str) -> bool,
@@ -144,30 +144,20 @@ impl Table {
     /// with the gathered rows' scales; returns how many nodes went in before it.
     fn quantize(&self, graph: &mut Graph, index: usize) -> Result<usize, ModelError> {
         let rows = self.values.len() / self.width;
-        let (q, scales) = quantize_rows(&self.values, self.width);
+        let (q, scales) = quantize_rows(&self.values, self.width, 127.0);
         let (r, w) = (rows as i64, self.width as i64);
         let table = graph.initializer(&format!("{}_int8", self.name), Tensor::from_i8(&[r, w], &q))?;
         // `[rows, 1]`: the gathered scales broadcast over each row's width.
         let scale = graph.initializer(&format!("{}_scale", self.name), Tensor::from_f32(&[r, 1], &scales))?;
         let node = |graph: &mut Graph, op: &str, inputs: Vec<String>, attribute: Option<(&str, i64)>| {
             let output = graph.fresh_name(&op.to_ascii_lowercase());
-            Node {
-                name: graph.fresh_name(op),
-                op_type: op.into(),
-                domain: String::new(),
-                inputs,
-                outputs: vec![output],
-                attributes: attribute
-                    .map(|(k, v)| (k.to_string(), Attribute::Int(v)))
-                    .into_iter()
-                    .collect::<BTreeMap<_, _>>(),
-            }
+            standard_node(graph, op, inputs, vec![output], attribute)
         };
         let gathered = node(graph, "Gather", vec![table.name().into(), self.indices.clone()], None);
         let widened = node(graph, "Cast", vec![gathered.outputs[0].clone()], Some(("to", DType::F32.onnx() as i64)));
         let row_scales = node(graph, "Gather", vec![scale.name().into(), self.indices.clone()], None);
-        let mut scaled = node(graph, "Mul", vec![widened.outputs[0].clone(), row_scales.outputs[0].clone()], None);
-        scaled.outputs = vec![self.output.clone()];
+        let inputs = vec![widened.outputs[0].clone(), row_scales.outputs[0].clone()];
+        let scaled = standard_node(graph, "Mul", inputs, vec![self.output.clone()], None);
         let before = [gathered, widened, row_scales];
         let inserted = before.len();
         for (offset, n) in before.into_iter().enumerate() {
@@ -178,13 +168,32 @@ impl Table {
     }
 }
 
-/// `values` (rows of `width`) as int8, symmetric with one scale per row: `v ≈ q * scale`.
-fn quantize_rows(values: &[f32], width: usize) -> (Vec<i8>, Vec<f32>) {
-    let scales: Vec<f32> = values.chunks_exact(width).map(|row| symmetric_scale(row, 127.0)).collect();
+/// A node of the standard domain with at most one integer attribute.
+fn standard_node(
+    graph: &mut Graph,
+    op: &str,
+    inputs: Vec<String>,
+    outputs: Vec<String>,
+    attribute: Option<(&str, i64)>,
+) -> Node {
+    Node {
+        name: graph.fresh_name(op),
+        op_type: op.into(),
+        domain: String::new(),
+        inputs,
+        outputs,
+        attributes: attribute.map(|(k, v)| (k.to_string(), Attribute::Int(v))).into_iter().collect::<BTreeMap<_, _>>(),
+    }
+}
+
+/// `values` (rows of `width`) as integers in `[-limit, limit]`, symmetric with one scale per
+/// row: `v ≈ q * scale`.
+fn quantize_rows(values: &[f32], width: usize, limit: f32) -> (Vec<i8>, Vec<f32>) {
+    let scales: Vec<f32> = values.chunks_exact(width).map(|row| symmetric_scale(row, limit)).collect();
     let q = values
         .chunks_exact(width)
         .zip(&scales)
-        .flat_map(|(row, scale)| row.iter().map(move |v| (v / scale).round().clamp(-127.0, 127.0) as i8))
+        .flat_map(|(row, scale)| row.iter().map(move |v| (v / scale).round().clamp(-limit, limit) as i8))
         .collect();
     (q, scales)
 }
@@ -273,12 +282,11 @@ impl Linear {
 /// `weight` (`[outputs, inputs]`, row-major) as int8 `[inputs, outputs]` (the layout of
 /// MatMul's right-hand side), symmetric with one scale per output: `w ≈ q * scale`.
 fn quantize_per_output(weight: &[f32], outputs: usize, inputs: usize, range: WeightRange) -> (Vec<i8>, Vec<f32>) {
-    let limit = range.max();
-    let scales: Vec<f32> = weight.chunks_exact(inputs.max(1)).map(|row| symmetric_scale(row, limit)).collect();
+    let (rows, scales) = quantize_rows(weight, inputs.max(1), range.limit());
     let mut q = vec![0i8; outputs * inputs];
-    for (o, (row, scale)) in weight.chunks_exact(inputs.max(1)).zip(&scales).enumerate() {
-        for (i, w) in row.iter().enumerate() {
-            q[i * outputs + o] = (w / scale).round().clamp(-limit, limit) as i8;
+    for (o, row) in rows.chunks_exact(inputs.max(1)).enumerate() {
+        for (i, &v) in row.iter().enumerate() {
+            q[i * outputs + o] = v;
         }
     }
     (q, scales)
@@ -287,14 +295,7 @@ fn quantize_per_output(weight: &[f32], outputs: usize, inputs: usize, range: Wei
 /// Inserts at `index` the `DynamicQuantizeLinear` of `input`; its three outputs' names.
 fn quantize_input(graph: &mut Graph, index: usize, input: &str) -> Result<[String; 3], ModelError> {
     let outputs = ["quantized", "scale", "zero_point"].map(|hint| graph.fresh_name(&format!("{input}_{hint}")));
-    let node = Node {
-        name: graph.fresh_name(QUANTIZE_INPUT),
-        op_type: QUANTIZE_INPUT.into(),
-        domain: String::new(),
-        inputs: vec![input.to_string()],
-        outputs: outputs.to_vec(),
-        attributes: BTreeMap::new(),
-    };
+    let node = standard_node(graph, QUANTIZE_INPUT, vec![input.to_string()], outputs.to_vec(), None);
     graph.insert_node(index, node)?;
     Ok(outputs)
 }
@@ -342,7 +343,7 @@ mod tests {
         let options = GraphOptions { params: Params::Embedded(&params), with_loss: false, dropout: false };
         let mut graph = forward_graph(&config, &layout, &options).expect("graph").graph;
         let keep = |w: &str| w.contains("classifier");
-        let report = quantize_linear_layers(&mut graph, WeightRange::Full, &keep).expect("quantized");
+        let report = quantize_weights(&mut graph, WeightRange::Full, &keep).expect("quantized");
         graph.prune();
         // Query, key, value, attention output, intermediate, output, and the pooler.
         assert_eq!(report.linear.len(), 7, "{report:?}");
@@ -380,7 +381,7 @@ mod tests {
 
     #[test]
     fn table_rows_round_with_a_scale_each() {
-        let (q, scales) = quantize_rows(&[0.5, -1.0, 0.0, 0.0, 4.0, 2.0], 2);
+        let (q, scales) = quantize_rows(&[0.5, -1.0, 0.0, 0.0, 4.0, 2.0], 2, 127.0);
         assert_eq!(scales, vec![1.0 / 127.0, 1.0, 4.0 / 127.0]);
         assert_eq!(q, vec![64, -127, 0, 0, 127, 64]);
     }

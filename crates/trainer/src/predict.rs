@@ -13,7 +13,7 @@ use crate::engine::Evaluator;
 use crate::evaluation::{evaluate, label_set, predict_logits, Scoring, TaskFile};
 use crate::metrics::{predictions, Scores};
 use crate::model::ModelDir;
-use crate::quantize::INT8_MODEL;
+use crate::quantize::open_int8;
 use crate::TrainError;
 
 /// A trained model ready to score or label a task's rows.
@@ -51,7 +51,6 @@ impl Predictor {
         let task = TaskFile::read(dir)?;
         let tokenizer = PairTokenizer::from_model_dir(dir, max_len)?;
         let labels = label_set(&model.config);
-        let runtime = Runtime::get()?;
         let (params, evaluator) = match precision {
             Precision::Float => {
                 let mut params = FlatBuffer::zeros(model.layout.total_len());
@@ -63,23 +62,9 @@ impl Predictor {
                         report.initialized.join(", ")
                     );
                 }
-                (params, Evaluator::new(runtime, &model.config, &model.layout, Kernels::Mlas, options)?)
+                (params, Evaluator::new(Runtime::get()?, &model.config, &model.layout, Kernels::Mlas, options)?)
             }
-            Precision::Int8 => {
-                let path = dir.join(INT8_MODEL);
-                let bytes = std::fs::read(&path).map_err(|source| match source.kind() {
-                    std::io::ErrorKind::NotFound => TrainError::Unusable {
-                        path: dir.to_path_buf(),
-                        reason: format!("no {INT8_MODEL}: make it with `ringtune quantize --model {}`", dir.display()),
-                    },
-                    _ => TrainError::Io { path: path.clone(), source },
-                })?;
-                let evaluator = Evaluator::embedded(runtime, &bytes, options).map_err(|e| TrainError::Unusable {
-                    path,
-                    reason: format!("no model ONNX Runtime can load ({e})"),
-                })?;
-                (FlatBuffer::zeros(0), evaluator)
-            }
+            Precision::Int8 => (FlatBuffer::zeros(0), open_int8(dir, options)?),
         };
         Ok(Predictor { model, task, labels, params, tokenizer, evaluator })
     }

@@ -5,9 +5,10 @@ use std::path::{Path, PathBuf};
 
 pub use ringtune_bert::WeightRange;
 use ringtune_bert::{export_inference_int8, load_params, Int8Report};
-use ringtune_runtime::{CpuFeatures, FlatBuffer};
+use ringtune_runtime::{CpuFeatures, FlatBuffer, Runtime, SessionOptions};
 use serde::{Deserialize, Serialize};
 
+use crate::engine::Evaluator;
 use crate::model::ModelDir;
 use crate::TrainError;
 
@@ -39,6 +40,24 @@ pub struct QuantizeOptions {
 impl Default for QuantizeOptions {
     fn default() -> Self {
         QuantizeOptions { keep_float: KEEP_FLOAT.iter().map(|s| s.to_string()).collect(), range: None }
+    }
+}
+
+impl QuantizeOptions {
+    /// The weights' range: the one asked for, else by this CPU.
+    pub fn weight_range(&self) -> WeightRange {
+        self.range.unwrap_or_else(|| {
+            if CpuFeatures::detect().avx512_vnni {
+                WeightRange::Full
+            } else {
+                WeightRange::Reduced
+            }
+        })
+    }
+
+    /// Whether the weight named `weight` stays in float.
+    pub fn keeps_float(&self, weight: &str) -> bool {
+        self.keep_float.iter().any(|k| weight.contains(k.as_str()))
     }
 }
 
@@ -84,16 +103,9 @@ pub fn quantize(dir: &Path, options: &QuantizeOptions) -> Result<Quantized, Trai
             reason: format!("no trained head ({}): quantize a fine-tuned model", report.initialized.join(", ")),
         });
     }
-    let range = options.range.unwrap_or_else(|| {
-        if CpuFeatures::detect().avx512_vnni {
-            WeightRange::Full
-        } else {
-            WeightRange::Reduced
-        }
-    });
-    let keep_float = |weight: &str| options.keep_float.iter().any(|k| weight.contains(k.as_str()));
+    let range = options.weight_range();
     let (bytes, Int8Report { linear, tables, kept_float }) =
-        export_inference_int8(&model.config, &model.layout, &params, range, &keep_float)?;
+        export_inference_int8(&model.config, &model.layout, &params, range, &|w| options.keeps_float(w))?;
     let path = dir.join(INT8_MODEL);
     ringtune_files::write_atomically(&path, &bytes)?;
     Ok(Quantized {
@@ -104,4 +116,18 @@ pub fn quantize(dir: &Path, options: &QuantizeOptions) -> Result<Quantized, Trai
         tables,
         kept_float,
     })
+}
+
+/// An evaluator of the int8 model in `dir` (a run's folder), or why there is none to use.
+pub fn open_int8(dir: &Path, options: &SessionOptions) -> Result<Evaluator, TrainError> {
+    let path = dir.join(INT8_MODEL);
+    let bytes = std::fs::read(&path).map_err(|source| match source.kind() {
+        std::io::ErrorKind::NotFound => TrainError::Unusable {
+            path: dir.to_path_buf(),
+            reason: format!("no {INT8_MODEL}: make it with `ringtune quantize --model {}`", dir.display()),
+        },
+        _ => TrainError::Io { path: path.clone(), source },
+    })?;
+    Evaluator::embedded(Runtime::get()?, &bytes, options)
+        .map_err(|e| TrainError::Unusable { path, reason: format!("no model ONNX Runtime can load ({e})") })
 }

@@ -16,7 +16,7 @@ use ringtune_data::Batch;
 use ringtune_ops::{Kernels, Precision};
 use ringtune_runtime::{CpuFeatures, FlatBuffer, Runtime, SessionOptions};
 use ringtune_trainer::engine::Evaluator;
-use ringtune_trainer::quantize::KEEP_FLOAT;
+use ringtune_trainer::quantize::QuantizeOptions;
 
 use crate::one::{config_of, synthetic_batch};
 
@@ -73,10 +73,10 @@ pub(crate) fn int8(args: &Int8Args) -> Result<()> {
         "seeded weights".to_string()
     };
     let vnni = CpuFeatures::detect().avx512_vnni;
-    let range = if vnni { WeightRange::Full } else { WeightRange::Reduced };
-    let keep_float = |w: &str| KEEP_FLOAT.iter().any(|k| w.contains(k));
+    let quantize = QuantizeOptions::default();
     let fp32 = export_inference(&config, &layout, &params)?;
-    let (int8, report) = export_inference_int8(&config, &layout, &params, range, &keep_float)?;
+    let (int8, report) =
+        export_inference_int8(&config, &layout, &params, quantize.weight_range(), &|w| quantize.keeps_float(w))?;
     let batch = synthetic_batch(args.batch, args.seq, config.vocab_size, 0);
     let single = synthetic_batch(1, args.seq, config.vocab_size, 1);
     let options = SessionOptions { threads: args.threads, ..SessionOptions::default() };
@@ -107,7 +107,7 @@ pub(crate) fn int8(args: &Int8Args) -> Result<()> {
         if vnni { "yes" } else { "no" },
         args.model,
         args.threads,
-        if vnni { "8-bit" } else { "7-bit (no VNNI)" },
+        if quantize.weight_range() == WeightRange::Full { "8-bit" } else { "7-bit (no VNNI)" },
         report.linear.len(),
         report.tables.len(),
         report.kept_float.join(", ")

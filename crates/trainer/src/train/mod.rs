@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use ringtune_bert::load_params;
 use ringtune_data::{epoch_order, shard, Batch, Padding, ShardMode};
 use ringtune_optim::{AdamW, AdamWConfig};
-use ringtune_runtime::{FlatBuffer, Runtime, SessionOptions};
+use ringtune_runtime::{FlatBuffer, SessionOptions};
 use serde::Serialize;
 
 use crate::checkpoint::Progress;
@@ -19,7 +19,7 @@ use crate::engine::{Engine, Evaluator};
 use crate::evaluation::{evaluate, Scoring};
 use crate::metrics::{EvalRecord, Record, Scores, StepTimes};
 use crate::optimizer::Stepped;
-use crate::quantize::{quantize, Quantization, QuantizeOptions, Quantized};
+use crate::quantize::{open_int8, quantize, Quantization, QuantizeOptions, Quantized};
 use crate::recipe::param_groups;
 use crate::sync::{GradSync, OneNode};
 use crate::{TrainConfig, TrainError};
@@ -447,9 +447,8 @@ impl TrainingRun<'_> {
     fn int8_model(&self) -> Result<Int8Summary, TrainError> {
         let _span = tracing::debug_span!("quantize").entered();
         let model = quantize(&self.plan.output, &QuantizeOptions::default())?;
-        let bytes = std::fs::read(&model.path).map_err(|source| TrainError::Io { path: model.path.clone(), source })?;
         let options = SessionOptions { threads: self.cfg.threads, ..SessionOptions::default() };
-        let mut evaluator = Evaluator::embedded(Runtime::get()?, &bytes, &options)?;
+        let mut evaluator = open_int8(&self.plan.output, &options)?;
         let c = &self.inputs.config;
         let scoring = Scoring::new(c, &self.inputs.task.name);
         let mut evaluations = BTreeMap::new();
