@@ -67,6 +67,11 @@ fn a_run_quantized_at_its_end_scores_its_int8_model_as_eval_does() {
 fn quantize_and_eval_int8_refuse_what_they_cannot_use_by_name() {
     let dir = tempfile::tempdir().expect("dir");
     let model = common::tiny_model(dir.path());
+    // A checkpoint to fine-tune, not a fine-tuned model: no trained head.
+    let pretrained = root().join("models/all-MiniLM-L6-v2");
+    let (ok, _, stderr) = ringtune(&["quantize", "--model", utf8(&pretrained)]);
+    assert!(!ok && stderr.contains("model.safetensors has no trained head"), "{stderr}");
+    assert!(!pretrained.join(INT8_MODEL).exists(), "nothing written");
     // No weights at all.
     std::fs::remove_file(model.join("model.safetensors")).expect("remove");
     let (ok, _, stderr) = ringtune(&["quantize", "--model", utf8(&model)]);
