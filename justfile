@@ -89,7 +89,7 @@ data-if-mrpc *ARGS: setup
 train-dist N="2" *ARGS: (data-if-mrpc ARGS)
     cargo run -q --release -p ringtune-trainer --bin ringtune -- launch --nodes {{N}} -- --output runs/minilm-mrpc-{{N}}-nodes --global-batch-size 32 {{ARGS}}
 
-# Inference and training-step throughput beside PyTorch's on this machine, then the inference model in fp32 against int8 (beside ONNX Runtime's quantize_dynamic when RINGTUNE_PYTORCH names a Python with onnxruntime).
+# Inference and training-step throughput beside PyTorch's on this machine, then the inference model in fp32 against int8 (beside ONNX Runtime's and PyTorch's quantize_dynamic when RINGTUNE_PYTORCH names a Python with onnxruntime, torch and transformers).
 bench: setup
     cargo run -q --release -p ringtune-bench -- table
     cargo run -q --release -p ringtune-bench -- int8

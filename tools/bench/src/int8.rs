@@ -2,8 +2,10 @@
 //! evaluation graph on our oneDNN kernels (fp32, and bf16 where the CPU has it), and the int8
 //! model (`model.int8.onnx`), timed side by side in one process:
 //! samples/s at a batch (32 x 128 by default), latency at batch 1 (p50, p99), file sizes.
-//! With a Python that has `onnxruntime` (`--python`, or `RINGTUNE_PYTORCH`), ONNX Runtime's
-//! own `quantize_dynamic` of the same `model.onnx` is timed too, by the same rules.
+//! With a Python (`--python`, or `RINGTUNE_PYTORCH`), the other tools' dynamic quantization is
+//! timed too, by the same rules: ONNX Runtime's `quantize_dynamic` of the same `model.onnx` (when
+//! it has `onnxruntime`), and PyTorch's `quantize_dynamic` of the same weights beside PyTorch in
+//! fp32 (when it has `torch` and `transformers`). A row whose script fails is left out, saying why.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -18,7 +20,7 @@ use ringtune_runtime::{CpuFeatures, FlatBuffer, Runtime, SessionOptions};
 use ringtune_trainer::engine::Evaluator;
 use ringtune_trainer::quantize::QuantizeOptions;
 
-use crate::one::{config_of, synthetic_batch};
+use crate::one::{config_of, config_path, synthetic_batch};
 
 /// The comparison's settings.
 #[derive(Args)]
@@ -44,12 +46,14 @@ pub(crate) struct Int8Args {
     /// Timed runs at batch 1.
     #[arg(long, default_value_t = 100)]
     latency_runs: usize,
-    /// A Python with onnxruntime: its `quantize_dynamic` is measured beside ours.
+    /// A Python with onnxruntime, or torch and transformers: their dynamic quantization is
+    /// measured beside ours.
     #[arg(long, env = "RINGTUNE_PYTORCH")]
     python: Option<PathBuf>,
-    /// The script that quantizes and times with Python's ONNX Runtime.
-    #[arg(long, default_value = "tools/bench/ort_int8.py")]
-    script: PathBuf,
+    /// The folder of the scripts that quantize and time with ONNX Runtime (ort_int8.py) and
+    /// PyTorch (torch_int8.py).
+    #[arg(long, default_value = "tools/bench")]
+    scripts: PathBuf,
 }
 
 /// One model's figures.
@@ -65,12 +69,13 @@ pub(crate) fn int8(args: &Int8Args) -> Result<()> {
     let layout = ringtune_bert::layout(&config);
     let mut params = FlatBuffer::zeros(layout.total_len());
     let weights = Path::new(&args.model).join("model.safetensors");
-    let source = if weights.is_file() {
+    // What PyTorch loads: the same weights, or seeded ones from the same configuration.
+    let (source, torch_source) = if weights.is_file() {
         load_params(std::slice::from_ref(&weights), &config, &layout, 0, &mut params)?;
-        format!("trained weights of {}", weights.display())
+        (format!("trained weights of {}", weights.display()), PathBuf::from(&args.model))
     } else {
         ringtune_bert::init_all(&config, &layout, 0, &mut params);
-        "seeded weights".to_string()
+        ("seeded weights".to_string(), config_path(&args.model))
     };
     let vnni = CpuFeatures::detect().avx512_vnni;
     let quantize = QuantizeOptions::default();
@@ -96,10 +101,10 @@ pub(crate) fn int8(args: &Int8Args) -> Result<()> {
         rows.push(("ringtune bf16 (oneDNN)".into(), timed, fp32.len()));
     }
     rows.push(("ringtune int8".into(), time(embedded(&int8)?, &[], &batch, &single, args)?, int8.len()));
-    if let Some(python) = &args.python {
-        let (timed, bytes) = ort_quantize_dynamic(python, &crate::root().join(&args.script), &fp32, args)?;
-        rows.push(("ONNX Runtime quantize_dynamic".into(), timed, bytes));
-    }
+    let left_out = match &args.python {
+        Some(python) => other_tools(python, &fp32, &torch_source, args, &mut rows)?,
+        None => Vec::new(),
+    };
     println!(
         "CPU: {} (AVX512-VNNI: {}); model {} ({source}); {} threads; int8 weights {}; {} linear layers and {} \
          embedding tables in int8, kept in float: {}\n",
@@ -128,6 +133,9 @@ pub(crate) fn int8(args: &Int8Args) -> Result<()> {
             *bytes as f64 / 1e6,
             100.0 * *bytes as f64 / base_bytes
         );
+    }
+    for why in left_out {
+        println!("\nleft out, {why}");
     }
     Ok(())
 }
@@ -159,29 +167,61 @@ fn time(mut evaluator: Evaluator, params: &[f32], batch: &Batch, single: &Batch,
     Ok(Timed { samples_per_s: repeats[repeats.len() / 2], p50_ms: at(0.5), p99_ms: at(0.99) })
 }
 
-/// ONNX Runtime's `quantize_dynamic` (int8 weights per channel) of `fp32`, timed by Python.
-fn ort_quantize_dynamic(python: &Path, script: &Path, fp32: &[u8], args: &Int8Args) -> Result<(Timed, usize)> {
+/// Adds the rows of ONNX Runtime's and PyTorch's dynamic quantization, timed by `python`, of
+/// the same model (`fp32`, and `torch_source` for PyTorch); answers why a tool's rows are left out.
+fn other_tools(
+    python: &Path,
+    fp32: &[u8],
+    torch_source: &Path,
+    args: &Int8Args,
+    rows: &mut Vec<(String, Timed, usize)>,
+) -> Result<Vec<String>> {
+    let scripts = crate::root().join(&args.scripts);
     let dir = tempfile::tempdir()?;
     let model = dir.path().join("model.onnx");
     std::fs::write(&model, fp32)?;
+    let tools =
+        [("ort_int8.py", model.as_path(), "onnxruntime"), ("torch_int8.py", torch_source, "torch and transformers")];
+    let mut left_out = Vec::new();
+    for (script, source, needs) in tools {
+        match python_rows(python, &scripts.join(script), source, args) {
+            Ok(timed) => rows.extend(timed),
+            Err(error) => left_out.push(format!("{script}'s rows (it needs {needs} in that Python): {error:#}")),
+        }
+    }
+    Ok(left_out)
+}
+
+/// The rows a Python script times (`RESULT {json}` lines, one a model) for `source`.
+fn python_rows(python: &Path, script: &Path, source: &Path, args: &Int8Args) -> Result<Vec<(String, Timed, usize)>> {
     let out = Command::new(python)
         .arg(script)
-        .arg(&model)
+        .arg(source)
         .args(["--threads", &args.threads.to_string(), "--batch", &args.batch.to_string()])
         .args(["--seq", &args.seq.to_string(), "--steps", &args.steps.to_string()])
         .args(["--repeats", &args.repeats.to_string(), "--latency-runs", &args.latency_runs.to_string()])
         .output()
         .with_context(|| format!("running {} {}", python.display(), script.display()))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let Some(result) = stdout.lines().find_map(|l| l.strip_prefix("RESULT ")) else {
+    let results: Vec<&str> = stdout.lines().filter_map(|l| l.strip_prefix("RESULT ")).collect();
+    if !out.status.success() || results.is_empty() {
         bail!(
-            "{} printed no RESULT line: {}",
+            "{} {} printed no result ({}): {}",
+            python.display(),
             script.display(),
+            out.status,
             String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("")
         );
-    };
-    let value: serde_json::Value = serde_json::from_str(result)?;
-    let number = |key: &str| value[key].as_f64().with_context(|| format!("RESULT without {key}"));
-    let timed = Timed { samples_per_s: number("samples_per_s")?, p50_ms: number("p50_ms")?, p99_ms: number("p99_ms")? };
-    Ok((timed, number("bytes")? as usize))
+    }
+    results
+        .into_iter()
+        .map(|result| {
+            let value: serde_json::Value = serde_json::from_str(result)?;
+            let number = |key: &str| value[key].as_f64().with_context(|| format!("RESULT without {key}"));
+            let name = value["name"].as_str().context("RESULT without name")?.to_string();
+            let timed =
+                Timed { samples_per_s: number("samples_per_s")?, p50_ms: number("p50_ms")?, p99_ms: number("p99_ms")? };
+            Ok((name, timed, number("bytes")? as usize))
+        })
+        .collect()
 }

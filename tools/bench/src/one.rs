@@ -125,15 +125,21 @@ impl MemoryBreakdown {
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
+
+/// The configuration of `model`: bert-base, bert-large, bert-mini, minilm, or a folder's.
 pub(crate) fn config_of(model: &str) -> Result<ModelConfig> {
-    let path = match model {
+    ModelConfig::from_file(&config_path(model)).with_context(|| "run `just setup` for MiniLM's config")
+}
+
+/// The file [`config_of`] reads for `model`.
+pub(crate) fn config_path(model: &str) -> PathBuf {
+    match model {
         "bert-base" => crate::root().join("models/bert-base.json"),
         "bert-large" => crate::root().join("models/bert-large.json"),
         "bert-mini" => crate::root().join("models/bert-mini.json"),
         "minilm" => crate::root().join("models/all-MiniLM-L6-v2/config.json"),
         dir => Path::new(dir).join("config.json"),
-    };
-    ModelConfig::from_file(&path).with_context(|| "run `just setup` for MiniLM's config")
+    }
 }
 
 /// A batch like the reference's: random ids, lengths 40..=seq padded to seq, two segments.
