@@ -20,6 +20,10 @@ lint:
     cargo fmt --all -- --check
     cargo clippy -q --workspace --all-targets -- -D warnings
 
+# Rewrites docs/design.md's section on the crates from each crate's lib.rs documentation (a test keeps them equal).
+docs:
+    RINGTUNE_BLESS_DOCS=1 cargo test -q -p ringtune-trainer --test docs_design
+
 # The whole test suite (after setup, MPNet included, and lints), every crate's example, and a crate embedding ringtune-data alone.
 test: setup-mpnet lint
     cargo test -q --workspace

@@ -7,7 +7,8 @@
 //! ranks, against 4,000 once freed memory is kept; bus bandwidth 0.24 to 0.30 GB/s).
 //!
 //! Owns: the choice of allocator and its settings. Libraries never set a global allocator;
-//! a program opts in:
+//! a program opts in by naming [`Allocator`] its `#[global_allocator]` and calling
+//! [`keep_freed_memory`] before it allocates much.
 //!
 //! ```
 //! #[global_allocator]

@@ -6,7 +6,7 @@
 //! all-reduce, seeded initialisation, the forward graph with parameters as graph inputs, and the
 //! self-contained inference export, in float or with int8 linear layers.
 //!
-//! Does not own: gradients (`autodiff`), running graphs (`runtime`) or tokenization (`mrpc`).
+//! Does not own: gradients (`autodiff`), running graphs (`runtime`) or tokenization (`data`).
 //!
 //! ```
 //! use std::path::Path;
