@@ -6,6 +6,7 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use ringtune_runtime::CpuFeatures;
 use serde::Deserialize;
 
 use crate::one::Measurement;
@@ -122,6 +123,12 @@ pub(crate) fn table(args: &TableArgs) -> Result<()> {
         Ok(_) => variants.push(("onednn", "bf16")),
         Err(e) => println!("oneDNN bf16 rows left out: {e}\n"),
     }
+    // PyTorch's bf16 autocast without bf16 products emulates them, tens of times slower than
+    // fp32 (MiniLM training 0.46 samples/s on a Zen 3): measuring it says nothing and takes long.
+    let pytorch_bf16 = CpuFeatures::detect().has_native_bf16();
+    if pytorch.is_some() && !pytorch_bf16 {
+        println!("PyTorch bf16 left out: this CPU has no bf16 products (AVX512-BF16 or AMX)\n");
+    }
     let source = if pytorch.is_some() { "this run".to_string() } else { format!("quoted from {}", reference.source) };
     println!("CPU: {}\nPyTorch: {source}\n", ringtune_runtime::cpu_model());
     println!(
@@ -137,20 +144,24 @@ pub(crate) fn table(args: &TableArgs) -> Result<()> {
             let (fp32, bf16) = match &pytorch {
                 Some(p) => (
                     p.measure(model, task, "fp32", args.steps, args.repeats)?,
-                    p.measure(model, task, "bf16", args.steps, args.repeats)?,
+                    if pytorch_bf16 { p.measure(model, task, "bf16", args.steps, args.repeats)? } else { f64::NAN },
                 ),
                 None => reference.get(model, task),
             };
             for (kernels, precision) in &variants {
                 let m = measure_child(model, task, kernels, precision, args)?;
+                // A figure not measured (NaN) reads as "-".
+                let cell = |v: f64, unit: &str| if v.is_nan() { "-".to_string() } else { format!("{v:.2}{unit}") };
                 println!(
-                    "| {model} | {task} | {} x {} | {} | {:.2} | {fp32:.2} | {bf16:.2} | {:.2}x | {:.2}x | {:.0} |",
+                    "| {model} | {task} | {} x {} | {} | {:.2} | {} | {} | {} | {} | {:.0} |",
                     m.batch,
                     m.seq,
                     m.kernels,
                     m.median_samples_per_s,
-                    m.median_samples_per_s / fp32,
-                    m.median_samples_per_s / bf16,
+                    cell(fp32, ""),
+                    cell(bf16, ""),
+                    cell(m.median_samples_per_s / fp32, "x"),
+                    cell(m.median_samples_per_s / bf16, "x"),
                     m.peak_rss_mib
                 );
                 if let Some(memory) = &m.memory {
