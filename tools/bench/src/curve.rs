@@ -16,6 +16,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use plotters::prelude::*;
+use ringtune_runtime::CpuFeatures;
 use ringtune_trainer::plot::register_font;
 
 use ringtune_trainer::metrics::{read_records, Record};
@@ -94,22 +95,35 @@ impl CurveModel {
     }
 
     /// Seconds a step of 32 examples takes on one whole core, measured on a 2-core Zen 4
-    /// (MiniLM 1.3 s, the base models about 5x that): what the estimate is made of.
-    fn step_s_per_core(self) -> f64 {
-        match self {
+    /// (MiniLM 1.3 s, the base models about 5x that) with bf16 products, and
+    /// [`FP32_SLOWDOWN`] times that where the CPU has none: what the estimate is made of.
+    fn step_s_per_core(self, bf16: bool) -> f64 {
+        let with_bf16 = match self {
             CurveModel::Minilm => 1.3,
             CurveModel::BertBase | CurveModel::Mpnet => 6.5,
+        };
+        if bf16 {
+            with_bf16
+        } else {
+            with_bf16 * FP32_SLOWDOWN
         }
     }
 }
+
+/// How much longer a step takes on the fp32 kernels of a CPU without bf16 products, measured on
+/// a 2-core Zen 3: MiniLM 3.2 s a step on a whole core (`just bench-scaling`), bert-base 33.3 s
+/// at half a core (`just scaling-curve --model bert-base`, estimated 24 minutes, measured 41),
+/// against 1.3 and 6.5 s a core with Zen 4's bf16.
+const FP32_SLOWDOWN: f64 = 2.5;
 
 /// Seconds a MiniLM run takes beside its steps (starting the hosts, reading the model, building
 /// the sessions) on one whole core.
 const RUN_OVERHEAD_S_PER_CORE: f64 = 12.0;
 
 /// The time the runs asked for should take, in seconds: per run, the start and the steps, each
-/// slowed by the share, and the exposed sync of the larger node counts (up to a step's worth).
-fn estimate_s(args: &CurveArgs, share: f64) -> f64 {
+/// slowed by the share, and the exposed sync of the larger node counts (up to a step's worth);
+/// `bf16`: whether the CPU has bf16 products (the runs' default kernels use them).
+fn estimate_s(args: &CurveArgs, share: f64, bf16: bool) -> f64 {
     let mut total = 0.0;
     for &model in &args.models {
         let steps = steps_of(args, model) as f64;
@@ -119,10 +133,12 @@ fn estimate_s(args: &CurveArgs, share: f64) -> f64 {
                     Batching::PerNode => args.batch as f64,
                     Batching::Global => (args.batch as f64 / nodes as f64).ceil(),
                 };
-                let step = model.step_s_per_core() * per_node / 32.0 / share;
+                let step = model.step_s_per_core(bf16) * per_node / 32.0 / share;
                 let sync = if nodes > 1 { step * 0.5 } else { 0.0 };
                 // The start grows with the model as its steps do.
-                let start = RUN_OVERHEAD_S_PER_CORE * model.step_s_per_core() / CurveModel::Minilm.step_s_per_core();
+                // The start (reading, building the graph and sessions) is not in the products.
+                let start =
+                    RUN_OVERHEAD_S_PER_CORE * model.step_s_per_core(true) / CurveModel::Minilm.step_s_per_core(true);
                 total += start / share + steps * (step + sync);
                 if nodes > 1 && *batching == Batching::PerNode {
                     // The floor: the same nodes alone, a slowest step a step.
@@ -132,7 +148,7 @@ fn estimate_s(args: &CurveArgs, share: f64) -> f64 {
         }
     }
     if args.to_accuracy {
-        total += to_accuracy_estimate_s(args, share);
+        total += to_accuracy_estimate_s(args, share, bf16);
     }
     total
 }
@@ -143,9 +159,9 @@ const MRPC_TRAIN: usize = 3668;
 /// The time `--to-accuracy`'s runs should take: MiniLM's 3 epochs at a batch per node on every
 /// node count, a step as in [`estimate_s`] and three evaluations of the dev split, each about
 /// 10 steps' worth.
-fn to_accuracy_estimate_s(args: &CurveArgs, share: f64) -> f64 {
+fn to_accuracy_estimate_s(args: &CurveArgs, share: f64, bf16: bool) -> f64 {
     let model = CurveModel::Minilm;
-    let step = model.step_s_per_core() * args.batch as f64 / 32.0 / share;
+    let step = model.step_s_per_core(bf16) * args.batch as f64 / 32.0 / share;
     args.nodes
         .iter()
         .map(|&nodes| {
@@ -206,7 +222,7 @@ pub(crate) fn curve(args: &CurveArgs) -> Result<()> {
     println!(
         "{} runs; estimated time: {:.0} min (each run's steps and start, at {share} cores a node)",
         args.models.len() * args.nodes.iter().map(|&n| runs_at(n).len() + usize::from(n > 1)).sum::<usize>(),
-        estimate_s(args, share) / 60.0
+        estimate_s(args, share, CpuFeatures::detect().has_native_bf16()) / 60.0
     );
     let mut points = Vec::new();
     let mut floors = Vec::new();
@@ -574,11 +590,14 @@ mod tests {
     fn the_default_curve_is_estimated_to_fit_twenty_minutes_on_two_cores() {
         let args = Cli::parse_from(["curve"]).curve;
         assert_eq!(args.models, [CurveModel::Minilm]);
-        let minutes = estimate_s(&args, 2.0 / 4.0) / 60.0;
+        let minutes = estimate_s(&args, 2.0 / 4.0, true) / 60.0;
         assert!((3.0..20.0).contains(&minutes), "{minutes} min");
         // bert-base's runs are several times longer, and said to be before they start.
         let base = Cli::parse_from(["curve", "--model", "bert-base"]).curve;
-        assert!(estimate_s(&base, 0.5) > 2.0 * estimate_s(&args, 0.5));
+        assert!(estimate_s(&base, 0.5, true) > 2.0 * estimate_s(&args, 0.5, true));
+        // On fp32 kernels, as measured on a Zen 3: bert-base's curve took 41 minutes.
+        let fp32_minutes = estimate_s(&base, 0.5, false) / 60.0;
+        assert!((30.0..50.0).contains(&fp32_minutes), "{fp32_minutes} min");
         assert_eq!(runs_at(1), [Batching::PerNode]);
         assert_eq!(runs_at(4).len(), 2);
     }
@@ -590,7 +609,8 @@ mod tests {
         let to_accuracy = Cli::parse_from(["curve", "--time-to-accuracy"]).curve;
         assert!(to_accuracy.to_accuracy, "the old name still works");
         // MRPC's 3 epochs on 1, 2 and 4 nodes: tens of minutes, said before they start.
-        let minutes = (estimate_s(&to_accuracy, 0.5) - estimate_s(&Cli::parse_from(["curve"]).curve, 0.5)) / 60.0;
+        let default = Cli::parse_from(["curve"]).curve;
+        let minutes = (estimate_s(&to_accuracy, 0.5, true) - estimate_s(&default, 0.5, true)) / 60.0;
         assert!((20.0..60.0).contains(&minutes), "{minutes} min");
     }
 }
