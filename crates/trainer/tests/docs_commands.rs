@@ -12,20 +12,36 @@ use std::process::Command;
 
 use common::root;
 
-/// The commands of every fenced `sh` block of `file`, each with its line number.
+/// The commands of every fenced `sh` block of `file`, each with its line number: lines joined
+/// where a `\\` continues them, and `ringtune ...` found after a launcher (`srun`, `mpirun ...`,
+/// variables set before it) too.
 fn commands(file: &Path) -> Vec<(usize, String)> {
     let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
     let mut inside = false;
     let mut found = Vec::new();
+    let mut continued: Option<(usize, String)> = None;
     for (number, line) in text.lines().enumerate() {
         let trimmed = line.trim();
         if trimmed.starts_with("```") {
             inside = !inside && trimmed == "```sh";
             continue;
         }
-        let command = trimmed.split(" #").next().unwrap_or("").trim();
-        if inside && (command.starts_with("ringtune ") || command.starts_with("just ") || command == "just") {
-            found.push((number + 1, command.to_string()));
+        if !inside {
+            continue;
+        }
+        let (start, mut command) = continued.take().unwrap_or((number + 1, String::new()));
+        command.push(' ');
+        // A comment: a whole line (`#SBATCH` too) or what follows ` #`.
+        let code = if trimmed.starts_with('#') { "" } else { trimmed.split(" #").next().unwrap_or("") };
+        command.push_str(code);
+        if let Some(open) = command.strip_suffix('\\') {
+            continued = Some((start, open.to_string()));
+            continue;
+        }
+        let words: Vec<&str> = command.split_whitespace().collect();
+        let from = if words.first() == Some(&"just") { Some(0) } else { words.iter().position(|w| *w == "ringtune") };
+        if let Some(from) = from {
+            found.push((start, words[from..].join(" ")));
         }
     }
     found
@@ -42,8 +58,10 @@ fn arguments(command: &str) -> Vec<String> {
         let closes = word.ends_with(']');
         let bare = word.trim_start_matches('[').trim_end_matches(']');
         let bare = bare.split('|').next().unwrap_or(bare);
-        // A placeholder (`N`, `LR`, `DIR`) stands for a value: a number fits each.
-        let bare = if !bare.is_empty() && bare.chars().all(|c| c.is_ascii_uppercase()) { "1" } else { bare };
+        // A placeholder (`N`, `LR`, `DIR`) or a shell variable (`"$SLURM_CPUS_PER_TASK"`) stands
+        // for a value: a number fits each.
+        let placeholder = !bare.is_empty() && bare.chars().all(|c| c.is_ascii_uppercase());
+        let bare = if placeholder || bare.trim_matches('"').starts_with('$') { "1" } else { bare };
         let bare = bare.to_string();
         if opens {
             group = Some(Vec::new());
@@ -122,4 +140,26 @@ fn synopses_read_as_usage() {
     assert!(ringtune_parses(&["train".into(), "--no-such-flag".into()]).is_err(), "an unknown flag is refused");
     assert!(ringtune_parses(&["train".into(), "--quoting".into(), "sometimes".into()]).is_err(), "a bad value too");
     assert!(ringtune_parses(&["eval".into(), "--model".into(), "runs/x".into(), "--int8".into()]).is_ok());
+    assert_eq!(
+        arguments(r#"ringtune train --threads "$SLURM_CPUS_PER_TASK""#),
+        ["ringtune", "train", "--threads", "1"]
+    );
+}
+
+#[test]
+fn launched_and_continued_commands_are_read_whole() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("cluster.md");
+    let text = "```sh\nexport A=1\nsrun ringtune train --threads 4 \\\n    --output runs/x   # a comment\n\
+                mpirun -np 4 -x B=1 \\\n    ringtune train --epochs 1\njust train\n```\n```\nringtune not-sh\n```\n";
+    std::fs::write(&file, text).expect("write");
+    let found = commands(&file);
+    assert_eq!(
+        found,
+        [
+            (3, "ringtune train --threads 4 --output runs/x".to_string()),
+            (5, "ringtune train --epochs 1".to_string()),
+            (7, "just train".to_string())
+        ]
+    );
 }
