@@ -7,10 +7,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-use common::root;
+use common::{markdown_documents, root};
 
 /// The commands of every fenced `sh` block of `file`, each with its line number: lines joined
 /// where a `\\` continues them, and `ringtune ...` found after a launcher (`srun`, `mpirun ...`,
@@ -101,10 +101,7 @@ fn just_recipes() -> Vec<String> {
 
 #[test]
 fn every_command_in_the_readme_and_the_docs_runs_as_written() {
-    let mut files: Vec<PathBuf> = vec![root().join("README.md")];
-    if let Ok(entries) = std::fs::read_dir(root().join("docs")) {
-        files.extend(entries.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "md")));
-    }
+    let files = markdown_documents();
     let recipes = just_recipes();
     let mut checked = 0;
     let mut wrong = Vec::new();

@@ -3,9 +3,9 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use common::root;
+use common::markdown_documents;
 
 /// The targets of the `[text](target)` links of `text` that are neither web addresses nor mail.
 fn relative_links(text: &str) -> Vec<String> {
@@ -50,22 +50,10 @@ fn anchors(file: &Path) -> Vec<String> {
     found
 }
 
-fn documents(root: &Path) -> Vec<PathBuf> {
-    let mut files = vec![root.join("README.md"), root.join("CHANGELOG.md")];
-    for entry in std::fs::read_dir(root.join("docs")).expect("docs/") {
-        let path = entry.expect("entry").path();
-        if path.extension().is_some_and(|e| e == "md") {
-            files.push(path);
-        }
-    }
-    files
-}
-
 #[test]
 fn every_relative_link_reaches_a_file_and_a_heading() {
-    let root = root();
     let mut broken = Vec::new();
-    for file in documents(&root) {
+    for file in markdown_documents() {
         let text = std::fs::read_to_string(&file).expect("read");
         for link in relative_links(&text) {
             let (path, section) = link.split_once('#').map_or((link.as_str(), None), |(p, s)| (p, Some(s)));

@@ -57,6 +57,7 @@ pub(crate) struct Int8Args {
 }
 
 /// One model's figures.
+#[derive(Debug)]
 struct Timed {
     samples_per_s: f64,
     p50_ms: f64,
@@ -224,4 +225,39 @@ fn python_rows(python: &Path, script: &Path, source: &Path, args: &Int8Args) -> 
             Ok((name, timed, number("bytes")? as usize))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        int8: Int8Args,
+    }
+
+    /// Runs a stand-in for a Python row script (the README's prerequisites include Python 3).
+    fn rows_of(script: &str) -> Result<Vec<(String, Timed, usize)>> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("row.py");
+        std::fs::write(&path, script)?;
+        let args = Cli::parse_from(["int8"]).int8;
+        python_rows(Path::new("python3"), &path, dir.path(), &args)
+    }
+
+    #[test]
+    fn every_result_line_is_a_row_and_a_failing_script_says_why() {
+        let two = "print('RESULT {\"name\": \"a\", \"samples_per_s\": 2.0, \"p50_ms\": 1.0, \"p99_ms\": 3.0, \"bytes\": 7}')\n\
+                   print('noise')\n\
+                   print('RESULT {\"name\": \"b\", \"samples_per_s\": 4.0, \"p50_ms\": 1.0, \"p99_ms\": 2.0, \"bytes\": 9}')\n";
+        let rows = rows_of(two).expect("two rows");
+        assert_eq!(rows.iter().map(|r| (r.0.as_str(), r.2)).collect::<Vec<_>>(), [("a", 7), ("b", 9)]);
+        assert_eq!(rows[1].1.samples_per_s, 4.0);
+        let missing = rows_of("import no_such_library_here\n").expect_err("fails");
+        assert!(format!("{missing:#}").contains("No module named 'no_such_library_here'"), "{missing:#}");
+        let incomplete = rows_of("print('RESULT {\"name\": \"a\"}')\n").expect_err("no figures");
+        assert!(format!("{incomplete:#}").contains("RESULT without samples_per_s"), "{incomplete:#}");
+    }
 }

@@ -14,6 +14,15 @@ pub(crate) fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// The user-facing documents: the README, the changelog and every markdown file in `docs/`.
+pub(crate) fn markdown_documents() -> Vec<PathBuf> {
+    let root = root();
+    let mut files = vec![root.join("README.md"), root.join("CHANGELOG.md")];
+    let docs = std::fs::read_dir(root.join("docs")).expect("docs/");
+    files.extend(docs.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "md")));
+    files
+}
+
 /// A tiny BERT with MiniLM's vocabulary and tokenizer, seeded weights, in `dir`.
 pub(crate) fn tiny_model(dir: &Path) -> PathBuf {
     let model = dir.join("tiny-model");
