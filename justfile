@@ -15,6 +15,27 @@ setup *ARGS:
 setup-mpnet:
     cargo run -q -p ringtune-setup -- --root "{{root}}" --with all-mpnet-base-v2
 
+# The Python side of the int8 test: the stock ONNX Runtime, onnx and numpy for Python 3.11 (tools/setup/python-check.txt, pinned by hash) in .cache/python-check; a second run only compares the pins.
+setup-python-check:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    site=.cache/python-check
+    pins=$(sha256sum tools/setup/python-check.txt | cut -d' ' -f1)
+    if [ "$(cat "$site/.pins-sha256" 2>/dev/null)" = "$pins" ]; then exit 0; fi
+    python="${RINGTUNE_PYTHON:-python3}"
+    if ! "$python" -m pip --version >/dev/null 2>&1; then
+        echo "setup-python-check: $python has no pip (install python3-pip, or set RINGTUNE_PYTHON to a Python with it)" >&2
+        exit 1
+    fi
+    rm -rf "$site.partial"
+    "$python" -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-deps --only-binary=:all: --require-hashes \
+        --python-version 3.11 --platform manylinux_2_28_x86_64 --find-links .cache/wheels \
+        --target "$site.partial" -r tools/setup/python-check.txt
+    echo "$pins" > "$site.partial/.pins-sha256"
+    rm -rf "$site"
+    mv "$site.partial" "$site"
+    echo "setup-python-check: installed $site"
+
 # Formatting and lints, as CI checks them.
 lint:
     cargo fmt --all -- --check
@@ -25,7 +46,7 @@ docs:
     RINGTUNE_BLESS_DOCS=1 cargo test -q -p ringtune-trainer --test docs_design
 
 # The whole test suite (after setup, MPNet included, and lints), every crate's example, and a crate embedding ringtune-data alone.
-test: setup-mpnet lint
+test: setup-mpnet setup-python-check lint
     cargo test -q --workspace
     just examples
     just embed-check

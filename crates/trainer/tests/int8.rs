@@ -1,6 +1,7 @@
 //! The int8 model of a trained run: written at the run's end (`--quantize int8`) or by
-//! `ringtune quantize`, scored by `ringtune eval --int8` as the run scored it, and the bad
-//! inputs each refused with the file named.
+//! `ringtune quantize`, scored by `ringtune eval --int8` as the run scored it, loaded by the
+//! stock ONNX Runtime from Python as ringtune loads it, and the bad inputs each refused with the
+//! file named.
 
 mod common;
 
@@ -8,7 +9,12 @@ use std::path::Path;
 use std::process::Command;
 
 use common::{config, root};
-use ringtune_trainer::quantize::{Quantization, INT8_MODEL};
+use ringtune_data::{batches, load_file, Batch, Padding, PairTokenizer, ReadOptions};
+use ringtune_runtime::{Runtime, SessionOptions};
+use ringtune_trainer::engine::Evaluator;
+use ringtune_trainer::evaluation::{label_set, predict_logits, TaskFile};
+use ringtune_trainer::model::ModelDir;
+use ringtune_trainer::quantize::{open_int8, Quantization, INT8_MODEL};
 use ringtune_trainer::train::{train, Start};
 use ringtune_trainer::TrainConfig;
 
@@ -94,4 +100,88 @@ fn quantize_and_eval_int8_refuse_what_they_cannot_use_by_name() {
     std::fs::write(model.join(INT8_MODEL), b"not a model").expect("write");
     let (ok, _, stderr) = ringtune(&["eval", "--model", utf8(&model), "--file", "dev.tsv", "--int8"]);
     assert!(!ok && stderr.contains(&format!("{INT8_MODEL} has no model ONNX Runtime can load")), "{stderr}");
+}
+
+/// The Python that runs the int8 test's Python side, with the packages `just
+/// setup-python-check` installed (`just test` runs it first).
+fn python_with_onnx_runtime() -> Command {
+    let site = root().join(".cache/python-check");
+    assert!(site.join("onnxruntime").is_dir(), "{} is missing: run `just setup-python-check`", site.display());
+    let python = std::env::var("RINGTUNE_PYTHON").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| "python3".into());
+    let version = Command::new(&python).args(["-c", "import sys; print(sys.version_info[:2])"]).output();
+    let version = version.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
+    assert_eq!(version, "(3, 11)", "{python}: the pinned wheels are for Python 3.11; set RINGTUNE_PYTHON to one");
+    let mut command = Command::new(python);
+    command.env("PYTHONPATH", site);
+    command
+}
+
+fn batch_json(batch: &Batch) -> serde_json::Value {
+    serde_json::json!({
+        "rows": batch.rows,
+        "seq": batch.seq,
+        "input_ids": batch.input_ids,
+        "token_type_ids": batch.token_type_ids,
+        "attention_mask": batch.attention_mask,
+    })
+}
+
+fn argmax_rows(logits: &[f32], classes: usize) -> Vec<usize> {
+    logits
+        .chunks(classes)
+        .map(|row| row.iter().enumerate().fold(0, |best, (i, x)| if *x > row[best] { i } else { best }))
+        .collect()
+}
+
+#[test]
+fn python_onnx_runtime_loads_both_models_and_scores_them_as_ringtune_does() {
+    let dir = tempfile::tempdir().expect("dir");
+    let cfg = TrainConfig { quantize: Some(Quantization::Int8), epochs: 2, ..config(dir.path(), "run") };
+    train(&cfg, &root(), Start::Fresh, None).expect("trained");
+    let run = &cfg.output;
+
+    // The dev rows as `ringtune eval` reads and batches them.
+    let model = ModelDir::open(run).expect("run folder");
+    let dev = cfg.data.as_ref().expect("data").join("dev.tsv");
+    let layout = TaskFile::read(run).expect("task").layout(&dev).expect("layout");
+    let tokenizer = PairTokenizer::from_model_dir(run, cfg.max_len).expect("tokenizer");
+    let labels = label_set(&model.config);
+    let (examples, _) = load_file(&dev, &layout, &labels, &tokenizer, ReadOptions::default()).expect("dev rows");
+    let order: Vec<usize> = (0..examples.len()).collect();
+    let pad = model.config.pad_token_id;
+    let dev_batches: Vec<Batch> = batches(&examples, &order, 16, Padding::Dynamic, pad).collect();
+    let batches_file = dir.path().join("batches.json");
+    let json = serde_json::Value::Array(dev_batches.iter().map(batch_json).collect());
+    std::fs::write(&batches_file, json.to_string()).expect("batches");
+
+    // ringtune's logits of both models, one thread as the Python side.
+    let options = SessionOptions { threads: 1, ..SessionOptions::default() };
+    let ours_int8 =
+        predict_logits(&mut open_int8(run, &options).expect("int8"), &[], &examples, 16, pad).expect("int8");
+    let float_bytes = std::fs::read(run.join("model.onnx")).expect("model.onnx");
+    let mut float = Evaluator::embedded(Runtime::get().expect("runtime"), &float_bytes, &options).expect("float");
+    let ours_float = predict_logits(&mut float, &[], &examples, 16, pad).expect("float");
+
+    let out = dir.path().join("python.json");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/onnx_runtime_check.py");
+    let result = python_with_onnx_runtime().arg(script).args([run, &batches_file, &out]).output().expect("python");
+    assert!(result.status.success(), "{}", String::from_utf8_lossy(&result.stderr));
+    let theirs: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).expect("out")).expect("json");
+    let floats = |key: &str| -> Vec<f32> {
+        theirs[key].as_array().expect(key).iter().map(|x| x.as_f64().expect("number") as f32).collect()
+    };
+    let classes = model.config.num_labels;
+    // onnx's full checker took model.onnx (the script stops otherwise); the same ONNX Runtime gives
+    // the same logits, from Python as from ringtune, for both files.
+    for (name, ours) in [("float", &ours_float.logits), ("int8", &ours_int8.logits)] {
+        let python = floats(name);
+        assert_eq!(python.len(), examples.len() * classes, "{name}: a row of logits per dev row");
+        let worst = python.iter().zip(ours.iter()).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(worst <= 1e-5, "{name}: Python and ringtune logits differ by up to {worst}");
+        assert_eq!(argmax_rows(&python, classes), argmax_rows(ours, classes), "{name}: the same classes");
+    }
+    // ONNX Runtime's own quantize_dynamic takes model.onnx unchanged, and its model runs.
+    let dynamic = floats("quantize_dynamic");
+    assert_eq!(dynamic.len(), examples.len() * classes);
+    assert!(dynamic.iter().all(|x| x.is_finite()), "quantize_dynamic's logits: {dynamic:?}");
 }
