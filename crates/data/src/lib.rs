@@ -41,7 +41,7 @@ pub use choice::TaskChoice;
 pub use error::{BadRow, DataError, REPORTED_ROWS};
 pub use label::{Label, LabelHint, LabelSet, Problem};
 pub use locate::{data_dir, glue_dir, sha256_hex, DataDir, PINNED_SHA256};
-pub use order::{epoch_order, shard, steps_per_epoch, ShardMode};
+pub use order::{epoch_order, group_by_length, shard, steps_per_epoch, ShardMode, LENGTH_GROUP_BATCHES};
 pub use prepare::{cache_file, examples, fingerprint, prepare, CacheUse, Prepared};
 pub use reader::{
     glue_labelled_tsv, glue_split, glue_test_tsv, parse_pairs, read_dev_ids, read_pairs, Dataset, GlueFiles, Layout,

@@ -15,6 +15,38 @@ pub fn epoch_order(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
     order
 }
 
+/// Global batches per group that [`group_by_length`] sorts together (Hugging Face's
+/// `group_by_length` sorts megabatches of 50 batches).
+pub const LENGTH_GROUP_BATCHES: usize = 50;
+
+/// `order` regrouped so that every global batch of `global_batch` holds examples of similar
+/// length: each run of [`LENGTH_GROUP_BATCHES`] global batches is sorted by length, longest
+/// first, cut into global batches again, and those are shuffled within their run (by `seed` and
+/// `epoch`). The last global batch, if short, stays last, so that every other one is whole and
+/// each node's batch `k` (see [`shard`]) is its share of global batch `k`.
+///
+/// With dynamic padding a step costs its longest example times its rows; grouped, a batch pads
+/// little and the nodes of a step get batches of about the same cost, so no node waits long for
+/// the slowest. The set of examples in each epoch is unchanged; which share a step differs.
+pub fn group_by_length(order: &[usize], lengths: &[usize], global_batch: usize, seed: u64, epoch: u64) -> Vec<usize> {
+    let global_batch = global_batch.max(1);
+    let length = |i: &usize| std::cmp::Reverse(lengths.get(*i).copied().unwrap_or(0));
+    let mut rng = ChaCha8Rng::seed_from_u64(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ epoch);
+    let whole = order.len() / global_batch * global_batch;
+    let mut grouped = Vec::with_capacity(order.len());
+    for run in order[..whole].chunks(LENGTH_GROUP_BATCHES * global_batch) {
+        let mut sorted = run.to_vec();
+        sorted.sort_by_key(length);
+        let mut batches: Vec<&[usize]> = sorted.chunks(global_batch).collect();
+        batches.shuffle(&mut rng);
+        grouped.extend(batches.concat());
+    }
+    let mut rest = order[whole..].to_vec();
+    rest.sort_by_key(length);
+    grouped.extend(rest);
+    grouped
+}
+
 /// How to make shards equal when `world` does not divide the data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ShardMode {
@@ -76,7 +108,47 @@ mod tests {
         assert!(shard(&[0, 1], 0, 0, ShardMode::Pad).is_err());
     }
 
+    #[test]
+    fn grouped_batches_hold_examples_of_similar_length() {
+        let lengths: Vec<usize> = (0..1000).map(|i| 10 + (i * 37) % 91).collect();
+        let order = epoch_order(lengths.len(), 42, 0);
+        let spread = |order: &[usize]| -> usize {
+            let spread_of = |b: &[usize]| {
+                let l = b.iter().map(|&i| lengths[i]);
+                l.clone().max().unwrap_or(0) - l.min().unwrap_or(0)
+            };
+            order.chunks(32).map(spread_of).sum::<usize>() / order.len().div_ceil(32)
+        };
+        let grouped = group_by_length(&order, &lengths, 32, 42, 0);
+        // Within a run of 50 batches, 1000 lengths spread over 91 values leave a few apart.
+        assert!(spread(&grouped) <= 5 && spread(&order) >= 70, "{} against {}", spread(&grouped), spread(&order));
+        assert_eq!(grouped, group_by_length(&order, &lengths, 32, 42, 0), "deterministic");
+        assert_ne!(grouped, group_by_length(&order, &lengths, 32, 42, 1), "another epoch, another batch order");
+        // 1000 = 31 batches of 32 and 8 left: those 8 are the last batch.
+        let mut last = grouped[992..].to_vec();
+        let mut want = order[992..].to_vec();
+        last.sort_unstable();
+        want.sort_unstable();
+        assert_eq!(last, want);
+    }
+
     proptest! {
+        #[test]
+        fn grouping_by_length_reorders_and_keeps_every_whole_global_batch(
+            n in 0usize..400, batch in 1usize..40, seed: u64, max_len in 1usize..50,
+        ) {
+            let lengths: Vec<usize> = (0..n).map(|i| (i * 7919 + seed as usize) % max_len).collect();
+            let order = epoch_order(n, seed, 0);
+            let grouped = group_by_length(&order, &lengths, batch, seed, 0);
+            let mut sorted = grouped.clone();
+            sorted.sort_unstable();
+            prop_assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "a permutation");
+            // Each global batch comes from one run of sorted lengths: longest first inside it.
+            for b in grouped[..n / batch * batch].chunks(batch) {
+                prop_assert!(b.windows(2).all(|w| lengths[w[0]] >= lengths[w[1]]));
+            }
+        }
+
         #[test]
         fn shards_are_disjoint_complete_and_equal(n in 1usize..500, world in 1usize..=8, batch in 1usize..40, seed: u64) {
             let order = epoch_order(n, seed, 0);

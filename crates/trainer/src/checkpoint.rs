@@ -47,6 +47,10 @@ pub struct Meta {
     /// taken as the resuming run's).
     #[serde(default)]
     pub node_batch: Option<usize>,
+    /// The global batch whose length groups ordered the data (`--group-by-length`); `None`
+    /// when the order was not grouped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub length_groups: Option<usize>,
 }
 
 impl Meta {
@@ -225,6 +229,7 @@ mod tests {
             adam_step: step,
             world: 2,
             node_batch: Some(8),
+            length_groups: None,
         }
     }
 

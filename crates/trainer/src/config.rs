@@ -64,6 +64,10 @@ pub struct TrainConfig {
     pub max_len: usize,
     /// Seed of the data order and of new heads.
     pub seed: u64,
+    /// Batch examples of similar length together (runs of 50 global batches sorted by length,
+    /// the batches shuffled within each run), as Hugging Face's `group_by_length`: less padding,
+    /// and the nodes of a step wait less for the one with the longest batch.
+    pub group_by_length: bool,
     /// Dropout probability for every dropout site (default: the model config's).
     pub dropout: Option<f64>,
     /// Intra-op threads per node (0: one per core).
@@ -113,6 +117,7 @@ impl Default for TrainConfig {
             quoting: None,
             num_labels: None,
             skip_bad: false,
+            group_by_length: false,
             quantize: None,
             output: PathBuf::from("runs/minilm-mrpc"),
             epochs: 3,

@@ -112,3 +112,32 @@ fn a_resumed_run_ends_at_the_same_weights_even_past_a_corrupt_checkpoint() {
     assert!(err.contains("holds a finished run"), "{err}");
     assert!(std::fs::read(straight.output.join("model.safetensors")).expect("kept") == a);
 }
+
+#[test]
+fn a_run_grouped_by_length_resumes_to_its_weights_and_keeps_its_grouping_inside_an_epoch() {
+    let dir = tempfile::tempdir().expect("dir");
+    let straight = TrainConfig { group_by_length: true, epochs: 2, ..config(dir.path(), "straight") };
+    ringtune_trainer::train::train(&straight, dir.path(), Start::Fresh, None).expect("straight run");
+    let plain = TrainConfig { group_by_length: false, output: dir.path().join("plain"), ..straight.clone() };
+    ringtune_trainer::train::train(&plain, dir.path(), Start::Fresh, None).expect("plain run");
+    assert_ne!(losses(&straight.output), losses(&plain.output), "grouped batches are other batches");
+
+    // Stopped inside the second epoch (13 steps an epoch).
+    let split = TrainConfig { output: dir.path().join("split"), stop_after: 18, ..straight.clone() };
+    ringtune_trainer::train::train(&split, dir.path(), Start::Fresh, None).expect("first part");
+    // The rest of the epoch is cut from the grouped order: resuming without it is refused.
+    let ungrouped = TrainConfig { group_by_length: false, stop_after: 0, ..split.clone() };
+    let err = ringtune_trainer::train::train(&ungrouped, dir.path(), Start::Resume, None)
+        .expect_err("another order")
+        .to_string();
+    assert!(
+        err.contains("made with --group-by-length at a global batch of 16 and stopped inside epoch 2")
+            && err.contains("resume it with --group-by-length at a global batch of 16"),
+        "{err}"
+    );
+    let rest = TrainConfig { stop_after: 0, ..split.clone() };
+    ringtune_trainer::train::train(&rest, dir.path(), Start::Resume, None).expect("resumed");
+    let a = std::fs::read(straight.output.join("model.safetensors")).expect("a");
+    let b = std::fs::read(split.output.join("model.safetensors")).expect("b");
+    assert!(a == b, "resumed weights differ from the uninterrupted grouped run");
+}

@@ -59,6 +59,21 @@ impl TrainingRun<'_> {
                 self.cfg.seed
             )));
         }
+        let length_groups = self.length_groups();
+        if ckpt.meta.length_groups != length_groups && ckpt.meta.progress.batch_in_epoch > 0 {
+            // The rest of the epoch is cut from an order that depends on the grouping.
+            let grouping = |groups: Option<usize>| match groups {
+                Some(global) => format!("with --group-by-length at a global batch of {global}"),
+                None => "without --group-by-length".to_string(),
+            };
+            return Err(TrainError::Resume(format!(
+                "{} was made {} and stopped inside epoch {}: resume it {}, or from a checkpoint at an epoch's end",
+                path.display(),
+                grouping(ckpt.meta.length_groups),
+                ckpt.meta.progress.epoch + 1,
+                grouping(ckpt.meta.length_groups),
+            )));
+        }
         self.engine.params_mut()?.copy_from_slice(&ckpt.params);
         self.adam.restore(AdamWState { step: ckpt.meta.adam_step, m: ckpt.m, v: ckpt.v })?;
         let batch_in_epoch = ckpt.meta.resume_batch(self.world, self.plan.batch_size);
@@ -80,6 +95,11 @@ impl TrainingRun<'_> {
         self.log.bar.set_position(self.progress.step);
         tracing::info!(checkpoint = %path.display(), step = self.progress.step, "resumed");
         Ok(self.progress.step)
+    }
+
+    /// The global batch the data's order is grouped by length for, if it is.
+    pub(super) fn length_groups(&self) -> Option<usize> {
+        self.cfg.group_by_length.then_some(self.plan.batch_size * self.world)
     }
 
     /// Every node calls it at the same step (a sharded optimizer's moments are gathered
@@ -104,6 +124,7 @@ impl TrainingRun<'_> {
             adam_step: state.step,
             world: self.world,
             node_batch: Some(self.plan.batch_size),
+            length_groups: self.length_groups(),
         };
         let path = self.plan.checkpoints.join(checkpoint::file_name(self.progress.step));
         checkpoint::save(&path, &meta, self.engine.params()?, m, v)?;

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ringtune_bert::load_params;
-use ringtune_data::{epoch_order, shard, Batch, Padding, ShardMode};
+use ringtune_data::{epoch_order, group_by_length, shard, Batch, Example, Padding, ShardMode};
 use ringtune_optim::{AdamW, AdamWConfig};
 use ringtune_runtime::{FlatBuffer, SessionOptions};
 use serde::Serialize;
@@ -264,7 +264,11 @@ impl<'s> TrainingRun<'s> {
     /// This node's batches of `epoch` still to run, by index in the epoch: its shard of the
     /// epoch's order, in batches, past those a resumed run already took.
     pub fn epoch_batches(&self, epoch: u32) -> Result<Vec<(usize, Vec<usize>)>, TrainError> {
-        let order = epoch_order(self.inputs.train.len(), self.cfg.seed, epoch as u64);
+        let mut order = epoch_order(self.inputs.train.len(), self.cfg.seed, epoch as u64);
+        if let Some(global_batch) = self.length_groups() {
+            let lengths: Vec<usize> = self.inputs.train.iter().map(Example::len).collect();
+            order = group_by_length(&order, &lengths, global_batch, self.cfg.seed, epoch as u64);
+        }
         let mine = shard(&order, self.rank, self.world, ShardMode::Pad)?;
         let skip = if epoch == self.progress.epoch { self.progress.batch_in_epoch as usize } else { 0 };
         Ok(mine.chunks(self.plan.batch_size).map(<[usize]>::to_vec).enumerate().skip(skip).collect())

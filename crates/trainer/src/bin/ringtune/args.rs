@@ -134,6 +134,9 @@ pub(crate) struct TrainArgs {
     /// Seed.
     #[arg(long)]
     seed: Option<u64>,
+    /// Batch examples of similar length together (less padding; nodes wait less for each other).
+    #[arg(long)]
+    group_by_length: bool,
     /// Dropout for every site (default: the model's).
     #[arg(long, allow_negative_numbers = true)]
     dropout: Option<f64>,
@@ -349,7 +352,7 @@ pub(crate) fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
             global_batch_size,
             quantize
         ],
-        flags: [skip_bad]
+        flags: [skip_bad, group_by_length]
     );
     c.validate()?;
     Ok(c)
@@ -368,7 +371,7 @@ mod tests {
             --provider auto --kernels mlas --precision bf16 --max-grad-norm 2 --log-every 3 \
             --checkpoint-every 11 --keep-checkpoints 4 --max-steps 13 --stop-after 12 --param-check-every 17 \
             --task t --train-file tr.csv --validation-file va.jsonl --test-file te.tsv --text-columns q,a \
-            --label-column y --quoting none --num-labels 3 --skip-bad";
+            --label-column y --quoting none --num-labels 3 --skip-bad --group-by-length";
         let Command::Train(args) = Cli::parse_from(line.split_whitespace()).command else {
             panic!("not a train command");
         };
@@ -394,6 +397,7 @@ mod tests {
             weight_decay: 0.125,
             max_len: 64,
             seed: 9,
+            group_by_length: true,
             dropout: Some(0.2),
             threads: 1,
             provider: Provider::Auto,
