@@ -1,6 +1,7 @@
 //! `ringtune-bench`: samples per second of inference and of training steps beside PyTorch's
 //! (`table`, each configuration measured by `one` in its own process so peak memory is that
-//! configuration's), 1 node against 2 nodes with a cluster projection (`scaling`), and
+//! configuration's), 1 node against 2 nodes with a cluster projection (`scaling`), two builds
+//! on the same 2-node steps in turns (`scaling-ab`), and
 //! training steps on an emulated cluster with and without overlap (`cluster`), and the
 //! 1 / 2 / 4-node curve on emulated nodes with cores of their own, scaled in time (`curve`),
 //! and the inference model in fp32 against int8 (`int8`).
@@ -32,6 +33,9 @@ enum Cmd {
     /// 1 node x 1 thread against 2 nodes x 1 thread on the same global batch (real MRPC
     /// steps), then a projection to a cluster of 64-vCPU nodes on 25 Gbit/s.
     Scaling(scaling::ScalingArgs),
+    /// Two `ringtune` builds on the same 2-node steps in turns (`--before OLD --after NEW`): each
+    /// pair's step times and the ratio over the pairs.
+    ScalingAb(scaling::AbArgs),
     /// Training steps on an emulated cluster (`ring-bench --cluster netns`, needs root): per
     /// link rate, the step with the sync behind the backward pass and without.
     Cluster(scaling::ClusterArgs),
@@ -48,6 +52,7 @@ fn main() -> Result<()> {
         Cmd::One(one) => println!("{}", serde_json::to_string(&one::measure(&one)?)?),
         Cmd::Table(args) => table::table(&args)?,
         Cmd::Scaling(args) => scaling::scaling(&args)?,
+        Cmd::ScalingAb(args) => scaling::ab(&args)?,
         Cmd::Cluster(args) => scaling::on_cluster(&args)?,
         Cmd::Curve(args) => curve::curve(&args)?,
         Cmd::Int8(args) => int8::int8(&args)?,

@@ -254,3 +254,90 @@ fn project(p1: Phases, p2: Phases, batch: usize) {
         }
     }
 }
+
+/// Two `ringtune` builds on the same 2-node steps, in turns.
+#[derive(Args)]
+pub(crate) struct AbArgs {
+    /// The build to compare against (e.g. the commit before a change, built in a worktree).
+    #[arg(long)]
+    before: PathBuf,
+    /// The build under test.
+    #[arg(long, default_value = "target/release/ringtune")]
+    after: PathBuf,
+    /// Pairs of runs. The order alternates, so that neither build always runs second.
+    #[arg(long, default_value_t = 8)]
+    pairs: usize,
+    /// Steps per run (the first log window is warm-up and not counted).
+    #[arg(long, default_value_t = 20)]
+    steps: u64,
+    /// Global batch.
+    #[arg(long, default_value_t = 32)]
+    batch: usize,
+    /// Settings passed on to every `ringtune train` (e.g. `--overlap false`).
+    #[arg(last = true)]
+    train_args: Vec<String>,
+}
+
+/// The geometric mean, the smallest and the largest of `ratios`.
+pub(crate) fn ratio_summary(ratios: &[f64]) -> (f64, f64, f64) {
+    let n = ratios.len().max(1) as f64;
+    let geomean = (ratios.iter().map(|r| r.ln()).sum::<f64>() / n).exp();
+    let (min, max) = ratios.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+    (geomean, min, max)
+}
+
+/// Runs both builds on 2 nodes x 1 thread, pair after pair, and prints each pair's step times
+/// and the ratio of the two builds over all pairs. Both train the same batches (same seed), so
+/// a pair differs only by build and by the machine's noise.
+pub(crate) fn ab(args: &AbArgs) -> Result<()> {
+    let run = |program: &Path| -> Result<Phases> {
+        let dir = tempfile::tempdir()?;
+        let out = dir.path().join("run");
+        let launch = ["launch", "--nodes", "2", "--port", "29731", "--"].map(String::from).to_vec();
+        let train = train_settings(args.steps, Batching::Global, args.batch, &args.train_args, &out);
+        run_program(program, &[launch, train].concat())?;
+        phases(&out.join("metrics.jsonl"))
+    };
+    println!("CPU: {}", ringtune_runtime::cpu_model());
+    println!("| pair | first | before step s | after step s | after / before | before forward+backward s | after forward+backward s |");
+    println!("|---|---|---|---|---|---|---|");
+    let mut ratios = Vec::with_capacity(args.pairs);
+    for pair in 1..=args.pairs {
+        let before_first = pair % 2 == 1;
+        let (before, after) = if before_first {
+            let before = run(&args.before)?;
+            (before, run(&args.after)?)
+        } else {
+            let after = run(&args.after)?;
+            (run(&args.before)?, after)
+        };
+        let ratio = after.step / before.step;
+        ratios.push(ratio);
+        println!(
+            "| {pair} | {} | {:.3} | {:.3} | {ratio:.3} | {:.3} | {:.3} |",
+            if before_first { "before" } else { "after" },
+            before.step,
+            after.step,
+            before.forward_backward,
+            after.forward_backward
+        );
+    }
+    let (geomean, min, max) = ratio_summary(&ratios);
+    let settings = if args.train_args.is_empty() { "default settings".to_string() } else { args.train_args.join(" ") };
+    println!(
+        "after / before, step time on 2 nodes x 1 thread (global batch {}, {} steps, {settings}): geometric mean {geomean:.3} over {} pairs, from {min:.3} to {max:.3}",
+        args.batch, args.steps, args.pairs
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod ab_tests {
+    use super::ratio_summary;
+
+    #[test]
+    fn the_summary_of_ratios_is_their_geometric_mean_and_range() {
+        let (geomean, min, max) = ratio_summary(&[0.5, 2.0, 1.0]);
+        assert!((geomean - 1.0).abs() < 1e-12 && min == 0.5 && max == 2.0);
+    }
+}
