@@ -106,21 +106,27 @@ pub(crate) fn train_settings(
         .collect()
 }
 
+/// Trains on 2 local nodes (`ringtune launch`) with `train` settings, whose `--output` is
+/// where the metrics are read from, and gives the phases of their steps.
+fn two_local_nodes(ringtune: &Path, train: &[String]) -> Result<Phases> {
+    let output = train.iter().position(|a| a == "--output").and_then(|i| train.get(i + 1));
+    let Some(output) = output else { bail!("the 2-node settings name no --output") };
+    let launch = ["launch", "--nodes", "2", "--port", "29731", "--"].map(String::from).to_vec();
+    run_program(ringtune, &[launch, train.to_vec()].concat())?;
+    phases(&Path::new(output).join("metrics.jsonl"))
+}
+
 /// Runs both configurations and prints the measured table and the projection.
 pub(crate) fn scaling(args: &ScalingArgs) -> Result<()> {
     let dir = tempfile::tempdir()?;
     let common = |out: &Path| train_settings(args.steps, Batching::Global, args.batch, &args.train_args, out);
     let one = dir.path().join("one");
     run_program(&args.ringtune, &[vec!["train".to_string()], common(&one)].concat())?;
-    let two_nodes = |out: &Path, extra: &[&str]| -> Result<Phases> {
-        let launch = ["launch", "--nodes", "2", "--port", "29731", "--"].map(String::from).to_vec();
-        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        run_program(&args.ringtune, &[launch, common(out), extra].concat())?;
-        phases(&out.join("metrics.jsonl"))
-    };
     let p1 = phases(&one.join("metrics.jsonl"))?;
-    let p2 = two_nodes(&dir.path().join("two"), &[])?;
-    let serial = two_nodes(&dir.path().join("two-serial"), &["--overlap", "false"])?;
+    let p2 = two_local_nodes(&args.ringtune, &common(&dir.path().join("two")))?;
+    let serial_out = dir.path().join("two-serial");
+    let serial =
+        two_local_nodes(&args.ringtune, &[common(&serial_out), vec!["--overlap".into(), "false".into()]].concat())?;
     let settings = if args.train_args.is_empty() { "default settings".to_string() } else { args.train_args.join(" ") };
     println!("CPU: {}", ringtune_runtime::cpu_model());
     println!(
@@ -162,13 +168,20 @@ pub(crate) struct ClusterArgs {
     /// Link rates, as tc writes them.
     #[arg(long, value_delimiter = ',', default_value = "10gbit,1gbit")]
     rates: Vec<String>,
+    #[command(flatten)]
+    run: RunSettings,
+}
+
+/// What every run of a comparison trains.
+#[derive(Args)]
+pub(crate) struct RunSettings {
     /// Steps per run (the first log window is warm-up and not counted).
     #[arg(long, default_value_t = 20)]
     steps: u64,
     /// Global batch.
     #[arg(long, default_value_t = 32)]
     batch: usize,
-    /// Settings passed on to every `ringtune train`.
+    /// Settings passed on to every `ringtune train` (e.g. `--kernels mlas`).
     #[arg(last = true)]
     train_args: Vec<String>,
 }
@@ -176,11 +189,12 @@ pub(crate) struct ClusterArgs {
 /// Per link rate, the same steps with the sync overlapping the backward pass and without.
 pub(crate) fn on_cluster(args: &ClusterArgs) -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let settings = if args.train_args.is_empty() { "default settings".to_string() } else { args.train_args.join(" ") };
+    let settings =
+        if args.run.train_args.is_empty() { "default settings".to_string() } else { args.run.train_args.join(" ") };
     println!("CPU: {}", ringtune_runtime::cpu_model());
     println!(
         "{} emulated hosts on this machine (1 thread each), MiniLM on MRPC, global batch {}, {} steps, {settings}:",
-        args.hosts, args.batch, args.steps
+        args.hosts, args.run.batch, args.run.steps
     );
     println!("| link | overlap | step s | forward+backward s | exposed sync s | sync in all s | MB per ring pass | sync hidden |");
     println!("|---|---|---|---|---|---|---|---|");
@@ -195,7 +209,13 @@ pub(crate) fn on_cluster(args: &ClusterArgs) -> Result<()> {
                     .collect();
             command.push(args.ringtune.display().to_string());
             command.push("train".into());
-            command.extend(train_settings(args.steps, Batching::Global, args.batch, &args.train_args, &out));
+            command.extend(train_settings(
+                args.run.steps,
+                Batching::Global,
+                args.run.batch,
+                &args.run.train_args,
+                &out,
+            ));
             command.extend(["--overlap".to_string(), overlap.to_string()]);
             run_program(&args.ring_bench, &command)?;
             let p = phases(&out.join("metrics.jsonl"))?;
@@ -267,15 +287,8 @@ pub(crate) struct AbArgs {
     /// Pairs of runs. The order alternates, so that neither build always runs second.
     #[arg(long, default_value_t = 8)]
     pairs: usize,
-    /// Steps per run (the first log window is warm-up and not counted).
-    #[arg(long, default_value_t = 20)]
-    steps: u64,
-    /// Global batch.
-    #[arg(long, default_value_t = 32)]
-    batch: usize,
-    /// Settings passed on to every `ringtune train` (e.g. `--overlap false`).
-    #[arg(last = true)]
-    train_args: Vec<String>,
+    #[command(flatten)]
+    run: RunSettings,
 }
 
 /// The geometric mean, the smallest and the largest of `ratios`.
@@ -293,10 +306,10 @@ pub(crate) fn ab(args: &AbArgs) -> Result<()> {
     let run = |program: &Path| -> Result<Phases> {
         let dir = tempfile::tempdir()?;
         let out = dir.path().join("run");
-        let launch = ["launch", "--nodes", "2", "--port", "29731", "--"].map(String::from).to_vec();
-        let train = train_settings(args.steps, Batching::Global, args.batch, &args.train_args, &out);
-        run_program(program, &[launch, train].concat())?;
-        phases(&out.join("metrics.jsonl"))
+        two_local_nodes(
+            program,
+            &train_settings(args.run.steps, Batching::Global, args.run.batch, &args.run.train_args, &out),
+        )
     };
     println!("CPU: {}", ringtune_runtime::cpu_model());
     println!("| pair | first | before step s | after step s | after / before | before forward+backward s | after forward+backward s |");
@@ -323,10 +336,11 @@ pub(crate) fn ab(args: &AbArgs) -> Result<()> {
         );
     }
     let (geomean, min, max) = ratio_summary(&ratios);
-    let settings = if args.train_args.is_empty() { "default settings".to_string() } else { args.train_args.join(" ") };
+    let settings =
+        if args.run.train_args.is_empty() { "default settings".to_string() } else { args.run.train_args.join(" ") };
     println!(
         "after / before, step time on 2 nodes x 1 thread (global batch {}, {} steps, {settings}): geometric mean {geomean:.3} over {} pairs, from {min:.3} to {max:.3}",
-        args.batch, args.steps, args.pairs
+        args.run.batch, args.run.steps, args.pairs
     );
     Ok(())
 }
