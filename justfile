@@ -45,7 +45,7 @@ lint:
 docs:
     RINGTUNE_BLESS_DOCS=1 cargo test -q -p ringtune-trainer --test docs_design
 
-# The whole test suite (after setup, MPNet included, and lints), every crate's example, and a crate embedding ringtune-data alone.
+# The whole test suite (after setup, MPNet and the int8 test's Python packages included, and lints), every crate's example, and a crate embedding ringtune-data alone.
 test: setup-mpnet setup-python-check lint
     cargo test -q --workspace
     just examples
