@@ -106,14 +106,12 @@ pub(crate) fn train_settings(
         .collect()
 }
 
-/// Trains on 2 local nodes (`ringtune launch`) with `train` settings, whose `--output` is
-/// where the metrics are read from, and gives the phases of their steps.
-fn two_local_nodes(ringtune: &Path, train: &[String]) -> Result<Phases> {
-    let output = train.iter().position(|a| a == "--output").and_then(|i| train.get(i + 1));
-    let Some(output) = output else { bail!("the 2-node settings name no --output") };
+/// Trains on 2 local nodes (`ringtune launch`) with the settings `train` (whose `--output` is
+/// `out`) and gives the phases of their steps.
+fn two_local_nodes(ringtune: &Path, train: &[String], out: &Path) -> Result<Phases> {
     let launch = ["launch", "--nodes", "2", "--port", "29731", "--"].map(String::from).to_vec();
     run_program(ringtune, &[launch, train.to_vec()].concat())?;
-    phases(&Path::new(output).join("metrics.jsonl"))
+    phases(&out.join("metrics.jsonl"))
 }
 
 /// Runs both configurations and prints the measured table and the projection.
@@ -123,10 +121,11 @@ pub(crate) fn scaling(args: &ScalingArgs) -> Result<()> {
     let one = dir.path().join("one");
     run_program(&args.ringtune, &[vec!["train".to_string()], common(&one)].concat())?;
     let p1 = phases(&one.join("metrics.jsonl"))?;
-    let p2 = two_local_nodes(&args.ringtune, &common(&dir.path().join("two")))?;
+    let two = dir.path().join("two");
+    let p2 = two_local_nodes(&args.ringtune, &common(&two), &two)?;
     let serial_out = dir.path().join("two-serial");
-    let serial =
-        two_local_nodes(&args.ringtune, &[common(&serial_out), vec!["--overlap".into(), "false".into()]].concat())?;
+    let serial_settings = [common(&serial_out), vec!["--overlap".into(), "false".into()]].concat();
+    let serial = two_local_nodes(&args.ringtune, &serial_settings, &serial_out)?;
     let settings = if args.train_args.is_empty() { "default settings".to_string() } else { args.train_args.join(" ") };
     println!("CPU: {}", ringtune_runtime::cpu_model());
     println!(
@@ -306,10 +305,8 @@ pub(crate) fn ab(args: &AbArgs) -> Result<()> {
     let run = |program: &Path| -> Result<Phases> {
         let dir = tempfile::tempdir()?;
         let out = dir.path().join("run");
-        two_local_nodes(
-            program,
-            &train_settings(args.run.steps, Batching::Global, args.run.batch, &args.run.train_args, &out),
-        )
+        let train = train_settings(args.run.steps, Batching::Global, args.run.batch, &args.run.train_args, &out);
+        two_local_nodes(program, &train, &out)
     };
     println!("CPU: {}", ringtune_runtime::cpu_model());
     println!("| pair | first | before step s | after step s | after / before | before forward+backward s | after forward+backward s |");
