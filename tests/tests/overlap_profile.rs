@@ -10,6 +10,7 @@
 use std::sync::{Arc, Mutex};
 
 use ringtune_bert::{load_params, ModelConfig};
+use ringtune_collective::Wire;
 use ringtune_ops::grad_ready::GradSink;
 use ringtune_ops::param_ready::ParamSource;
 use ringtune_runtime::{FlatBuffer, SessionOptions};
@@ -104,7 +105,7 @@ fn every_gradient_is_handed_over_as_the_backward_pass_produces_it() {
     // When each bucket of the sync plan is complete, as a share of the step's time.
     let (t0, t1) = (step[0].start, step.last().map_or(0, |r| r.end));
     let share = |t: u64| (t - t0) as f64 / (t1 - t0).max(1) as f64;
-    let plan = sync_plan(&ModelDir::open(&model).expect("model"), 2);
+    let plan = sync_plan(&ModelDir::open(&model).expect("model"), 2, Wire::Bf16);
     let mut complete = Vec::new();
     for bucket in &plan.buckets {
         let last = bucket.tensors.iter().filter_map(|t| order.iter().position(|o| o == t)).max().expect("arrived");
@@ -147,7 +148,7 @@ fn every_parameter_waits_just_before_the_forward_pass_first_reads_it() {
     // gather sends them in the reverse of the plan's order (forward order).
     let (t0, t1) = (step[0].start, step.last().map_or(0, |r| r.end));
     let share = |t: u64| (t - t0) as f64 / (t1 - t0).max(1) as f64;
-    let plan = sync_plan(&ModelDir::open(&model).expect("model"), 2);
+    let plan = sync_plan(&ModelDir::open(&model).expect("model"), 2, Wire::F32);
     let needed: Vec<f64> = plan
         .buckets
         .iter()

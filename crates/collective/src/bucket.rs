@@ -3,7 +3,8 @@
 //!
 //! A [`SyncPlan`] follows the backward pass: the end of the flat buffer (classifier, pooler,
 //! last layer) first, in a small first bucket so the ring starts early, then buckets of 8 MiB
-//! towards the embeddings; the word-embedding table, averaged row-sparse, comes last. Inside a
+//! towards the embeddings, tapering to a small one at the end ([`BucketSizes`]); the
+//! word-embedding table, averaged row-sparse, comes last. Inside a
 //! bucket, chunk `c` of the ring schedule belongs to rank `c - 1` (the rank that computes its
 //! mean); a sharded optimizer steps exactly those pieces, and every rank sums squared norms in
 //! the order of [`SyncPlan::pieces`], so clipping gives the same bits sharded or not. The
@@ -11,31 +12,81 @@
 
 use std::ops::Range;
 
-use crate::Schedule;
+use crate::{Schedule, Wire};
 
-/// Cuts `len` elements into buckets: a small first one (`first` elements) so communication
-/// starts early, then buckets of `size` elements; cuts fall on `align` boundaries.
-pub fn plan_buckets(len: usize, first: usize, size: usize, align: usize) -> Vec<Range<usize>> {
-    let round = |n: usize| n.div_ceil(align.max(1)) * align.max(1);
-    let mut out = Vec::new();
-    let mut start = 0;
-    let mut next = round(first.max(1));
-    while start < len {
-        let end = (start + next).min(len);
-        out.push(start..end);
-        start = end;
-        next = round(size.max(1));
-    }
-    out
+/// How a stretch of gradients is cut into buckets, in the order the backward pass produces them:
+/// a small first bucket so communication starts early, buckets of `size` elements, and a
+/// tapering tail so little is left to reduce once the backward pass has ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BucketSizes {
+    /// Elements of the first bucket.
+    pub first: usize,
+    /// Elements of the buckets in between.
+    pub size: usize,
+    /// Elements of the last bucket: each bucket before it, back to `size`, is as large as all
+    /// those after it (`last, last, 2 last, 4 last, ...` from the end).
+    pub last: usize,
+    /// Cuts fall on multiples of this many elements (counted from the stretch's start).
+    pub align: usize,
 }
 
-/// Floats of the first bucket and of the others (8 MiB: about one MiniLM layer, so a bucket
-/// is reduced while the next layers' gradients are computed; PyTorch DDP's 25 MB left MiniLM's
-/// second bucket complete only at three quarters of the step).
-const FIRST_BUCKET: usize = 1 << 18;
-const BUCKET: usize = 2 << 20;
-/// Bucket sizes are multiples of 16 floats (64 bytes).
-const ALIGN: usize = 16;
+impl BucketSizes {
+    /// The cuts for gradients sent in `wire`'s format. Buckets of 8 MiB (about one MiniLM
+    /// layer, so a bucket is reduced while the next layers' gradients are computed; PyTorch
+    /// DDP's 25 MB left MiniLM's second bucket complete only at three quarters of the step),
+    /// after a first of 1 MiB. In bf16, sent where the link is the bottleneck, the tail tapers
+    /// to 1 MiB: a bucket is ready only when its last gradient is, so one 8 MiB bucket for the
+    /// first layer was reduced wholly after the backward pass (0.25 s a step on 4 emulated
+    /// nodes at 195 Mbit/s). In `f32` the cuts stay as they were: where an element falls in its
+    /// bucket sets the order the ring sums it in, so an fp32 run keeps its bits.
+    pub fn for_wire(wire: Wire) -> Self {
+        let (first, size) = (1 << 18, 2 << 20);
+        let last = match wire {
+            Wire::Bf16 => first,
+            Wire::F32 => size,
+        };
+        BucketSizes { first, size, last, align: 16 }
+    }
+
+    /// Cuts `len` elements into buckets, in order.
+    pub fn cut(&self, len: usize) -> Vec<Range<usize>> {
+        let align = self.align.max(1);
+        let round = |n: usize| n.div_ceil(align) * align;
+        if len == 0 {
+            return Vec::new();
+        }
+        let first_end = round(self.first.max(1)).min(len);
+        // The tail's cuts, from the end: each bucket as large as the ones after it, all under
+        // `size`; the first bucket stays whole.
+        let (mut tail_cuts, mut after) = (Vec::new(), 0);
+        let mut next = round(self.last.max(1));
+        while next < self.size && after + first_end < len {
+            after += next;
+            let cut = len.saturating_sub(after) / align * align;
+            tail_cuts.push(cut.max(first_end));
+            next = after;
+        }
+        let middle_end = tail_cuts.last().copied().unwrap_or(len);
+        let mut out = Vec::with_capacity(tail_cuts.len() + 2);
+        out.push(0..first_end);
+        let mut start = first_end;
+        while start < middle_end {
+            let end = (start + round(self.size.max(1))).min(middle_end);
+            out.push(start..end);
+            start = end;
+        }
+        let mut end = len;
+        let mut tail: Vec<Range<usize>> = Vec::with_capacity(tail_cuts.len());
+        for cut in tail_cuts {
+            if cut < end {
+                tail.push(cut..end);
+                end = cut;
+            }
+        }
+        out.extend(tail.into_iter().rev());
+        out
+    }
+}
 
 /// How a bucket is averaged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,9 +121,15 @@ pub struct SyncPlan {
 
 impl SyncPlan {
     /// The plan of a flat buffer of `total` floats holding parameters at `tensors` (in layout
-    /// order) on `world` ranks; `table` is the index of the word-embedding table among them and
-    /// its row width (averaged row-sparse, last), when there is one.
-    pub fn new(tensors: &[Range<usize>], total: usize, table: Option<(usize, usize)>, world: usize) -> Self {
+    /// order) on `world` ranks, cut by `sizes`; `table` is the index of the word-embedding table
+    /// among them and its row width (averaged row-sparse, last), when there is one.
+    pub fn new(
+        tensors: &[Range<usize>],
+        total: usize,
+        table: Option<(usize, usize)>,
+        world: usize,
+        sizes: BucketSizes,
+    ) -> Self {
         let table = table
             .and_then(|(i, width)| Some((tensors.get(i)?.clone(), width)))
             .filter(|(r, w)| !r.is_empty() && *w > 0);
@@ -83,7 +140,7 @@ impl SyncPlan {
         // From the end of the buffer backwards: the order the backward pass produces gradients.
         let mut ranges: Vec<(Range<usize>, BucketKind)> = Vec::new();
         for part in dense.iter().rev() {
-            for b in plan_buckets(part.len(), FIRST_BUCKET, BUCKET, ALIGN) {
+            for b in sizes.cut(part.len()) {
                 ranges.push((part.end - b.end..part.end - b.start, BucketKind::Dense));
             }
         }
@@ -154,6 +211,8 @@ impl SyncPlan {
 mod tests {
     use super::*;
 
+    const SIZES: BucketSizes = BucketSizes { first: 16, size: 32, last: 16, align: 16 };
+
     /// A word table of 100 x 8, positions 10 x 8, a layer 8 x 8 and a classifier 2 x 8, each
     /// start on 16 floats.
     fn tensors() -> (Vec<Range<usize>>, usize) {
@@ -163,7 +222,7 @@ mod tests {
     #[test]
     fn buckets_run_backwards_with_the_table_last_and_cover_the_buffer() {
         let (tensors, total) = tensors();
-        let plan = SyncPlan::new(&tensors, total, Some((0, 8)), 3);
+        let plan = SyncPlan::new(&tensors, total, Some((0, 8)), 3, SIZES);
         let last = plan.buckets.last().expect("buckets");
         assert_eq!(last.kind, BucketKind::Table { width: 8 });
         assert_eq!(last.range, 0..800);
@@ -175,17 +234,22 @@ mod tests {
         assert_eq!(covered.first().map(|r| r.start), Some(0));
         assert!(covered.windows(2).all(|w| w[0].end == w[1].start));
         assert_eq!(covered.last().map(|r| r.end), Some(total));
-        let many = SyncPlan::new(std::slice::from_ref(&(0..(3 << 20))), 3 << 20, None, 2);
-        let sizes: Vec<usize> = many.buckets.iter().map(|b| b.range.len()).collect();
-        assert_eq!(sizes, vec![FIRST_BUCKET, BUCKET, (3 << 20) - FIRST_BUCKET - BUCKET]);
-        assert_eq!(many.buckets[0].range.end, 3 << 20);
+        let many = |wire| {
+            let plan =
+                SyncPlan::new(std::slice::from_ref(&(0..(3 << 20))), 3 << 20, None, 2, BucketSizes::for_wire(wire));
+            assert_eq!(plan.buckets[0].range.end, 3 << 20);
+            plan.buckets.iter().map(|b| b.range.len()).collect::<Vec<usize>>()
+        };
+        let k = 1 << 18;
+        assert_eq!(many(Wire::Bf16), vec![k, 3 * k, 4 * k, 2 * k, k, k], "first, the rest, the tail");
+        assert_eq!(many(Wire::F32), vec![k, 8 * k, 3 * k], "first, then 8 MiB, as before");
     }
 
     #[test]
     fn pieces_partition_every_bucket_among_the_ranks_as_the_ring_does() {
         let (tensors, total) = tensors();
         for world in 1..=5 {
-            let plan = SyncPlan::new(&tensors, total, Some((0, 8)), world);
+            let plan = SyncPlan::new(&tensors, total, Some((0, 8)), world, SIZES);
             let pieces = plan.pieces();
             assert_eq!(pieces.len(), plan.buckets.len() * world);
             let mut all: Vec<Range<usize>> = pieces.iter().map(|(_, r)| r.clone()).filter(|r| !r.is_empty()).collect();
@@ -207,7 +271,7 @@ mod tests {
     fn a_shard_is_its_dense_pieces_and_the_whole_table() {
         let (tensors, total) = tensors();
         for world in 1..=5 {
-            let plan = SyncPlan::new(&tensors, total, Some((0, 8)), world);
+            let plan = SyncPlan::new(&tensors, total, Some((0, 8)), world, SIZES);
             let shards: Vec<Vec<Range<usize>>> = (0..world).map(|rank| plan.shard_of(rank)).collect();
             for (rank, shard) in shards.iter().enumerate() {
                 assert_eq!(shard.last(), Some(&(0..800)), "world {world} rank {rank}: the table last");
@@ -217,21 +281,38 @@ mod tests {
             let stepped_once: usize = shards.iter().flat_map(|s| &s[..s.len() - 1]).map(Range::len).sum();
             assert_eq!(stepped_once, total - 800, "world {world}: every dense float by one rank");
         }
-        let dense_only = SyncPlan::new(&tensors, total, None, 3);
+        let dense_only = SyncPlan::new(&tensors, total, None, 3, SIZES);
         assert_eq!(dense_only.shard_of(1), dense_only.owned_by(1));
     }
 
     #[test]
-    fn cover_the_buffer_in_order() {
-        let b = plan_buckets(100, 10, 32, 16);
-        assert_eq!(b, vec![0..16, 16..48, 48..80, 80..100]);
-        assert!(plan_buckets(0, 10, 32, 16).is_empty());
+    fn cuts_start_small_run_at_the_size_and_taper_at_the_end() {
+        let sizes = BucketSizes { first: 10, size: 32, last: 8, align: 4 };
+        assert_eq!(sizes.cut(100), vec![0..12, 12..44, 44..68, 68..84, 84..92, 92..100]);
+        assert_eq!(sizes.cut(20), vec![0..12, 12..20]);
+        assert_eq!(sizes.cut(5), vec![0..5]);
+        assert!(sizes.cut(0).is_empty());
+    }
+
+    #[test]
+    fn cuts_cover_in_order_on_the_alignment_with_no_bucket_over_the_size() {
+        let sizes = BucketSizes { first: 10, size: 32, last: 8, align: 4 };
+        for len in 1..400 {
+            let cuts = sizes.cut(len);
+            assert_eq!(cuts.first().map(|r| r.start), Some(0), "len {len}");
+            assert_eq!(cuts.last().map(|r| r.end), Some(len), "len {len}");
+            assert!(cuts.windows(2).all(|w| w[0].end == w[1].start && w[0].end % 4 == 0), "len {len}: {cuts:?}");
+            assert!(cuts.iter().all(|r| !r.is_empty() && r.len() <= 32), "len {len}: {cuts:?}");
+            if len > 12 {
+                assert!(cuts.last().is_some_and(|r| r.len() <= 8 + 3), "len {len}: {cuts:?}");
+            }
+        }
     }
 
     #[test]
     fn without_a_table_every_bucket_is_dense() {
         let (tensors, total) = tensors();
-        let plan = SyncPlan::new(&tensors, total, None, 2);
+        let plan = SyncPlan::new(&tensors, total, None, 2, SIZES);
         assert!(plan.buckets.iter().all(|b| b.kind == BucketKind::Dense));
     }
 }

@@ -45,7 +45,7 @@ mod sparse;
 mod transport;
 mod wire;
 
-pub use bucket::{plan_buckets, Bucket, BucketKind, SyncPlan};
+pub use bucket::{Bucket, BucketKind, BucketSizes, SyncPlan};
 pub use frame::{Header, Hello, Kind, Phase, HEADER_LEN, MAX_PAYLOAD, VERSION};
 pub use memory::{memory_ring, MemoryTransport};
 pub use ops::Collective;

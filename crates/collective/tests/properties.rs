@@ -7,8 +7,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use proptest::prelude::*;
 use ringtune_collective::{
-    all_reduce_mean, all_reduce_rows, gather, memory_ring, plan_buckets, ring, used_rows, RingMode, Schedule,
-    Transport, Wire,
+    all_reduce_mean, all_reduce_rows, gather, memory_ring, ring, used_rows, BucketSizes, RingMode, Schedule, Transport,
+    Wire,
 };
 
 fn inputs(world: usize, len: usize, seed: u64) -> Vec<Vec<f32>> {
@@ -145,7 +145,7 @@ fn prime_and_large_lengths() {
 fn buckets_and_gather() {
     let world = 3;
     let len = 10_000;
-    let buckets = plan_buckets(len, 100, 4096, 16);
+    let buckets = BucketSizes { first: 100, size: 4096, last: 100, align: 16 }.cut(len);
     let transports = memory_ring(world, Duration::from_secs(30));
     let data = inputs(world, len, 5);
     let expected: Vec<f32> = (0..len).map(|i| data.iter().map(|d| d[i]).sum::<f32>() / world as f32).collect();

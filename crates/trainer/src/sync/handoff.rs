@@ -213,13 +213,15 @@ impl GradSink for Handoff {
 mod tests {
     use std::sync::mpsc;
 
+    use ringtune_collective::{BucketSizes, Wire};
+
     use super::*;
 
     #[test]
     fn a_gradient_lands_in_its_pieces_and_the_sync_thread_gets_them() {
         // Two parameters with padding between, over two buckets of two nodes.
         let tensors = vec![0..4, 6..9];
-        let plan = SyncPlan::new(&tensors, 10, None, 2);
+        let plan = SyncPlan::new(&tensors, 10, None, 2, BucketSizes::for_wire(Wire::F32));
         let slots = Arc::new(GradSlots::new(10, tensors, &plan));
         let (tx, rx) = mpsc::channel();
         let sink = Handoff { slots: slots.clone(), to_sync: tx };

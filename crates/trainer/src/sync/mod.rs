@@ -19,7 +19,7 @@ mod tests;
 use std::ops::Range;
 use std::time::Duration;
 
-use ringtune_collective::{BucketKind, RingMode, SyncPlan, Wire};
+use ringtune_collective::{BucketKind, BucketSizes, RingMode, SyncPlan, Wire};
 use ringtune_optim::{AdamW, AdamWState};
 use ringtune_runtime::LendableBuffer;
 
@@ -78,8 +78,9 @@ impl SyncMode {
     }
 }
 
-/// The buckets of `model`'s gradients on `world` nodes, its word-embedding table last.
-pub fn sync_plan(model: &ModelDir, world: usize) -> SyncPlan {
+/// The buckets of `model`'s gradients on `world` nodes sent in `wire`'s format, its
+/// word-embedding table last.
+pub fn sync_plan(model: &ModelDir, world: usize, wire: Wire) -> SyncPlan {
     let layout = &model.layout;
     let tensors: Vec<Range<usize>> = layout.entries().iter().map(|e| e.range()).collect();
     let name = ringtune_bert::word_embeddings_name(&model.config);
@@ -87,7 +88,7 @@ pub fn sync_plan(model: &ModelDir, world: usize) -> SyncPlan {
         let shape = &layout.entries()[i].shape;
         (shape.len() >= 2).then(|| (i, shape[1..].iter().product()))
     });
-    SyncPlan::new(&tensors, layout.total_len(), table, world)
+    SyncPlan::new(&tensors, layout.total_len(), table, world, BucketSizes::for_wire(wire))
 }
 
 /// Rows of the word-embedding table of `plan`, when it has one.

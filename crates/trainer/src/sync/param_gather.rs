@@ -168,12 +168,20 @@ impl ParamSource for ParamGather {
 mod tests {
     use std::sync::Arc;
 
+    use ringtune_collective::{BucketSizes, Wire};
+
     use super::*;
 
     /// Two parameters of 3M floats each, then a small one: 8 MiB buckets cut the first two.
     fn plan() -> SyncPlan {
         let m = 1 << 20;
-        SyncPlan::new(&[0..3 * m, 3 * m..6 * m, 6 * m..6 * m + 10], 6 * m + 10, None, 2)
+        SyncPlan::new(
+            &[0..3 * m, 3 * m..6 * m, 6 * m..6 * m + 10],
+            6 * m + 10,
+            None,
+            2,
+            BucketSizes::for_wire(Wire::F32),
+        )
     }
 
     #[test]

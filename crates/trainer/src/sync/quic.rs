@@ -66,7 +66,12 @@ impl RingSync<QuicRing> {
             rendezvous_deadline: options.deadline.max(Duration::from_secs(120)),
             tuning: Tuning { lanes: options.lanes, mtu: options.mtu, ..Tuning::default() },
         })?;
-        RingSync::start(Collective::new(ring), sync_plan(model, options.world), &model.layout, options.mode)
+        RingSync::start(
+            Collective::new(ring),
+            sync_plan(model, options.world, options.mode.wire),
+            &model.layout,
+            options.mode,
+        )
     }
 
     /// Leaves the ring cleanly: every queued frame delivered, then the links closed.

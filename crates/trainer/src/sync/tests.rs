@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use ringtune_bert::ParamLayout;
-use ringtune_collective::{memory_ring, BucketKind, Collective, MemoryTransport, SyncPlan, Wire};
+use ringtune_collective::{memory_ring, BucketKind, BucketSizes, Collective, MemoryTransport, SyncPlan, Wire};
 use ringtune_optim::{AdamW, AdamWConfig, Group};
 use ringtune_runtime::{FlatBuffer, LendableBuffer};
 
@@ -23,9 +23,11 @@ fn layout() -> ParamLayout {
     ])
 }
 
+/// Buckets small enough that a tensor spans several, tapering at the end.
 fn plan(layout: &ParamLayout, world: usize) -> SyncPlan {
     let tensors: Vec<_> = layout.entries().iter().map(|e| e.range()).collect();
-    SyncPlan::new(&tensors, layout.total_len(), Some((0, 8)), world)
+    let sizes = BucketSizes { first: 1 << 16, size: 1 << 18, last: 1 << 14, align: 16 };
+    SyncPlan::new(&tensors, layout.total_len(), Some((0, 8)), world, sizes)
 }
 
 const WORLD: usize = 3;
