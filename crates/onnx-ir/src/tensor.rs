@@ -48,6 +48,7 @@ impl Tensor {
     typed_tensor!(from_f64, scalar_f64, to_f64, f64, DType::F64);
     typed_tensor!(from_i64, scalar_i64, to_i64, i64, DType::I64);
     typed_tensor!(from_i8, scalar_i8, to_i8, i8, DType::I8);
+    typed_tensor!(from_u8, scalar_u8, to_u8, u8, DType::U8);
 
     /// A scalar of a floating type holding `value` (rounded to that type).
     pub fn scalar_float(dtype: DType, value: f64) -> Self {

@@ -72,6 +72,8 @@ pub struct Quantized {
     pub full_range: bool,
     /// The linear layers quantized (their weights' names).
     pub linear: Vec<String>,
+    /// Those of them whose input is quantized per token (they read a GELU's output).
+    pub per_row: Vec<String>,
     /// The embedding tables quantized.
     pub tables: Vec<String>,
     /// The weights kept in float.
@@ -104,7 +106,7 @@ pub fn quantize(dir: &Path, options: &QuantizeOptions) -> Result<Quantized, Trai
         });
     }
     let range = options.weight_range();
-    let (bytes, Int8Report { linear, tables, kept_float }) =
+    let (bytes, Int8Report { linear, per_row, tables, kept_float }) =
         export_inference_int8(&model.config, &model.layout, &params, range, &|w| options.keeps_float(w))?;
     let path = dir.join(INT8_MODEL);
     ringtune_files::write_atomically(&path, &bytes)?;
@@ -113,6 +115,7 @@ pub fn quantize(dir: &Path, options: &QuantizeOptions) -> Result<Quantized, Trai
         bytes: bytes.len() as u64,
         full_range: range == WeightRange::Full,
         linear,
+        per_row,
         tables,
         kept_float,
     })

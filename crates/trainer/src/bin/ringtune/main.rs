@@ -89,12 +89,13 @@ fn main() -> Result<()> {
             let float = std::fs::metadata(args.model.join("model.onnx")).map(|m| m.len()).ok();
             let share = float.map(|f| format!(" ({:.0}% of model.onnx)", 100.0 * q.bytes as f64 / f as f64));
             println!(
-                "{} ({:.1} MB{}): {} linear layers ({} weights) and {} embedding tables in int8, {} kept in float{}",
+                "{} ({:.1} MB{}): {} linear layers ({} weights; {} reading a GELU with their input per token) and {} embedding tables in int8, {} kept in float{}",
                 q.path.display(),
                 q.bytes as f64 / 1e6,
                 share.unwrap_or_default(),
                 q.linear.len(),
                 if q.full_range { "8-bit" } else { "7-bit" },
+                q.per_row.len(),
                 q.tables.len(),
                 q.kept_float.len(),
                 if q.kept_float.is_empty() { String::new() } else { format!(": {}", q.kept_float.join(", ")) }
