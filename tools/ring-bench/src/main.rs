@@ -85,6 +85,11 @@ struct Args {
     /// synced step. `{rank}` in the command becomes the host's rank (an output folder, a seed).
     #[arg(long, requires = "exec")]
     alone: bool,
+    /// With `-- COMMAND`: after the run, every other host's standard error too, each line
+    /// after `[host N]` (host 0's shows as it runs), e.g. each node's
+    /// `RUST_LOG=ringtune_trainer::sync=debug` timings, to see which node a step waited for.
+    #[arg(long, requires = "exec")]
+    host_logs: bool,
 }
 
 /// Where the ranks run: loopback, or an emulated cluster.
@@ -292,8 +297,14 @@ fn unless_failed(gloo: Result<Gloo>) -> Gloo {
 const LAUNCHER_VARIABLES: [&str; 5] = ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "RINGTUNE_CERTS"];
 
 /// Runs `command` on every host of `net` as one rank of a job (or, `alone`, as a job of its
-/// own), each in its CPU share when there are shares, and waits for all of them.
-fn exec_on_hosts(command: &[String], net: &cluster::Cluster, shares: Option<&CpuShares>, alone: bool) -> Result<()> {
+/// own), each in its CPU share when there are shares, and waits for all of them; shows every
+/// host's standard error after it when `host_logs`.
+fn exec_on_hosts(
+    command: &[String],
+    net: &cluster::Cluster,
+    shares: Option<&CpuShares>,
+    (alone, host_logs): (bool, bool),
+) -> Result<()> {
     let certs = tempfile::tempdir()?;
     write(certs.path(), &generate(net.hosts())?)?;
     let mut ranks = Processes::default();
@@ -320,6 +331,13 @@ fn exec_on_hosts(command: &[String], net: &cluster::Cluster, shares: Option<&Cpu
         }
     }
     let outputs = ranks.wait_all()?;
+    if host_logs {
+        for (h, out) in outputs.iter().enumerate().skip(1) {
+            for line in String::from_utf8_lossy(&out.stderr).lines() {
+                eprintln!("[host {h}] {line}");
+            }
+        }
+    }
     for (h, out) in outputs.iter().enumerate() {
         if !out.status.success() {
             bail!(
@@ -390,7 +408,7 @@ fn on_cluster(args: &Args) -> Result<()> {
         println!("{}", node.describe(share, link.delay.as_deref()));
     }
     if !args.exec.is_empty() {
-        return exec_on_hosts(&args.exec, &net, shares.as_ref(), args.alone);
+        return exec_on_hosts(&args.exec, &net, shares.as_ref(), (args.alone, args.host_logs));
     }
     let addrs: Vec<SocketAddr> = (0..net.hosts()).map(|h| SocketAddr::new(net.addr(h).into(), 4000)).collect();
     let relays = match c.impair.as_slice() {
