@@ -1,4 +1,4 @@
-//! Reductions: `ReduceSum`, `ReduceMean`, `ReduceMax` (axes as an input, opset 18), and
+//! Reductions: `ReduceSum`, `ReduceMean`, `ReduceMax`, `ReduceMin` (axes as an input, opset 18), and
 //! `CumSum`.
 
 use std::collections::HashMap;
@@ -7,7 +7,7 @@ use super::{norm_axis, InferCtx, Inferred, Rule};
 use crate::{Attribute, Dim, Graph, IrError, Value, ValueType};
 
 pub(super) fn register(rules: &mut HashMap<&'static str, Rule>) {
-    for op in ["ReduceSum", "ReduceMean", "ReduceMax"] {
+    for op in ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"] {
         rules.insert(op, reduce);
     }
     rules.insert("CumSum", cumsum);
