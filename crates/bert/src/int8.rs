@@ -7,8 +7,8 @@
 //! the same input share (query, key and value); an integer matmul (VNNI where the CPU has it)
 //! scaled back to float, plus the float bias. A layer that reads a GELU's output (the feed-forward
 //! block's second linear layer) has its input quantized per row instead, one scale a token
-//! (int8, symmetric): the GELU's long tail left one scale a batch too coarse for the many small
-//! values (MPNet on MRPC lost 2.9 points with it). Every embedding table
+//! (uint8, symmetric around 128): the GELU's long tail left one scale a batch too coarse for the
+//! many small values (MPNet on MRPC lost 2.9 points with it). Every embedding table
 //! (a `Gather` of rows from an embedded `[rows, width]` table) is stored as int8 with one scale
 //! per row, its gathered rows cast back to float and scaled: the word embeddings are half of
 //! a small model's bytes. The stock CPU build of ONNX Runtime runs it, from any language. The
@@ -72,13 +72,14 @@ pub fn export_inference_int8(
 ) -> Result<(Vec<u8>, Int8Report), ModelError> {
     let options = GraphOptions { params: Params::Embedded(params), with_loss: false, dropout: false };
     let mut graph = forward_graph(config, layout, &options)?.graph;
-    let report = quantize_weights(&mut graph, range, keep_float)?;
+    let report = quantize_linear_layers(&mut graph, range, keep_float)?;
     graph.prune();
     Ok((graph.to_bytes()?, report))
 }
 
-/// Rewrites the graph's linear layers and embedding tables (see the module doc).
-fn quantize_weights(
+/// Rewrites `graph`'s linear layers (`Gemm`s of an embedded weight) and embedding tables (see
+/// the module doc), those whose weight's name `keep_float` claims left in float.
+pub fn quantize_linear_layers(
     graph: &mut Graph,
     range: WeightRange,
     keep_float: &dyn Fn(&str) -> bool,
@@ -301,7 +302,8 @@ impl Linear {
     /// weight's scales, then by the row's, plus the bias. Unsigned, as the per-batch inputs
     /// are: ONNX Runtime's int8 x int8 product ran 3.4x slower than its uint8 x int8 one on a
     /// Zen 3 (AVX2). One blocked `QuantizeLinear` quantizes: on MiniLM's `[4096, 1536]` it took
-    /// 2.4 ms against 13.9 ms for `Div`, `Round`, `Add` and `Cast` (ONNX Runtime 1.31.1, 2 threads). Returns how many nodes went in before the layer's place.
+    /// 2.4 ms against 13.9 ms for `Div`, `Round`, `Add` and `Cast` (ONNX Runtime 1.31.1, 2
+    /// threads). Returns how many nodes went in before the layer's place.
     fn quantize_per_row(&self, graph: &mut Graph, index: usize, range: WeightRange) -> Result<usize, ModelError> {
         let (q, scales) = quantize_per_output(&self.weight, self.outputs, self.inputs, range);
         let (k, n) = (self.inputs as i64, self.outputs as i64);
@@ -435,7 +437,7 @@ mod tests {
         let options = GraphOptions { params: Params::Embedded(&params), with_loss: false, dropout: false };
         let mut graph = forward_graph(&config, &layout, &options).expect("graph").graph;
         let keep = |w: &str| w.contains("classifier");
-        let report = quantize_weights(&mut graph, WeightRange::Full, &keep).expect("quantized");
+        let report = quantize_linear_layers(&mut graph, WeightRange::Full, &keep).expect("quantized");
         graph.prune();
         // Query, key, value, attention output, intermediate, output, and the pooler.
         assert_eq!(report.linear.len(), 7, "{report:?}");
