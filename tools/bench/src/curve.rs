@@ -144,6 +144,10 @@ fn estimate_s(args: &CurveArgs, share: f64, bf16: bool) -> f64 {
                     // The floor: the same nodes alone, a slowest step a step.
                     total += start / share + steps * step * 1.2;
                 }
+                if nodes == 1 && args.nodes.iter().any(|&n| n > 1) {
+                    // One node again, after the synced runs.
+                    total += start / share + steps * step;
+                }
             }
         }
     }
@@ -204,8 +208,55 @@ struct Point {
     model: CurveModel,
     batching: Batching,
     nodes: usize,
+    /// The mean phases of its runs.
     phases: Phases,
     samples_per_s: f64,
+    /// Each run's samples/s (one node's is measured before and after the synced runs).
+    runs: Vec<f64>,
+}
+
+impl Point {
+    /// Folds `other`, a run of the same point, in: the phases of both runs averaged, as if
+    /// their steps were one run's.
+    fn merge(&mut self, other: &Point) {
+        let global = self.samples_per_s * self.phases.step;
+        let n = self.runs.len() as f64;
+        let mean = |a: f64, b: f64| (a * n + b) / (n + 1.0);
+        let (a, b) = (&mut self.phases, &other.phases);
+        a.forward_backward = mean(a.forward_backward, b.forward_backward);
+        a.sync = mean(a.sync, b.sync);
+        a.sync_total = mean(a.sync_total, b.sync_total);
+        a.sync_mb = mean(a.sync_mb, b.sync_mb);
+        a.optimizer = mean(a.optimizer, b.optimizer);
+        a.step = mean(a.step, b.step);
+        self.samples_per_s = global / a.step;
+        self.runs.extend(&other.runs);
+    }
+}
+
+/// Trains `model` on `nodes` emulated nodes, `batching` as the batch, and gives the point;
+/// shows ring-bench's account of the emulation when `show`.
+fn measure(
+    args: &CurveArgs,
+    (model, model_dir): (CurveModel, &Path),
+    (nodes, batching): (usize, Batching),
+    share: f64,
+    runs: &Path,
+    show: bool,
+) -> Result<Point> {
+    let out = tempfile::Builder::new().prefix(&format!("{}-{nodes}-{batching:?}-", model.name())).tempdir_in(runs)?;
+    let mut train = vec!["--model".to_string(), model_dir.display().to_string()];
+    train.extend(train_settings(steps_of(args, model), batching, args.batch, &args.train_args, out.path()));
+    train.extend(["--overlap".into(), "true".into(), "--wire".into(), args.wire.clone()]);
+    emulated(args, nodes, share, &train, show, false)?;
+    let phases = phases(&out.path().join("metrics.jsonl"))?;
+    let global = match batching {
+        Batching::PerNode => args.batch * nodes,
+        Batching::Global => args.batch,
+    };
+    let samples_per_s = global as f64 / phases.step;
+    eprintln!("curve: {} on {nodes} nodes, {batching:?}: {samples_per_s:.2} samples/s", model.name());
+    Ok(Point { model, batching, nodes, phases, samples_per_s, runs: vec![samples_per_s] })
 }
 
 /// Measures every point, prints the table and draws the plot.
@@ -236,25 +287,14 @@ pub(crate) fn curve(args: &CurveArgs) -> Result<()> {
         if !model_dir.join("config.json").exists() {
             bail!("{} is missing: run `just setup-mpnet`", model_dir.display());
         }
-        let steps = steps_of(args, model);
+        let model_at = (model, model_dir.as_path());
         for &nodes in &args.nodes {
             for &batching in runs_at(nodes) {
-                let out = dir.path().join(format!("{}-{nodes}-{batching:?}", model.name()));
-                let mut train = vec!["--model".to_string(), model_dir.display().to_string()];
-                train.extend(train_settings(steps, batching, args.batch, &args.train_args, &out));
-                train.extend(["--overlap".into(), "true".into(), "--wire".into(), args.wire.clone()]);
-                let shown = emulated(args, nodes, share, &train, !header_shown, false)?;
-                header_shown |= shown;
-                let phases = phases(&out.join("metrics.jsonl"))?;
-                let global = match batching {
-                    Batching::PerNode => args.batch * nodes,
-                    Batching::Global => args.batch,
-                };
-                let samples_per_s = global as f64 / phases.step;
-                eprintln!("curve: {} on {nodes} nodes, {batching:?}: {samples_per_s:.2} samples/s", model.name());
-                points.push(Point { model, batching, nodes, phases, samples_per_s });
+                let point = measure(args, model_at, (nodes, batching), share, dir.path(), !header_shown)?;
+                header_shown = true;
+                points.push(point);
                 if nodes > 1 && batching == Batching::PerNode {
-                    let floor = floor(args, (model, &model_dir), nodes, share, dir.path())?;
+                    let floor = floor(args, model_at, nodes, share, dir.path())?;
                     eprintln!(
                         "curve: {} on {nodes} nodes alone: slowest step {:.3} s, mean {:.3} s",
                         model.name(),
@@ -263,6 +303,15 @@ pub(crate) fn curve(args: &CurveArgs) -> Result<()> {
                     );
                     floors.push(floor);
                 }
+            }
+        }
+        // One node again after the synced runs: the speedups divide by one node's rate, and a
+        // single run of it moved 11% between two invocations on a Zen 3 (5.13 and 5.71
+        // samples/s, the same batches), more than the sync costs.
+        if args.nodes.iter().any(|&n| n > 1) {
+            if let Some(first) = points.iter().position(|p| p.model == model && p.nodes == 1) {
+                let again = measure(args, model_at, (1, Batching::PerNode), share, dir.path(), false)?;
+                points[first].merge(&again);
             }
         }
     }
@@ -309,6 +358,15 @@ fn print_table(args: &CurveArgs, share: f64, points: &[Point]) {
             p.phases.sync,
             p.phases.sync_total,
             p.phases.sync_mb
+        );
+    }
+    for p in points.iter().filter(|p| p.runs.len() > 1) {
+        let runs: Vec<String> = p.runs.iter().map(|r| format!("{r:.2}")).collect();
+        println!(
+            "\n{} on one node, before and after the synced runs: {} samples/s; the row above is their mean step, and \
+             every speedup divides by it.",
+            p.model.name(),
+            runs.join(" and ")
         );
     }
 }
@@ -600,6 +658,27 @@ mod tests {
         assert!((30.0..50.0).contains(&fp32_minutes), "{fp32_minutes} min");
         assert_eq!(runs_at(1), [Batching::PerNode]);
         assert_eq!(runs_at(4).len(), 2);
+    }
+
+    #[test]
+    fn one_node_measured_twice_counts_as_the_mean_of_its_steps() {
+        let phases = |step: f64| Phases { forward_backward: step - 0.1, optimizer: 0.1, step, ..Phases::default() };
+        let point = |step: f64| Point {
+            model: CurveModel::Minilm,
+            batching: Batching::PerNode,
+            nodes: 1,
+            phases: phases(step),
+            samples_per_s: 32.0 / step,
+            runs: vec![32.0 / step],
+        };
+        let mut first = point(6.0);
+        first.merge(&point(5.0));
+        assert!((first.phases.step - 5.5).abs() < 1e-12);
+        assert!((first.phases.forward_backward - 5.4).abs() < 1e-12);
+        assert!((first.samples_per_s - 32.0 / 5.5).abs() < 1e-12, "the rate of the mean step");
+        assert_eq!(first.runs, vec![32.0 / 6.0, 32.0 / 5.0]);
+        first.merge(&point(8.0));
+        assert!((first.phases.step - 19.0 / 3.0).abs() < 1e-12, "three runs weigh alike");
     }
 
     #[test]
