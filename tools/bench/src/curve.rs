@@ -208,29 +208,20 @@ struct Point {
     model: CurveModel,
     batching: Batching,
     nodes: usize,
-    /// The mean phases of its runs.
-    phases: Phases,
-    samples_per_s: f64,
-    /// Each run's samples/s (one node's is measured before and after the synced runs).
-    runs: Vec<f64>,
+    /// Rows a step over all nodes.
+    global: usize,
+    /// Each run's phases (one node is measured before and after the synced runs).
+    runs: Vec<Phases>,
 }
 
 impl Point {
-    /// Folds `other`, a run of the same point, in: the phases of both runs averaged, as if
-    /// their steps were one run's.
-    fn merge(&mut self, other: &Point) {
-        let global = self.samples_per_s * self.phases.step;
-        let n = self.runs.len() as f64;
-        let mean = |a: f64, b: f64| (a * n + b) / (n + 1.0);
-        let (a, b) = (&mut self.phases, &other.phases);
-        a.forward_backward = mean(a.forward_backward, b.forward_backward);
-        a.sync = mean(a.sync, b.sync);
-        a.sync_total = mean(a.sync_total, b.sync_total);
-        a.sync_mb = mean(a.sync_mb, b.sync_mb);
-        a.optimizer = mean(a.optimizer, b.optimizer);
-        a.step = mean(a.step, b.step);
-        self.samples_per_s = global / a.step;
-        self.runs.extend(&other.runs);
+    /// The runs' phases averaged, as if their steps were one run's.
+    fn phases(&self) -> Phases {
+        Phases::mean(&self.runs)
+    }
+
+    fn samples_per_s(&self) -> f64 {
+        self.global as f64 / self.phases().step
     }
 }
 
@@ -249,14 +240,13 @@ fn measure(
     train.extend(train_settings(steps_of(args, model), batching, args.batch, &args.train_args, out.path()));
     train.extend(["--overlap".into(), "true".into(), "--wire".into(), args.wire.clone()]);
     emulated(args, nodes, share, &train, show, false)?;
-    let phases = phases(&out.path().join("metrics.jsonl"))?;
     let global = match batching {
         Batching::PerNode => args.batch * nodes,
         Batching::Global => args.batch,
     };
-    let samples_per_s = global as f64 / phases.step;
-    eprintln!("curve: {} on {nodes} nodes, {batching:?}: {samples_per_s:.2} samples/s", model.name());
-    Ok(Point { model, batching, nodes, phases, samples_per_s, runs: vec![samples_per_s] })
+    let point = Point { model, batching, nodes, global, runs: vec![phases(&out.path().join("metrics.jsonl"))?] };
+    eprintln!("curve: {} on {nodes} nodes, {batching:?}: {:.2} samples/s", model.name(), point.samples_per_s());
+    Ok(point)
 }
 
 /// Measures every point, prints the table and draws the plot.
@@ -311,7 +301,7 @@ pub(crate) fn curve(args: &CurveArgs) -> Result<()> {
         if args.nodes.iter().any(|&n| n > 1) {
             if let Some(first) = points.iter().position(|p| p.model == model && p.nodes == 1) {
                 let again = measure(args, model_at, (1, Batching::PerNode), share, dir.path(), false)?;
-                points[first].merge(&again);
+                points[first].runs.extend(again.runs);
             }
         }
     }
@@ -340,8 +330,9 @@ fn print_table(args: &CurveArgs, share: f64, points: &[Point]) {
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for p in points {
-        let base = baseline(points, p.model).map_or(f64::NAN, |b| b.samples_per_s);
-        let speedup = p.samples_per_s / base;
+        let base = baseline(points, p.model).map_or(f64::NAN, Point::samples_per_s);
+        let speedup = p.samples_per_s() / base;
+        let phases = p.phases();
         let batch = match (p.nodes, p.batching) {
             (1, _) => format!("{}", args.batch),
             (_, Batching::PerNode) => format!("{} per node", args.batch),
@@ -351,17 +342,17 @@ fn print_table(args: &CurveArgs, share: f64, points: &[Point]) {
             "| {} | {batch} | {} | {:.2} | {speedup:.2}x | {:.0}% | {:.3} | {:.3} | {:.3} | {:.3} | {:.1} |",
             p.model.name(),
             p.nodes,
-            p.samples_per_s,
+            p.samples_per_s(),
             100.0 * speedup / p.nodes as f64,
-            p.phases.step,
-            p.phases.forward_backward,
-            p.phases.sync,
-            p.phases.sync_total,
-            p.phases.sync_mb
+            phases.step,
+            phases.forward_backward,
+            phases.sync,
+            phases.sync_total,
+            phases.sync_mb
         );
     }
     for p in points.iter().filter(|p| p.runs.len() > 1) {
-        let runs: Vec<String> = p.runs.iter().map(|r| format!("{r:.2}")).collect();
+        let runs: Vec<String> = p.runs.iter().map(|r| format!("{:.2}", p.global as f64 / r.step)).collect();
         println!(
             "\n{} on one node, before and after the synced runs: {} samples/s; the row above is their mean step, and \
              every speedup divides by it.",
@@ -427,9 +418,9 @@ fn print_floors(args: &CurveArgs, points: &[Point], floors: &[Floor]) {
             points.iter().find(|p| p.model == f.model && p.nodes == f.nodes && p.batching == Batching::PerNode);
         let Some(synced) = synced else { continue };
         let nodes = f.nodes as f64;
-        let at_floor = nodes * base.phases.step / f.slowest_step;
-        let speedup = synced.samples_per_s / base.samples_per_s;
-        let loaded = nodes * f.mean_step / synced.phases.step;
+        let at_floor = nodes * base.phases().step / f.slowest_step;
+        let speedup = synced.samples_per_s() / base.samples_per_s();
+        let loaded = nodes * f.mean_step / synced.phases().step;
         println!(
             "| {} | {} | {:.3} | {at_floor:.2}x | {speedup:.2}x | {:.0}% | {:.3} | {loaded:.2}x |",
             f.model.name(),
@@ -575,11 +566,11 @@ fn lines(points: &[Point], floors: &[Floor]) -> Vec<Line> {
             let line = points
                 .iter()
                 .filter(|p| p.model == model && (p.nodes == 1 || p.batching == batching))
-                .map(|p| (p.nodes as f64, p.samples_per_s / base.samples_per_s))
+                .map(|p| (p.nodes as f64, p.samples_per_s() / base.samples_per_s()))
                 .collect();
             out.push((format!("{}, {label}", model.name()), line, false));
         }
-        let at_floor = |f: &Floor| (f.nodes as f64, f.nodes as f64 * base.phases.step / f.slowest_step);
+        let at_floor = |f: &Floor| (f.nodes as f64, f.nodes as f64 * base.phases().step / f.slowest_step);
         let floor: Vec<(f64, f64)> =
             std::iter::once((1.0, 1.0)).chain(floors.iter().filter(|f| f.model == model).map(at_floor)).collect();
         if floor.len() > 1 {
@@ -663,22 +654,20 @@ mod tests {
     #[test]
     fn one_node_measured_twice_counts_as_the_mean_of_its_steps() {
         let phases = |step: f64| Phases { forward_backward: step - 0.1, optimizer: 0.1, step, ..Phases::default() };
-        let point = |step: f64| Point {
+        let mut point = Point {
             model: CurveModel::Minilm,
             batching: Batching::PerNode,
             nodes: 1,
-            phases: phases(step),
-            samples_per_s: 32.0 / step,
-            runs: vec![32.0 / step],
+            global: 32,
+            runs: vec![phases(6.0)],
         };
-        let mut first = point(6.0);
-        first.merge(&point(5.0));
-        assert!((first.phases.step - 5.5).abs() < 1e-12);
-        assert!((first.phases.forward_backward - 5.4).abs() < 1e-12);
-        assert!((first.samples_per_s - 32.0 / 5.5).abs() < 1e-12, "the rate of the mean step");
-        assert_eq!(first.runs, vec![32.0 / 6.0, 32.0 / 5.0]);
-        first.merge(&point(8.0));
-        assert!((first.phases.step - 19.0 / 3.0).abs() < 1e-12, "three runs weigh alike");
+        assert!((point.samples_per_s() - 32.0 / 6.0).abs() < 1e-12);
+        point.runs.push(phases(5.0));
+        assert!((point.phases().step - 5.5).abs() < 1e-12);
+        assert!((point.phases().forward_backward - 5.4).abs() < 1e-12);
+        assert!((point.samples_per_s() - 32.0 / 5.5).abs() < 1e-12, "the rate of the mean step");
+        point.runs.push(phases(8.0));
+        assert!((point.phases().step - 19.0 / 3.0).abs() < 1e-12, "three runs weigh alike");
     }
 
     #[test]

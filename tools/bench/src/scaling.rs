@@ -40,6 +40,22 @@ pub(crate) struct Phases {
     pub(crate) step: f64,
 }
 
+impl Phases {
+    /// Each phase's mean over `runs`, as if their steps were one run's (runs of equal length).
+    pub(crate) fn mean(runs: &[Phases]) -> Phases {
+        let n = runs.len().max(1) as f64;
+        let mean = |field: fn(&Phases) -> f64| runs.iter().map(field).sum::<f64>() / n;
+        Phases {
+            forward_backward: mean(|p| p.forward_backward),
+            sync: mean(|p| p.sync),
+            sync_total: mean(|p| p.sync_total),
+            sync_mb: mean(|p| p.sync_mb),
+            optimizer: mean(|p| p.optimizer),
+            step: mean(|p| p.step),
+        }
+    }
+}
+
 /// The phases of the run that wrote `metrics`.
 pub(crate) fn phases(metrics: &Path) -> Result<Phases> {
     let records = read_records(metrics)?;
