@@ -61,6 +61,14 @@ pub(crate) struct CurveArgs {
     /// square-root rule for Adam), and gives the wall time to the final dev scores.
     #[arg(long, alias = "time-to-accuracy")]
     to_accuracy: bool,
+    /// `--to-accuracy`'s runs alone, without the curve.
+    #[arg(long)]
+    accuracy_only: bool,
+    /// How many seeds `--to-accuracy` trains every node count with: one is the recipe's seed
+    /// (42); more are seeds 0, 1, ..., and one node's runs then go side by side, each alone on
+    /// an emulated node of its own (at most the largest node count of them).
+    #[arg(long, default_value_t = 1)]
+    seeds: usize,
     /// The learning rate of one node's batch, which `--to-accuracy` scales (`ringtune train`'s
     /// default).
     #[arg(long, default_value_t = 1e-4)]
@@ -162,7 +170,7 @@ const MRPC_TRAIN: usize = 3668;
 
 /// The time `--to-accuracy`'s runs should take: MiniLM's 3 epochs at a batch per node on every
 /// node count, a step as in [`estimate_s`] and three evaluations of the dev split, each about
-/// 10 steps' worth.
+/// 10 steps' worth, once per seed.
 fn to_accuracy_estimate_s(args: &CurveArgs, share: f64, bf16: bool) -> f64 {
     let model = CurveModel::Minilm;
     let step = model.step_s_per_core(bf16) * args.batch as f64 / 32.0 / share;
@@ -171,7 +179,9 @@ fn to_accuracy_estimate_s(args: &CurveArgs, share: f64, bf16: bool) -> f64 {
         .map(|&nodes| {
             let steps = 3.0 * MRPC_TRAIN.div_ceil(args.batch * nodes.max(1)) as f64;
             let sync = if nodes > 1 { step * 0.5 } else { 0.0 };
-            RUN_OVERHEAD_S_PER_CORE / share + steps * (step + sync) + 3.0 * 10.0 * step
+            // One node's seeds run side by side, the synced ones one after another.
+            let runs = if nodes == 1 { 1 } else { args.seeds };
+            runs as f64 * (RUN_OVERHEAD_S_PER_CORE / share + steps * (step + sync) + 3.0 * 10.0 * step)
         })
         .sum()
 }
@@ -257,9 +267,24 @@ pub(crate) fn curve(args: &CurveArgs) -> Result<()> {
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let share = args.cpu_share.unwrap_or(cores as f64 / largest as f64);
+    if args.seeds == 0 || (args.seeds > 1 && args.seeds as f64 * share > cores as f64 + 1e-9) {
+        bail!(
+            "--seeds {}: one node's seeds train side by side at {share} cores each, on this machine's {cores}; \
+             use 1 to {} seeds",
+            args.seeds,
+            (cores as f64 / share).floor()
+        );
+    }
     let dir = tempfile::tempdir()?;
     let started = Instant::now();
     println!("CPU: {}", ringtune_runtime::cpu_model());
+    if args.accuracy_only {
+        println!(
+            "estimated time: {:.0} min",
+            to_accuracy_estimate_s(args, share, CpuFeatures::detect().has_native_bf16()) / 60.0
+        );
+        return to_accuracy(args, share);
+    }
     println!(
         "{} runs; estimated time: {:.0} min (each run's steps and start, at {share} cores a node)",
         args.models.len() * args.nodes.iter().map(|&n| runs_at(n).len() + usize::from(n > 1)).sum::<usize>(),
@@ -581,47 +606,144 @@ fn lines(points: &[Point], floors: &[Floor]) -> Vec<Line> {
 }
 
 /// MRPC's recipe (MiniLM, 3 epochs) on every node count, a batch per node, the learning rate
-/// scaled for the global batch: the wall time of each run and its final dev scores.
+/// scaled for the global batch, once per seed: the wall time of each run and its final dev
+/// scores, and per node count their means over the seeds.
 fn to_accuracy(args: &CurveArgs, share: f64) -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut rows = Vec::new();
+    let mut runs = Vec::new();
     for &nodes in &args.nodes {
-        let out = dir.path().join(format!("mrpc-{nodes}"));
         let lr = scaled_learning_rate(args.learning_rate, nodes);
-        let mut train = vec!["--output".to_string(), out.display().to_string()];
-        train.extend(["--batch-size".into(), args.batch.to_string(), "--threads".into(), "1".into()]);
+        let mut train = vec!["--batch-size".to_string(), args.batch.to_string(), "--threads".into(), "1".into()];
         train.extend(["--learning-rate".into(), format!("{lr:e}")]);
         train.extend(["--overlap".into(), "true".into(), "--wire".into(), args.wire.clone()]);
         train.extend(args.train_args.iter().cloned());
-        emulated(args, nodes, share, &train, false, false)?;
-        let path = out.join("summary.json");
-        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-        let summary: serde_json::Value =
-            serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?;
-        let wall = summary["wall_s"].as_f64().with_context(|| format!("{}: no wall_s", path.display()))?;
-        let score = |name: &str| summary["dev"][name].as_f64().unwrap_or(f64::NAN);
-        eprintln!("curve: MRPC on {nodes} nodes: {wall:.0} s");
-        rows.push((nodes, lr, wall, score("accuracy"), score("f1")));
+        let out = |seed: &str| dir.path().join(format!("mrpc-{nodes}-seed-{seed}"));
+        let seeded = |seed: &str| {
+            let mut settings = train.clone();
+            settings.extend(["--output".into(), out(seed).display().to_string()]);
+            if args.seeds > 1 {
+                settings.extend(["--seed".into(), seed.to_string()]);
+            }
+            settings
+        };
+        if nodes == 1 && args.seeds > 1 {
+            // One node's seeds side by side, each alone on an emulated node of its own: the
+            // load the synced nodes train under, at the cost of one run.
+            emulated(args, args.seeds, share, &seeded("{rank}"), false, true)?;
+        } else {
+            for seed in 0..args.seeds {
+                emulated(args, nodes, share, &seeded(&seed.to_string()), false, false)?;
+            }
+        }
+        for seed in 0..args.seeds {
+            let run = read_accuracy_run(&out(&seed.to_string()), nodes, lr)?;
+            eprintln!("curve: MRPC on {nodes} nodes, seed {seed}: {:.0} s, dev {:.4}", run.wall_s, run.accuracy);
+            runs.push(run);
+        }
     }
+    let seeds = if args.seeds > 1 { format!("seeds 0 to {}", args.seeds - 1) } else { "seed 42".into() };
     println!(
-        "\nTime to accuracy: MiniLM on MRPC, 3 epochs, {} per node, --wire {}, on emulated {} nodes ({share} cores each); \
+        "\nTime to accuracy: MiniLM on MRPC, 3 epochs, {} per node, --wire {} {}, on emulated {} nodes ({share} cores each), {seeds}{}; \
          the learning rate {:e} x sqrt(nodes) (the square-root rule for Adam):",
-        args.batch, args.wire, args.emulate, args.learning_rate
+        args.batch,
+        args.wire,
+        args.train_args.join(" "),
+        args.emulate,
+        if args.seeds > 1 { ", one node's runs side by side" } else { "" },
+        args.learning_rate
     );
     println!(
-        "| nodes | global batch | learning rate | wall s | speedup | of one node's wall | dev accuracy | dev F1 |"
+        "| nodes | global batch | learning rate | wall s | speedup | of one node's wall | dev accuracy | dev F1 | accuracy per seed |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
-    let base = rows.first().map_or(f64::NAN, |r| r.2);
-    for (nodes, lr, wall, accuracy, f1) in rows {
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let rows = accuracy_rows(&runs);
+    let base = rows.first().map_or(f64::NAN, |r| r.wall_s);
+    for row in &rows {
+        let per_seed = row.accuracies.iter().map(|a| format!("{a:.4}")).collect::<Vec<_>>().join(" / ");
         println!(
-            "| {nodes} | {} | {lr:.2e} | {wall:.0} | {:.2}x | {:.2} | {accuracy:.4} | {f1:.4} |",
-            nodes * args.batch,
-            base / wall,
-            wall / base
+            "| {} | {} | {:.2e} | {:.0} | {:.2}x | {:.2} | {:.4} | {:.4} | {per_seed} |",
+            row.nodes,
+            row.nodes * args.batch,
+            row.learning_rate,
+            row.wall_s,
+            base / row.wall_s,
+            row.wall_s / base,
+            row.accuracy,
+            row.f1
         );
     }
+    if let Some(one) = rows.first().filter(|r| r.nodes == 1) {
+        for row in rows.iter().filter(|r| r.nodes > 1) {
+            let points = 100.0 * (row.accuracy - one.accuracy);
+            let met = points >= -1.0 && row.wall_s <= one.wall_s / 3.0;
+            println!(
+                "{} nodes: dev accuracy {points:+.2} points from one node's, in {:.2} of its wall time: {}",
+                row.nodes,
+                row.wall_s / one.wall_s,
+                if met { "within a point in a third of the time" } else { "not within a point in a third of the time" }
+            );
+        }
+    }
     Ok(())
+}
+
+/// One `--to-accuracy` run: what its `summary.json` says.
+#[derive(Debug, Clone, PartialEq)]
+struct AccuracyRun {
+    nodes: usize,
+    learning_rate: f64,
+    wall_s: f64,
+    accuracy: f64,
+    f1: f64,
+}
+
+fn read_accuracy_run(out: &Path, nodes: usize, learning_rate: f64) -> Result<AccuracyRun> {
+    let path = out.join("summary.json");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let summary: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?;
+    let number = |value: &serde_json::Value, name: &str| {
+        value.as_f64().with_context(|| format!("{}: no {name}", path.display()))
+    };
+    Ok(AccuracyRun {
+        nodes,
+        learning_rate,
+        wall_s: number(&summary["wall_s"], "wall_s")?,
+        accuracy: number(&summary["dev"]["accuracy"], "dev accuracy")?,
+        f1: number(&summary["dev"]["f1"], "dev F1")?,
+    })
+}
+
+/// The runs of one node count, their seeds' means (each seed's accuracy kept, in run order).
+#[derive(Debug, PartialEq)]
+struct AccuracyRow {
+    nodes: usize,
+    learning_rate: f64,
+    wall_s: f64,
+    accuracy: f64,
+    f1: f64,
+    accuracies: Vec<f64>,
+}
+
+/// Groups `runs` by node count, in the order the node counts first appear.
+fn accuracy_rows(runs: &[AccuracyRun]) -> Vec<AccuracyRow> {
+    let mut rows: Vec<AccuracyRow> = Vec::new();
+    for nodes in runs.iter().map(|r| r.nodes) {
+        if rows.iter().any(|r| r.nodes == nodes) {
+            continue;
+        }
+        let of: Vec<&AccuracyRun> = runs.iter().filter(|r| r.nodes == nodes).collect();
+        let mean = |value: fn(&AccuracyRun) -> f64| of.iter().map(|r| value(r)).sum::<f64>() / of.len() as f64;
+        rows.push(AccuracyRow {
+            nodes,
+            learning_rate: of[0].learning_rate,
+            wall_s: mean(|r| r.wall_s),
+            accuracy: mean(|r| r.accuracy),
+            f1: mean(|r| r.f1),
+            accuracies: of.iter().map(|r| r.accuracy).collect(),
+        });
+    }
+    rows
 }
 
 #[cfg(test)]
@@ -680,5 +802,43 @@ mod tests {
         let default = Cli::parse_from(["curve"]).curve;
         let minutes = (estimate_s(&to_accuracy, 0.5, true) - estimate_s(&default, 0.5, true)) / 60.0;
         assert!((20.0..60.0).contains(&minutes), "{minutes} min");
+        // Four seeds: one node's side by side, so only the synced runs grow fourfold.
+        let seeds = Cli::parse_from(["curve", "--to-accuracy", "--seeds", "4", "--nodes", "1,4"]).curve;
+        let one = Cli::parse_from(["curve", "--to-accuracy", "--nodes", "1,4"]).curve;
+        let (four, single) = (to_accuracy_estimate_s(&seeds, 0.5, true), to_accuracy_estimate_s(&one, 0.5, true));
+        assert!(four > 1.5 * single && four < 4.0 * single, "{four} s against {single} s");
+    }
+
+    #[test]
+    fn accuracy_rows_average_each_node_count_over_its_seeds() {
+        let run = |nodes: usize, wall_s: f64, accuracy: f64| AccuracyRun {
+            nodes,
+            learning_rate: 1e-4 * (nodes as f64).sqrt(),
+            wall_s,
+            accuracy,
+            f1: accuracy + 0.05,
+        };
+        let runs = [run(1, 900.0, 0.80), run(1, 940.0, 0.82), run(4, 300.0, 0.79), run(4, 320.0, 0.80)];
+        let rows = accuracy_rows(&runs);
+        assert_eq!(rows.len(), 2);
+        assert_eq!((rows[0].nodes, rows[1].nodes), (1, 4));
+        assert!((rows[0].wall_s - 920.0).abs() < 1e-9 && (rows[1].wall_s - 310.0).abs() < 1e-9);
+        assert!((rows[0].accuracy - 0.81).abs() < 1e-12 && (rows[1].f1 - 0.845).abs() < 1e-12);
+        assert_eq!(rows[1].accuracies, [0.79, 0.80]);
+        assert!((rows[1].learning_rate - 2e-4).abs() < 1e-12);
+        // One seed is its own mean.
+        assert_eq!(accuracy_rows(&runs[2..3])[0].accuracy, 0.79);
+    }
+
+    #[test]
+    fn a_summary_without_dev_scores_is_an_error_naming_the_file() {
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        std::fs::write(dir.path().join("summary.json"), r#"{"wall_s": 12.5}"#).expect("written");
+        let err = read_accuracy_run(dir.path(), 4, 2e-4).expect_err("no dev scores").to_string();
+        assert!(err.contains("summary.json") && err.contains("dev accuracy"), "{err}");
+        std::fs::write(dir.path().join("summary.json"), r#"{"wall_s": 12.5, "dev": {"accuracy": 0.8, "f1": 0.86}}"#)
+            .expect("written");
+        let run = read_accuracy_run(dir.path(), 4, 2e-4).expect("a whole summary");
+        assert_eq!((run.wall_s, run.accuracy, run.f1), (12.5, 0.8, 0.86));
     }
 }
