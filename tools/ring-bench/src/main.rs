@@ -340,12 +340,13 @@ fn exec_on_hosts(
     }
     for (h, out) in outputs.iter().enumerate() {
         if !out.status.success() {
-            bail!(
-                "host {h}: `{}` failed ({}): {}",
-                command.join(" "),
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            );
+            // Host 0's standard error went to ours, and with `host_logs` every host's did.
+            let stderr = if h == 0 || host_logs {
+                "its standard error is above".into()
+            } else {
+                String::from_utf8_lossy(&out.stderr).into_owned()
+            };
+            bail!("host {h}: `{}` failed ({}): {stderr}", command.join(" "), out.status);
         }
     }
     if let Some(shares) = shares {
