@@ -21,6 +21,16 @@ impl Example {
         Example { ids: encoded.ids, type_ids: encoded.type_ids, label, truncated: encoded.truncated }
     }
 
+    /// The class id a batch carries for it (0 for a score or no label).
+    pub fn class_id(&self) -> i64 {
+        self.label.and_then(Label::class).map_or(0, i64::from)
+    }
+
+    /// The regression target a batch carries for it (0 for a class or no label).
+    pub fn target(&self) -> f32 {
+        self.label.and_then(Label::score).unwrap_or(0.0)
+    }
+
     /// Tokens in the example.
     pub fn len(&self) -> usize {
         self.ids.len()
@@ -89,8 +99,8 @@ impl Batch {
                 b.token_type_ids[row + k] = t as i64;
                 b.attention_mask[row + k] = 1;
             }
-            b.labels.push(e.label.and_then(Label::class).map_or(0, i64::from));
-            b.scores.push(e.label.and_then(Label::score).unwrap_or(0.0));
+            b.labels.push(e.class_id());
+            b.scores.push(e.target());
         }
         b
     }

@@ -1,7 +1,10 @@
 //! Scoring a model on examples for its task, and the record of a run's task (`task.json`) that
 //! `eval` and `predict` read to lay out the files they are given as training read its own.
 
+use std::ops::Range;
 use std::path::Path;
+
+use bytes::Bytes;
 
 use ringtune_bert::{ModelConfig, ProblemType};
 use ringtune_data::{Example, FileLayout, GlueTask, LabelSet, Padding, Quoting};
@@ -9,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::Evaluator;
 use crate::metrics::{scores, Scores, Targets};
+use crate::sync::GradSync;
 use crate::TrainError;
 
 /// How a task's predictions are scored: the head's outputs, scores or classes, and whether its
@@ -45,12 +49,71 @@ pub fn evaluate(
 ) -> Result<Scores, TrainError> {
     let _span = tracing::debug_span!("evaluate").entered();
     let out = predict_logits(evaluator, params, examples, batch_size, pad_id)?;
+    Ok(score(&out, scoring))
+}
+
+/// Scores of `examples` (in order) under `params`, every node of `sync` computing the logits of
+/// its share ([`eval_share`]) and all of them gathered: the same scores as one node's
+/// [`evaluate`], in a world-th of its time. Every node calls it at the same point.
+pub fn evaluate_shared(
+    evaluator: &mut Evaluator,
+    params: &[f32],
+    (examples, batch_size, pad_id): (&[Example], usize, i64),
+    scoring: Scoring,
+    sync: &mut dyn GradSync,
+) -> Result<Scores, TrainError> {
+    let (rank, world) = (sync.rank(), sync.world());
+    if world == 1 {
+        return evaluate(evaluator, params, examples, batch_size, pad_id, scoring);
+    }
+    let _span = tracing::debug_span!("evaluate", rank, world).entered();
+    let mine = eval_share(examples.len(), batch_size, rank, world);
+    let own = predict_logits(evaluator, params, &examples[mine], batch_size, pad_id)?;
+    let parts = sync.gather(Bytes::from(own.logits.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()))?;
+    let rows_of = |r: usize| eval_share(examples.len(), batch_size, r, world).len();
+    let logits = join_logits(&parts, rows_of, scoring.outputs).map_err(|reason| TrainError::Sync { reason })?;
+    let out = Predicted {
+        logits,
+        labels: examples.iter().map(Example::class_id).collect(),
+        scores: examples.iter().map(Example::target).collect(),
+    };
+    Ok(score(&out, scoring))
+}
+
+/// The examples node `rank` of `world` scores in a shared evaluation: whole batches of
+/// `batch_size` in order, the batches one node forms, so that every logit is one node's to the
+/// bit (a batch's padding is its longest row's).
+pub fn eval_share(examples: usize, batch_size: usize, rank: usize, world: usize) -> Range<usize> {
+    let batches = examples.div_ceil(batch_size.max(1));
+    let first = |r: usize| (r * batches / world.max(1) * batch_size).min(examples);
+    first(rank)..first(rank + 1)
+}
+
+/// Every node's logits (little-endian `f32`, `outputs` a row, `rows_of(rank)` rows), in rank
+/// order; a part of another length is named by its rank.
+fn join_logits(parts: &[Bytes], rows_of: impl Fn(usize) -> usize, outputs: usize) -> Result<Vec<f32>, String> {
+    let mut logits = Vec::new();
+    for (rank, part) in parts.iter().enumerate() {
+        let rows = rows_of(rank);
+        if part.len() != rows * outputs * 4 {
+            return Err(format!(
+                "rank {rank} sent {} bytes of logits for its {rows} evaluation rows of {outputs} outputs",
+                part.len()
+            ));
+        }
+        logits.extend(part.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+    }
+    Ok(logits)
+}
+
+/// The scores of a split's predictions.
+fn score(out: &Predicted, scoring: Scoring) -> Scores {
     let targets = if scoring.regression {
         Targets::Scores(&out.scores)
     } else {
         Targets::Classes { labels: &out.labels, matthews: scoring.matthews }
     };
-    Ok(scores(&out.logits, scoring.outputs, targets))
+    scores(&out.logits, scoring.outputs, targets)
 }
 
 /// A model's outputs on examples, with the examples' labels.
@@ -147,5 +210,46 @@ impl TaskFile {
             )?);
         }
         Ok(GlueTask::from_name(&self.task)?.layout_of_file(file)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shares_are_one_nodes_batches_in_order_covering_the_split() {
+        for examples in [0usize, 1, 7, 40, 64, 65, 408, 1000] {
+            for batch in [1usize, 8, 64, 500] {
+                for world in [1usize, 2, 3, 4, 8] {
+                    let shares: Vec<Range<usize>> = (0..world).map(|r| eval_share(examples, batch, r, world)).collect();
+                    assert_eq!(shares[0].start, 0);
+                    assert_eq!(shares[world - 1].end, examples, "{examples} rows, {batch} a batch, {world} nodes");
+                    for pair in shares.windows(2) {
+                        assert_eq!(pair[0].end, pair[1].start, "contiguous, in rank order");
+                    }
+                    for share in &shares {
+                        assert_eq!(share.start % batch, 0, "a share starts where one node's batch does");
+                        let batches = share.len().div_ceil(batch);
+                        let most = examples.div_ceil(batch).div_ceil(world);
+                        assert!(batches <= most, "{batches} batches where {most} would do");
+                    }
+                }
+            }
+        }
+        // 408 MRPC dev pairs, 64 a batch, on 4 nodes: 7 batches as 1, 2, 2, 2.
+        let lens: Vec<usize> = (0..4).map(|r| eval_share(408, 64, r, 4).len()).collect();
+        assert_eq!(lens, [64, 128, 128, 88]);
+    }
+
+    #[test]
+    fn logits_join_in_rank_order_and_a_short_part_is_named() {
+        let part = |values: &[f32]| Bytes::from(values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
+        let parts = [part(&[1.0, 2.0]), part(&[]), part(&[3.0, 4.0, 5.0, 6.0])];
+        let rows = [1usize, 0, 2];
+        assert_eq!(join_logits(&parts, |r| rows[r], 2), Ok(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]));
+        let short = [part(&[1.0, 2.0]), part(&[3.0])];
+        let err = join_logits(&short, |_| 1, 2).expect_err("rank 1 sent half a row");
+        assert!(err.contains("rank 1 sent 4 bytes") && err.contains("1 evaluation rows of 2 outputs"), "{err}");
     }
 }

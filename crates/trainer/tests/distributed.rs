@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use common::cluster::{certs, free_ports, l2, on_loopback, params, train_on_nodes};
 use common::{config, small_mrpc, tiny_model};
 use ringtune_collective::Wire;
-use ringtune_runtime::{FlatBuffer, LendableBuffer};
+use ringtune_runtime::{FlatBuffer, LendableBuffer, SessionOptions};
+use ringtune_trainer::predict::{Precision, Predictor};
 use ringtune_trainer::sync::{GradSync, QuicSync, SyncMode};
 use ringtune_trainer::train::Start;
 use ringtune_trainer::TrainConfig;
@@ -28,7 +29,15 @@ fn two_and_four_nodes_reach_the_single_node_parameters() {
     let dir = tempfile::tempdir().expect("dir");
     let certs = certs(dir.path(), 4);
     // 200 examples: divisible by 2 and 4, so no rank sees padding the single node does not.
-    let base = TrainConfig { epochs: 1, dropout: Some(0.0), param_check_every: 5, ..config(dir.path(), "runs") };
+    // 40 dev rows, 8 a batch: the nodes share the evaluation unevenly (on 4 nodes 1, 1, 1 and 2
+    // batches).
+    let base = TrainConfig {
+        epochs: 1,
+        dropout: Some(0.0),
+        param_check_every: 5,
+        eval_batch_size: 8,
+        ..config(dir.path(), "runs")
+    };
     let init = params(&base.model);
     for (world, b) in [(2usize, 8usize), (4, 4)] {
         let single =
@@ -46,6 +55,14 @@ fn two_and_four_nodes_reach_the_single_node_parameters() {
             diff / moved < 1e-5 && max < 1e-5,
             "{world} nodes: L2 difference {diff:e} of a {moved:e} update, max {max:e}"
         );
+        // The nodes' shared evaluation scores the trained model as one node scores it alone.
+        let summary: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).expect("summary")).expect("json");
+        let options = SessionOptions { threads: 1, ..SessionOptions::default() };
+        let mut alone = Predictor::open(&out, multi.max_len, &options, Precision::Float).expect("the trained model");
+        let dev = alone.evaluate(&multi.data.as_ref().expect("data").join("dev.tsv"), 8).expect("scored alone");
+        assert_eq!(summary["dev"]["loss"].as_f64(), Some(dev.loss), "{world} nodes: {summary} against {dev:?}");
+        assert_eq!(summary["dev"]["accuracy"].as_f64(), dev.accuracy, "{world} nodes");
     }
 }
 

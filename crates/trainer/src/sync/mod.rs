@@ -19,6 +19,7 @@ mod tests;
 use std::ops::Range;
 use std::time::Duration;
 
+use bytes::Bytes;
 use ringtune_collective::{BucketKind, BucketSizes, RingMode, SyncPlan, Wire};
 use ringtune_optim::{AdamW, AdamWState};
 use ringtune_runtime::LendableBuffer;
@@ -141,6 +142,9 @@ pub trait GradSync {
     fn full_moments(&mut self, adam: &AdamW) -> Result<Option<AdamWState>, TrainError>;
     /// Fails unless every node holds these parameters (their hashes are compared).
     fn check_params(&mut self, params: &[f32]) -> Result<(), TrainError>;
+    /// Every node's `mine`, by rank: what the nodes share between steps (each one's part of an
+    /// evaluation). Every node calls it at the same point.
+    fn gather(&mut self, mine: Bytes) -> Result<Vec<Bytes>, TrainError>;
     /// Returns once the parameters of the last step are all in place on this node (the
     /// all-gather behind the forward pass has ended), or with the reason they never will be.
     fn settle(&mut self) -> Result<(), TrainError>;
@@ -215,6 +219,10 @@ impl GradSync for OneNode {
 
     fn check_params(&mut self, _params: &[f32]) -> Result<(), TrainError> {
         Ok(())
+    }
+
+    fn gather(&mut self, mine: Bytes) -> Result<Vec<Bytes>, TrainError> {
+        Ok(vec![mine])
     }
 
     fn settle(&mut self) -> Result<(), TrainError> {

@@ -352,6 +352,11 @@ impl<T: Transport> GradSync for RingSync<T> {
         Ok(Some(AdamWState { step: adam.state().step, m, v }))
     }
 
+    fn gather(&mut self, mine: Bytes) -> Result<Vec<Bytes>, TrainError> {
+        self.settle()?;
+        self.exchange.gather(mine)
+    }
+
     fn check_params(&mut self, params: &[f32]) -> Result<(), TrainError> {
         self.settle()?;
         let hash = params_hash(params);

@@ -165,14 +165,15 @@ pub(super) fn refuse_earlier_run(output: &Path, checkpoints: &Path) -> Result<()
     Err(TrainError::EarlierRun { output: output.to_path_buf() })
 }
 
-/// The training session over the parameters, and (on the lead) the evaluation session.
+/// The training session over the parameters, and the evaluation session (every node scores its
+/// share of an evaluation).
 pub(super) fn sessions(
     cfg: &TrainConfig,
     inputs: &Inputs,
     params: FlatBuffer,
     lead: bool,
     hooks: SyncHooks,
-) -> Result<(Engine, Option<Evaluator>), TrainError> {
+) -> Result<(Engine, Evaluator), TrainError> {
     let runtime = Runtime::get()?;
     let kernels = cfg.kernels();
     if lead {
@@ -185,6 +186,6 @@ pub(super) fn sessions(
     let (config, layout) = (&inputs.config, &inputs.model.layout);
     let choices = GraphChoices { dropout: config.has_dropout(), kernels, recompute: cfg.recompute };
     let engine = Engine::new(runtime, config, layout, params, choices, &session, hooks)?;
-    let evaluator = if lead { Some(Evaluator::new(runtime, config, layout, kernels, &session)?) } else { None };
+    let evaluator = Evaluator::new(runtime, config, layout, kernels, &session)?;
     Ok((engine, evaluator))
 }

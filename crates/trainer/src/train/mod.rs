@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use crate::checkpoint::Progress;
 use crate::engine::{Engine, Evaluator};
-use crate::evaluation::{evaluate, Scoring};
+use crate::evaluation::{evaluate, evaluate_shared, Scoring};
 use crate::metrics::{EvalRecord, Record, Scores, StepTimes};
 use crate::optimizer::Stepped;
 use crate::quantize::{open_int8, quantize, Quantization, QuantizeOptions, Quantized};
@@ -90,7 +90,8 @@ pub enum Start {
     Resume,
 }
 
-/// Trains as `cfg` says; `sync` joins other nodes (rank 0 evaluates and writes the outputs),
+/// Trains as `cfg` says; `sync` joins other nodes (every node scores its share of dev, rank 0
+/// logs and writes the outputs),
 /// `None` trains on this one.
 pub fn train(
     cfg: &TrainConfig,
@@ -156,7 +157,7 @@ pub struct TrainingRun<'s> {
     inputs: Inputs,
     plan: Plan,
     engine: Engine,
-    evaluator: Option<Evaluator>,
+    evaluator: Evaluator,
     adam: AdamW,
     progress: Progress,
     log: RunLog,
@@ -381,7 +382,8 @@ impl<'s> TrainingRun<'s> {
     }
 
     /// The end of an epoch, or of the run when `--max-steps` stops it inside one: the nodes
-    /// compare parameters; the lead checkpoints and evaluates on dev.
+    /// compare parameters; the lead checkpoints; every node scores its share of dev and the
+    /// lead logs the scores.
     pub fn end_epoch(&mut self, epoch: u32) -> Result<(), TrainError> {
         if self.progress.batch_in_epoch >= self.plan.batches_per_epoch {
             self.progress.epoch = epoch + 1;
@@ -389,15 +391,15 @@ impl<'s> TrainingRun<'s> {
         }
         self.check_params()?;
         self.save_checkpoint()?;
-        if self.rank != 0 {
-            return Ok(());
-        }
-        let Some(evaluator) = self.evaluator.as_mut() else { return Ok(()) };
         let c = &self.inputs.config;
         let scoring = Scoring::new(c, &self.inputs.task.name);
         let params = self.engine.params()?;
         for (split, examples) in &self.inputs.evals {
-            let scores = evaluate(evaluator, params, examples, self.cfg.eval_batch_size, c.pad_token_id, scoring)?;
+            let split_at = (examples.as_slice(), self.cfg.eval_batch_size, c.pad_token_id);
+            let scores = evaluate_shared(&mut self.evaluator, params, split_at, scoring, &mut *self.sync)?;
+            if self.rank != 0 {
+                continue;
+            }
             self.log.bar.suspend(|| {
                 tracing::info!(epoch = epoch + 1, step = self.progress.step, "{split} {}", scores.describe())
             });
