@@ -63,9 +63,6 @@ pub fn evaluate_shared(
     sync: &mut dyn GradSync,
 ) -> Result<Scores, TrainError> {
     let (rank, world) = (sync.rank(), sync.world());
-    if world == 1 {
-        return evaluate(evaluator, params, examples, batch_size, pad_id, scoring);
-    }
     let _span = tracing::debug_span!("evaluate", rank, world).entered();
     let mine = eval_share(examples.len(), batch_size, rank, world);
     let own = predict_logits(evaluator, params, &examples[mine], batch_size, pad_id)?;

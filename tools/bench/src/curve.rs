@@ -267,14 +267,7 @@ pub(crate) fn curve(args: &CurveArgs) -> Result<()> {
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let share = args.cpu_share.unwrap_or(cores as f64 / largest as f64);
-    if args.seeds == 0 || (args.seeds > 1 && args.seeds as f64 * share > cores as f64 + 1e-9) {
-        bail!(
-            "--seeds {}: one node's seeds train side by side at {share} cores each, on this machine's {cores}; \
-             use 1 to {} seeds",
-            args.seeds,
-            (cores as f64 / share).floor()
-        );
-    }
+    check_seeds(args.seeds, share, cores)?;
     let dir = tempfile::tempdir()?;
     let started = Instant::now();
     println!("CPU: {}", ringtune_runtime::cpu_model());
@@ -605,6 +598,19 @@ fn lines(points: &[Point], floors: &[Floor]) -> Vec<Line> {
     out
 }
 
+/// `--seeds`: at least one, and one node's runs of them side by side fit this machine's `cores`
+/// at `share` cores each.
+fn check_seeds(seeds: usize, share: f64, cores: usize) -> Result<()> {
+    if seeds == 0 || (seeds > 1 && seeds as f64 * share > cores as f64 + 1e-9) {
+        bail!(
+            "--seeds {seeds}: one node's seeds train side by side at {share} cores each, on this machine's {cores}; \
+             use 1 to {} seeds",
+            (cores as f64 / share).floor()
+        );
+    }
+    Ok(())
+}
+
 /// MRPC's recipe (MiniLM, 3 epochs) on every node count, a batch per node, the learning rate
 /// scaled for the global batch, once per seed: the wall time of each run and its final dev
 /// scores, and per node count their means over the seeds.
@@ -807,6 +813,16 @@ mod tests {
         let one = Cli::parse_from(["curve", "--to-accuracy", "--nodes", "1,4"]).curve;
         let (four, single) = (to_accuracy_estimate_s(&seeds, 0.5, true), to_accuracy_estimate_s(&one, 0.5, true));
         assert!(four > 1.5 * single && four < 4.0 * single, "{four} s against {single} s");
+    }
+
+    #[test]
+    fn seeds_that_do_not_fit_side_by_side_are_refused_with_the_most_that_do() {
+        assert!(check_seeds(4, 0.5, 2).is_ok() && check_seeds(1, 2.0, 2).is_ok());
+        for (seeds, share) in [(0usize, 0.5), (5, 0.5), (2, 2.0)] {
+            let err = check_seeds(seeds, share, 2).expect_err("refused").to_string();
+            assert!(err.starts_with(&format!("--seeds {seeds}:")) && err.contains("use 1 to"), "{err}");
+        }
+        assert!(check_seeds(5, 0.5, 2).expect_err("refused").to_string().contains("use 1 to 4 seeds"));
     }
 
     #[test]
