@@ -49,6 +49,10 @@ pub struct StepRecord {
     pub wire: Option<String>,
     /// Megabytes of gradients each node sent per ring pass, per step.
     pub sync_mb: f64,
+    /// Tokens in this node's batch a step, padding included (rows x its longest example): the
+    /// work a step does, which dynamic padding varies from batch to batch.
+    #[serde(default)]
+    pub padded_tokens: f64,
 }
 
 /// Where a step's time went, in seconds, as the training loop measured it (in a metrics line,

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{config, losses};
+use common::{config, losses, padded_tokens};
 use ringtune_trainer::train::Start;
 use ringtune_trainer::TrainConfig;
 
@@ -32,6 +32,12 @@ fn the_loss_falls_and_every_output_is_written() {
     let evals = std::fs::read_to_string(cfg.output.join("metrics.jsonl")).expect("metrics").matches("\"eval\"").count();
     assert_eq!(evals, 3, "one dev evaluation per epoch");
     assert!(summary.dev.is_some());
+    // A step's padded tokens: whole rows of the batch's longest example, which varies.
+    let tokens = padded_tokens(&cfg.output);
+    assert_eq!(tokens.len(), 3 * 13);
+    let rows = |t: f64| if t % 16.0 == 0.0 { 16.0 } else { 200.0 % 16.0 };
+    assert!(tokens.iter().all(|&t| t > 0.0 && t % rows(t) == 0.0 && t / rows(t) <= cfg.max_len as f64), "{tokens:?}");
+    assert!(tokens.iter().any(|&t| t != tokens[0]), "dynamic padding: {tokens:?}");
 }
 
 #[test]

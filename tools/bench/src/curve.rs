@@ -124,6 +124,21 @@ impl CurveModel {
 /// against 1.3 and 6.5 s a core with Zen 4's bf16.
 const FP32_SLOWDOWN: f64 = 2.5;
 
+/// How much faster MRPC's steps are with `--group-by-length` (less padding), measured on a
+/// 2-core Zen 3: 8.48 against 5.64 samples/s on one node, 29.00 against 19.37 on 4.
+const GROUPED_SPEEDUP: f64 = 1.5;
+
+/// Seconds a step of `per_node` examples should take at `share` cores a node, with the
+/// batching the runs are given.
+fn step_s(args: &CurveArgs, model: CurveModel, bf16: bool, per_node: f64, share: f64) -> f64 {
+    let step = model.step_s_per_core(bf16) * per_node / 32.0 / share;
+    if args.train_args.iter().any(|a| a == "--group-by-length") {
+        step / GROUPED_SPEEDUP
+    } else {
+        step
+    }
+}
+
 /// Seconds a MiniLM run takes beside its steps (starting the hosts, reading the model, building
 /// the sessions) on one whole core.
 const RUN_OVERHEAD_S_PER_CORE: f64 = 12.0;
@@ -141,7 +156,7 @@ fn estimate_s(args: &CurveArgs, share: f64, bf16: bool) -> f64 {
                     Batching::PerNode => args.batch as f64,
                     Batching::Global => (args.batch as f64 / nodes as f64).ceil(),
                 };
-                let step = model.step_s_per_core(bf16) * per_node / 32.0 / share;
+                let step = step_s(args, model, bf16, per_node, share);
                 let sync = if nodes > 1 { step * 0.5 } else { 0.0 };
                 // The start grows with the model as its steps do.
                 // The start (reading, building the graph and sessions) is not in the products.
@@ -170,18 +185,20 @@ const MRPC_TRAIN: usize = 3668;
 
 /// The time `--to-accuracy`'s runs should take: MiniLM's 3 epochs at a batch per node on every
 /// node count, a step as in [`estimate_s`] and three evaluations of the dev split, each about
-/// 10 steps' worth, once per seed.
+/// 10 steps' worth shared by the nodes, once per seed.
 fn to_accuracy_estimate_s(args: &CurveArgs, share: f64, bf16: bool) -> f64 {
-    let model = CurveModel::Minilm;
-    let step = model.step_s_per_core(bf16) * args.batch as f64 / 32.0 / share;
+    let step = step_s(args, CurveModel::Minilm, bf16, args.batch as f64, share);
     args.nodes
         .iter()
         .map(|&nodes| {
             let steps = 3.0 * MRPC_TRAIN.div_ceil(args.batch * nodes.max(1)) as f64;
-            let sync = if nodes > 1 { step * 0.5 } else { 0.0 };
+            // Measured on a Zen 3: 4 nodes' run took 0.325 of one node's wall for a quarter
+            // of its steps, a synced step 1.3 of one node's.
+            let sync = if nodes > 1 { step * 0.3 } else { 0.0 };
+            let evaluations = 3.0 * 10.0 * step / nodes.max(1) as f64;
             // One node's seeds run side by side, the synced ones one after another.
             let runs = if nodes == 1 { 1 } else { args.seeds };
-            runs as f64 * (RUN_OVERHEAD_S_PER_CORE / share + steps * (step + sync) + 3.0 * 10.0 * step)
+            runs as f64 * (RUN_OVERHEAD_S_PER_CORE / share + steps * (step + sync) + evaluations)
         })
         .sum()
 }
@@ -233,6 +250,14 @@ impl Point {
     fn samples_per_s(&self) -> f64 {
         self.global as f64 / self.phases().step
     }
+
+    /// Padded tokens a second, as if every node's batch padded like rank 0's: with batches of
+    /// varied lengths, a few steps of one run may be longer than another's; this rate weighs
+    /// that out.
+    fn padded_tokens_per_s(&self) -> f64 {
+        let phases = self.phases();
+        self.nodes as f64 * phases.padded_tokens / phases.step
+    }
 }
 
 /// Trains `model` on `nodes` emulated nodes, `batching` as the batch, and gives the point;
@@ -267,7 +292,7 @@ pub(crate) fn curve(args: &CurveArgs) -> Result<()> {
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let share = args.cpu_share.unwrap_or(cores as f64 / largest as f64);
-    check_seeds(args.seeds, share, cores)?;
+    check_seeds(args.seeds, args.to_accuracy || args.accuracy_only, share, cores)?;
     let dir = tempfile::tempdir()?;
     let started = Instant::now();
     println!("CPU: {}", ringtune_runtime::cpu_model());
@@ -344,12 +369,13 @@ fn print_table(args: &CurveArgs, share: f64, points: &[Point]) {
         args.emulate
     );
     println!(
-        "| model | batch | nodes | samples/s | speedup | efficiency | step s | forward+backward s | exposed sync s | sync in all s | MB per ring pass |"
+        "| model | batch | nodes | samples/s | speedup | efficiency | step s | forward+backward s | exposed sync s | sync in all s | MB per ring pass | rank 0's padded tokens a step | speedup in padded tokens |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for p in points {
-        let base = baseline(points, p.model).map_or(f64::NAN, Point::samples_per_s);
-        let speedup = p.samples_per_s() / base;
+        let base = baseline(points, p.model);
+        let speedup = p.samples_per_s() / base.map_or(f64::NAN, Point::samples_per_s);
+        let token_speedup = p.padded_tokens_per_s() / base.map_or(f64::NAN, Point::padded_tokens_per_s);
         let phases = p.phases();
         let batch = match (p.nodes, p.batching) {
             (1, _) => format!("{}", args.batch),
@@ -357,7 +383,7 @@ fn print_table(args: &CurveArgs, share: f64, points: &[Point]) {
             (_, Batching::Global) => format!("{} global", args.batch),
         };
         println!(
-            "| {} | {batch} | {} | {:.2} | {speedup:.2}x | {:.0}% | {:.3} | {:.3} | {:.3} | {:.3} | {:.1} |",
+            "| {} | {batch} | {} | {:.2} | {speedup:.2}x | {:.0}% | {:.3} | {:.3} | {:.3} | {:.3} | {:.1} | {:.0} | {token_speedup:.2}x |",
             p.model.name(),
             p.nodes,
             p.samples_per_s(),
@@ -366,7 +392,8 @@ fn print_table(args: &CurveArgs, share: f64, points: &[Point]) {
             phases.forward_backward,
             phases.sync,
             phases.sync_total,
-            phases.sync_mb
+            phases.sync_mb,
+            phases.padded_tokens
         );
     }
     for p in points.iter().filter(|p| p.runs.len() > 1) {
@@ -598,9 +625,12 @@ fn lines(points: &[Point], floors: &[Floor]) -> Vec<Line> {
     out
 }
 
-/// `--seeds`: at least one, and one node's runs of them side by side fit this machine's `cores`
-/// at `share` cores each.
-fn check_seeds(seeds: usize, share: f64, cores: usize) -> Result<()> {
+/// `--seeds`: at least one, more only for the runs to accuracy (`to_accuracy`), and one node's
+/// runs of them side by side fit this machine's `cores` at `share` cores each.
+fn check_seeds(seeds: usize, to_accuracy: bool, share: f64, cores: usize) -> Result<()> {
+    if seeds > 1 && !to_accuracy {
+        bail!("--seeds {seeds}: seeds are for the runs to accuracy; add --to-accuracy or --accuracy-only");
+    }
     if seeds == 0 || (seeds > 1 && seeds as f64 * share > cores as f64 + 1e-9) {
         bail!(
             "--seeds {seeds}: one node's seeds train side by side at {share} cores each, on this machine's {cores}; \
@@ -780,6 +810,21 @@ mod tests {
     }
 
     #[test]
+    fn batches_grouped_by_length_shorten_the_estimate_of_the_steps() {
+        let shuffled = Cli::parse_from(["curve", "--accuracy-only", "--nodes", "1,4", "--seeds", "4"]).curve;
+        let grouped =
+            Cli::parse_from(["curve", "--accuracy-only", "--nodes", "1,4", "--seeds", "4", "--", "--group-by-length"])
+                .curve;
+        let (a, b) = (to_accuracy_estimate_s(&shuffled, 0.5, false), to_accuracy_estimate_s(&grouped, 0.5, false));
+        // The start does not shrink, the steps do: between the two, nearer the steps' 1.5x.
+        assert!(a / b > 1.3 && a / b < GROUPED_SPEEDUP, "{a} s shuffled, {b} s grouped");
+        let minutes = b / 60.0;
+        // Measured on a Zen 3 (fp32 kernels): one node's four seeds 1270 s, 4 nodes' 4 x 413 s,
+        // 49 min (the estimate before grouping counted: 112 min).
+        assert!((40.0..70.0).contains(&minutes), "{minutes} min");
+    }
+
+    #[test]
     fn one_node_measured_twice_counts_as_the_mean_of_its_steps() {
         let phases = |step: f64| Phases { forward_backward: step - 0.1, optimizer: 0.1, step, ..Phases::default() };
         let mut point = Point {
@@ -796,6 +841,24 @@ mod tests {
         assert!((point.samples_per_s() - 32.0 / 5.5).abs() < 1e-12, "the rate of the mean step");
         point.runs.push(phases(8.0));
         assert!((point.phases().step - 19.0 / 3.0).abs() < 1e-12, "three runs weigh alike");
+    }
+
+    #[test]
+    fn the_speedup_in_padded_tokens_weighs_out_longer_batches() {
+        let phases = |step: f64, padded_tokens: f64| Phases { step, padded_tokens, ..Phases::default() };
+        let point = |nodes: usize, runs: Vec<Phases>| Point {
+            model: CurveModel::BertBase,
+            batching: Batching::PerNode,
+            nodes,
+            global: 32 * nodes,
+            runs,
+        };
+        // One node pads 32 x 50 tokens in 5 s; four pad 32 x 60 each in 6 s: the same rate per
+        // token, so 3.33x in samples/s is 4x in padded tokens.
+        let one = point(1, vec![phases(5.0, 1600.0)]);
+        let four = point(4, vec![phases(6.0, 1920.0)]);
+        assert!((four.samples_per_s() / one.samples_per_s() - 4.0 * 5.0 / 6.0).abs() < 1e-12);
+        assert!((four.padded_tokens_per_s() / one.padded_tokens_per_s() - 4.0).abs() < 1e-12);
     }
 
     #[test]
@@ -817,12 +880,15 @@ mod tests {
 
     #[test]
     fn seeds_that_do_not_fit_side_by_side_are_refused_with_the_most_that_do() {
-        assert!(check_seeds(4, 0.5, 2).is_ok() && check_seeds(1, 2.0, 2).is_ok());
+        assert!(check_seeds(4, true, 0.5, 2).is_ok() && check_seeds(1, true, 2.0, 2).is_ok());
+        assert!(check_seeds(1, false, 0.5, 2).is_ok(), "one seed is the default of every curve");
         for (seeds, share) in [(0usize, 0.5), (5, 0.5), (2, 2.0)] {
-            let err = check_seeds(seeds, share, 2).expect_err("refused").to_string();
+            let err = check_seeds(seeds, true, share, 2).expect_err("refused").to_string();
             assert!(err.starts_with(&format!("--seeds {seeds}:")) && err.contains("use 1 to"), "{err}");
         }
-        assert!(check_seeds(5, 0.5, 2).expect_err("refused").to_string().contains("use 1 to 4 seeds"));
+        assert!(check_seeds(5, true, 0.5, 2).expect_err("refused").to_string().contains("use 1 to 4 seeds"));
+        let unused = check_seeds(4, false, 0.5, 2).expect_err("seeds without runs to accuracy").to_string();
+        assert!(unused.contains("--to-accuracy or --accuracy-only"), "{unused}");
     }
 
     #[test]

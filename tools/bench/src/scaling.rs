@@ -38,6 +38,8 @@ pub(crate) struct Phases {
     pub(crate) sync_mb: f64,
     pub(crate) optimizer: f64,
     pub(crate) step: f64,
+    /// Tokens in the writing node's batch a step, padding included.
+    pub(crate) padded_tokens: f64,
 }
 
 impl Phases {
@@ -52,6 +54,7 @@ impl Phases {
             sync_mb: mean(|p| p.sync_mb),
             optimizer: mean(|p| p.optimizer),
             step: mean(|p| p.step),
+            padded_tokens: mean(|p| p.padded_tokens),
         }
     }
 }
@@ -79,6 +82,7 @@ pub(crate) fn phases(metrics: &Path) -> Result<Phases> {
         sync_mb: mean(|s| s.sync_mb),
         optimizer: mean(|s| s.times.optimizer_s),
         step: mean(|s| s.times.step_s()),
+        padded_tokens: mean(|s| s.padded_tokens),
     })
 }
 

@@ -81,6 +81,7 @@ fn a_resumed_run_drops_the_records_it_runs_again_and_a_cut_line() {
         times: StepTimes { forward_backward_s: 0.1, ..StepTimes::default() },
         wire: None,
         sync_mb: 0.0,
+        padded_tokens: 32.0 * 48.0,
     };
     let record = |kind: &str, step: u64| {
         let record = if kind == "eval" { Record::Eval(dev_scores(step)) } else { Record::Step(step_record(step)) };

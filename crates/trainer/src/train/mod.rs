@@ -339,7 +339,8 @@ impl<'s> TrainingRun<'s> {
             // Hidden or not: the sync thread's bucket time plus the exposed optimizer exchanges.
             sync_total_s: synced.map(|s| (s.busy + optimizer_sync).as_secs_f64()),
         };
-        self.log.window.add(loss as f64, samples, synced, times);
+        let padded_tokens = (batch.rows * batch.seq) as u64;
+        self.log.window.add(loss as f64, (samples, padded_tokens), synced, times);
         self.log.bar.set_position(step);
         self.log.bar.set_message(format!("epoch {} loss {loss:.4}", epoch + 1));
         if step.is_multiple_of(self.cfg.log_every.max(1)) || step == self.plan.total {

@@ -95,6 +95,8 @@ pub(super) struct Window {
     loss: f64,
     steps: u64,
     samples: u64,
+    /// This node's padded tokens.
+    padded_tokens: u64,
     synced_bytes: usize,
     /// The steps' times, summed.
     times: StepTimes,
@@ -102,13 +104,20 @@ pub(super) struct Window {
 }
 
 impl Window {
-    pub(super) fn add(&mut self, loss: f64, samples: u64, synced: Option<Averaged>, times: StepTimes) {
+    pub(super) fn add(
+        &mut self,
+        loss: f64,
+        (samples, padded_tokens): (u64, u64),
+        synced: Option<Averaged>,
+        times: StepTimes,
+    ) {
         if self.started.is_none() {
             self.started = Some(Instant::now() - Duration::from_secs_f64(times.step_s()));
         }
         self.loss += loss;
         self.steps += 1;
         self.samples += samples;
+        self.padded_tokens += padded_tokens;
         self.synced_bytes += synced.map_or(0, |a| a.bytes);
         self.times = self.times.plus(&times);
     }
@@ -135,6 +144,7 @@ impl Window {
             elapsed_s: started.elapsed().as_secs_f64(),
             times: self.times.per(n),
             sync_mb: self.synced_bytes as f64 / 1e6 / n,
+            padded_tokens: self.padded_tokens as f64 / n,
             wire: None,
         }
     }

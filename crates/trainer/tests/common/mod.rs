@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ringtune_trainer::metrics::{read_records, Record};
+use ringtune_trainer::metrics::{read_records, Record, StepRecord};
 use ringtune_trainer::TrainConfig;
 
 pub(crate) mod cluster;
@@ -74,11 +74,20 @@ pub(crate) fn config(dir: &Path, output: &str) -> TrainConfig {
 }
 
 pub(crate) fn losses(output: &Path) -> Vec<f64> {
+    step_field(output, |s| s.loss)
+}
+
+/// Each metrics line's padded tokens a step.
+pub(crate) fn padded_tokens(output: &Path) -> Vec<f64> {
+    step_field(output, |s| s.padded_tokens)
+}
+
+fn step_field(output: &Path, field: fn(&StepRecord) -> f64) -> Vec<f64> {
     let records = read_records(&output.join("metrics.jsonl")).expect("metrics");
     records
         .iter()
         .filter_map(|r| match r {
-            Record::Step(s) => Some(s.loss),
+            Record::Step(s) => Some(field(s)),
             Record::Eval(_) => None,
         })
         .collect()
