@@ -564,7 +564,18 @@ fn draw(path: &Path, (points, floors): (&[Point], &[Floor]), nodes: &[usize], em
             .label("HF / Intel post, c6i.16xlarge, 32 per node")
             .legend(|(x, y)| Cross::new((x + 10, y), 5, BLACK.stroke_width(2)));
     }
-    let colours = [BLUE, RED, GREEN, MAGENTA];
+    // Three lines a model, three models: no two lines of one plot share a colour.
+    let colours = [
+        BLUE,
+        RED,
+        GREEN,
+        MAGENTA,
+        RGBColor(230, 120, 0),
+        CYAN,
+        RGBColor(120, 60, 160),
+        RGBColor(140, 90, 40),
+        RGBColor(0, 110, 60),
+    ];
     for ((label, line, faint), c) in lines(points, floors).into_iter().zip(colours.iter().cycle()) {
         let c = if faint { c.mix(0.5) } else { c.to_rgba() };
         let series = chart.draw_series(LineSeries::new(line, c).point_size(4)).map_err(|e| fail(&e))?;
