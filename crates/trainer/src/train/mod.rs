@@ -91,8 +91,7 @@ pub enum Start {
 }
 
 /// Trains as `cfg` says; `sync` joins other nodes (every node scores its share of dev, rank 0
-/// logs and writes the outputs),
-/// `None` trains on this one.
+/// logs and writes the outputs), `None` trains on this one.
 pub fn train(
     cfg: &TrainConfig,
     root: &Path,
@@ -340,7 +339,7 @@ impl<'s> TrainingRun<'s> {
             sync_total_s: synced.map(|s| (s.busy + optimizer_sync).as_secs_f64()),
         };
         let padded_tokens = (batch.rows * batch.seq) as u64;
-        self.log.window.add(loss as f64, (samples, padded_tokens), synced, times);
+        self.log.window.add(loss as f64, samples, padded_tokens, synced, times);
         self.log.bar.set_position(step);
         self.log.bar.set_message(format!("epoch {} loss {loss:.4}", epoch + 1));
         if step.is_multiple_of(self.cfg.log_every.max(1)) || step == self.plan.total {

@@ -107,7 +107,8 @@ impl Window {
     pub(super) fn add(
         &mut self,
         loss: f64,
-        (samples, padded_tokens): (u64, u64),
+        samples: u64,
+        padded_tokens: u64,
         synced: Option<Averaged>,
         times: StepTimes,
     ) {
