@@ -96,6 +96,10 @@ pub struct TrainConfig {
     pub eval_batch_size: usize,
     /// Train for at most this many steps: the schedule shrinks to fit (0: every epoch).
     pub max_steps: u64,
+    /// Train on the first this many examples of the training split (0: all of it), as
+    /// `run_glue.py`'s `--max_train_samples`: quick runs, and benchmarks that time whole epochs
+    /// of the same examples on any number of nodes.
+    pub max_train_samples: usize,
     /// Steps between cross-node parameter-hash checks (also at every epoch end and checkpoint).
     pub param_check_every: u64,
     /// Stop once the run reaches this step, with a checkpoint, leaving the schedule as it is;
@@ -140,6 +144,7 @@ impl Default for TrainConfig {
             keep_checkpoints: 2,
             eval_batch_size: 64,
             max_steps: 0,
+            max_train_samples: 0,
             stop_after: 0,
             param_check_every: 50,
         }

@@ -147,3 +147,21 @@ fn a_run_grouped_by_length_resumes_to_its_weights_and_keeps_its_grouping_inside_
     let b = std::fs::read(split.output.join("model.safetensors")).expect("b");
     assert!(a == b, "resumed weights differ from the uninterrupted grouped run");
 }
+
+#[test]
+fn max_train_samples_trains_on_the_first_examples_alone() {
+    let dir = tempfile::tempdir().expect("dir");
+    let cut = TrainConfig { max_train_samples: 40, epochs: 2, ..config(dir.path(), "cut") };
+    let summary = ringtune_trainer::train::train(&cut, dir.path(), Start::Fresh, None).expect("cut run");
+    assert_eq!(summary.steps, 2 * 3, "40 examples: 3 batches of 16 an epoch");
+    // The same run on a file of those 40 examples alone takes the same steps.
+    let other = tempfile::tempdir().expect("dir");
+    let alone = TrainConfig {
+        data: Some(common::small_mrpc(other.path(), 40, 40)),
+        output: other.path().join("alone"),
+        max_train_samples: 0,
+        ..cut.clone()
+    };
+    ringtune_trainer::train::train(&alone, other.path(), Start::Fresh, None).expect("run on 40 examples");
+    assert_eq!(losses(&cut.output), losses(&alone.output));
+}

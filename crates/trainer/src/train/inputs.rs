@@ -80,10 +80,18 @@ impl Inputs {
         if let Some(p) = cfg.dropout {
             config = config.with_dropout(p);
         }
-        let train = data
+        let mut train = data
             .splits
             .remove("train")
             .ok_or_else(|| TrainError::Other(format!("task {} has no training split", task.name)))?;
+        if cfg.max_train_samples > 0 && cfg.max_train_samples < train.len() {
+            tracing::info!(
+                "--max-train-samples: the first {} of {} training examples",
+                cfg.max_train_samples,
+                train.len()
+            );
+            train.truncate(cfg.max_train_samples);
+        }
         let evals: Vec<(String, Vec<Example>)> =
             data.splits.into_iter().filter(|(name, e)| is_evaluated(name, e)).collect();
         let tokenizer_files = ["tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"]

@@ -171,6 +171,9 @@ pub(crate) struct TrainArgs {
     /// Train at most this many steps (the schedule shrinks to fit).
     #[arg(long)]
     max_steps: Option<u64>,
+    /// Train on the first this many examples of the training split (0: all).
+    #[arg(long)]
+    max_train_samples: Option<usize>,
     /// Stop at this step with a checkpoint, schedule unchanged; continue with --resume.
     #[arg(long)]
     stop_after: Option<u64>,
@@ -335,6 +338,7 @@ pub(crate) fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
             checkpoint_every,
             keep_checkpoints,
             max_steps,
+            max_train_samples,
             stop_after,
             param_check_every
         ],
@@ -369,7 +373,7 @@ mod tests {
         let line = "ringtune train --model m --data d --output o --epochs 5 --batch-size 7 --global-batch-size 14 --learning-rate 0.5 \
             --warmup-ratio 0.25 --weight-decay 0.125 --max-len 64 --seed 9 --dropout 0.2 --threads 1 \
             --provider auto --kernels mlas --precision bf16 --max-grad-norm 2 --log-every 3 \
-            --checkpoint-every 11 --keep-checkpoints 4 --max-steps 13 --stop-after 12 --param-check-every 17 \
+            --checkpoint-every 11 --keep-checkpoints 4 --max-steps 13 --max-train-samples 15 --stop-after 12 --param-check-every 17 \
             --task t --train-file tr.csv --validation-file va.jsonl --test-file te.tsv --text-columns q,a \
             --label-column y --quoting none --num-labels 3 --skip-bad --group-by-length";
         let Command::Train(args) = Cli::parse_from(line.split_whitespace()).command else {
@@ -408,6 +412,7 @@ mod tests {
             checkpoint_every: 11,
             keep_checkpoints: 4,
             max_steps: 13,
+            max_train_samples: 15,
             stop_after: 12,
             param_check_every: 17,
             ..TrainConfig::default()
