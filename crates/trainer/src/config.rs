@@ -97,8 +97,7 @@ pub struct TrainConfig {
     /// Train for at most this many steps: the schedule shrinks to fit (0: every epoch).
     pub max_steps: u64,
     /// Train on the first this many examples of the training split (0: all of it), as
-    /// `run_glue.py`'s `--max_train_samples`: quick runs, and benchmarks that time whole epochs
-    /// of the same examples on any number of nodes.
+    /// `run_glue.py`'s `--max_train_samples`: a quick run on a large task.
     pub max_train_samples: usize,
     /// Steps between cross-node parameter-hash checks (also at every epoch end and checkpoint).
     pub param_check_every: u64,

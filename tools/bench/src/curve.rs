@@ -3,8 +3,7 @@
 //! one-node baseline too, has the same share of this machine's cores in a cgroup of its own,
 //! and its link is the emulated node's slowed as much as the share slows the compute. Real
 //! training steps (MRPC, the sync behind the backward pass), per-node batch fixed and the
-//! recipe's global batch fixed, every run three epochs of the same first MRPC pairs with the
-//! last two timed (each node count timed on the same examples); a table and a PNG of the curve, with the Hugging Face / Intel
+//! recipe's global batch fixed; a table and a PNG of the curve, with the Hugging Face / Intel
 //! post's 1.7x and 3.0x on c6i.16xlarge nodes beside it. Beside every synced run of N > 1 nodes
 //! with a batch per node, the same N nodes each train alone (`ring-bench --alone`): the floor
 //! under a synced step, what the data's lengths and the shared machine cost with nothing to sync.
@@ -48,15 +47,12 @@ pub(crate) struct CurveArgs {
     /// The batch: per node in one curve, global in the other.
     #[arg(long, default_value_t = 32)]
     batch: usize,
-    /// MRPC training pairs every MiniLM run takes (the first of the split, `ringtune train
-    /// --max-train-samples`): each run trains 3 epochs of them and times the last 2, so every
-    /// node count is timed on the same examples. (With dynamic padding a step's cost is its
-    /// batch's longest pair: rates timed on different batches differ by their lengths.)
-    #[arg(long, default_value_t = 512)]
-    minilm_samples: usize,
-    /// MRPC training pairs every bert-base or MPNet run takes, as `--minilm-samples`.
-    #[arg(long, default_value_t = 128)]
-    base_samples: usize,
+    /// Steps per MiniLM run (the first log window is warm-up and not counted).
+    #[arg(long, default_value_t = 12)]
+    minilm_steps: u64,
+    /// Steps per bert-base or MPNet run.
+    #[arg(long, default_value_t = 6)]
+    base_steps: u64,
     /// The plot.
     #[arg(long, default_value = "runs/scaling-curve.png")]
     plot: PathBuf,
@@ -153,11 +149,14 @@ const RUN_OVERHEAD_S_PER_CORE: f64 = 12.0;
 fn estimate_s(args: &CurveArgs, share: f64, bf16: bool) -> f64 {
     let mut total = 0.0;
     for &model in &args.models {
+        let steps = steps_of(args, model) as f64;
         for &nodes in &args.nodes {
             for batching in runs_at(nodes) {
-                let per_node = node_batch(args.batch, nodes, *batching);
-                let steps = run_steps(samples_of(args, model), nodes, per_node).0 as f64;
-                let step = step_s(args, model, bf16, per_node as f64, share);
+                let per_node = match batching {
+                    Batching::PerNode => args.batch as f64,
+                    Batching::Global => (args.batch as f64 / nodes as f64).ceil(),
+                };
+                let step = step_s(args, model, bf16, per_node, share);
                 let sync = if nodes > 1 { step * 0.5 } else { 0.0 };
                 // The start grows with the model as its steps do.
                 // The start (reading, building the graph and sessions) is not in the products.
@@ -214,51 +213,11 @@ fn runs_at(nodes: usize) -> &'static [Batching] {
     }
 }
 
-fn samples_of(args: &CurveArgs, model: CurveModel) -> usize {
+fn steps_of(args: &CurveArgs, model: CurveModel) -> u64 {
     match model {
-        CurveModel::Minilm => args.minilm_samples,
-        CurveModel::BertBase | CurveModel::Mpnet => args.base_samples,
+        CurveModel::Minilm => args.minilm_steps,
+        CurveModel::BertBase | CurveModel::Mpnet => args.base_steps,
     }
-}
-
-/// Epochs every run of the curve trains: the first is warm-up, the rest are timed.
-const CURVE_EPOCHS: u64 = 3;
-
-/// A node's batch at `nodes` nodes.
-fn node_batch(batch: usize, nodes: usize, batching: Batching) -> usize {
-    match batching {
-        Batching::PerNode => batch,
-        Batching::Global => batch.div_ceil(nodes.max(1)),
-    }
-}
-
-/// Steps of a run on `samples` pairs at `nodes` nodes of `per_node` each, and the steps of one
-/// epoch of them (a log window: the first window is warm-up, so the timed windows are whole
-/// epochs, the same examples at any node count).
-fn run_steps(samples: usize, nodes: usize, per_node: usize) -> (u64, u64) {
-    let epoch = ringtune_data::steps_per_epoch(samples, nodes, per_node, ringtune_data::ShardMode::Pad) as u64;
-    (CURVE_EPOCHS * epoch, epoch)
-}
-
-/// The `ringtune train` settings that make a run take `samples` pairs of the curve's data.
-fn data_settings(data: &Path, samples: usize) -> Vec<String> {
-    vec!["--data".into(), data.display().to_string(), "--max-train-samples".into(), samples.to_string()]
-}
-
-/// MRPC as the curve's runs read it, in `dir`: the whole training split (each run takes its
-/// first pairs) and one evaluation batch of dev, so that the evaluation at each epoch's end
-/// costs little beside the timed steps (the curve times steps, not scores).
-fn curve_data(dir: &Path, batch: usize) -> Result<PathBuf> {
-    let source = ringtune_data::data_dir(&crate::root())?.path;
-    let data = dir.join("mrpc");
-    std::fs::create_dir_all(&data)?;
-    std::fs::copy(source.join("train.tsv"), data.join("train.tsv"))
-        .with_context(|| format!("copying {}", source.join("train.tsv").display()))?;
-    let dev = std::fs::read_to_string(source.join("dev.tsv"))
-        .with_context(|| format!("reading {}", source.join("dev.tsv").display()))?;
-    let head: Vec<&str> = dev.lines().take(batch + 1).collect();
-    std::fs::write(data.join("dev.tsv"), head.join("\n") + "\n")?;
-    Ok(data)
 }
 
 /// N nodes each training alone side by side, a batch per node: the mean over the steps of the
@@ -307,16 +266,13 @@ fn measure(
     args: &CurveArgs,
     (model, model_dir): (CurveModel, &Path),
     (nodes, batching): (usize, Batching),
-    (share, data): (f64, &Path),
+    share: f64,
     runs: &Path,
     show: bool,
 ) -> Result<Point> {
     let out = tempfile::Builder::new().prefix(&format!("{}-{nodes}-{batching:?}-", model.name())).tempdir_in(runs)?;
-    let samples = samples_of(args, model);
     let mut train = vec!["--model".to_string(), model_dir.display().to_string()];
-    let steps = run_steps(samples, nodes, node_batch(args.batch, nodes, batching));
-    train.extend(train_settings(steps, batching, args.batch, &args.train_args, out.path()));
-    train.extend(data_settings(data, samples));
+    train.extend(train_settings(steps_of(args, model), batching, args.batch, &args.train_args, out.path()));
     train.extend(["--overlap".into(), "true".into(), "--wire".into(), args.wire.clone()]);
     emulated(args, nodes, share, &train, show, false)?;
     let global = match batching {
@@ -352,7 +308,6 @@ pub(crate) fn curve(args: &CurveArgs) -> Result<()> {
         args.models.len() * args.nodes.iter().map(|&n| runs_at(n).len() + usize::from(n > 1)).sum::<usize>(),
         estimate_s(args, share, CpuFeatures::detect().has_native_bf16()) / 60.0
     );
-    let data = curve_data(dir.path(), args.batch)?;
     let mut points = Vec::new();
     let mut floors = Vec::new();
     let mut header_shown = false;
@@ -368,11 +323,11 @@ pub(crate) fn curve(args: &CurveArgs) -> Result<()> {
         let model_at = (model, model_dir.as_path());
         for &nodes in &args.nodes {
             for &batching in runs_at(nodes) {
-                let point = measure(args, model_at, (nodes, batching), (share, &data), dir.path(), !header_shown)?;
+                let point = measure(args, model_at, (nodes, batching), share, dir.path(), !header_shown)?;
                 header_shown = true;
                 points.push(point);
                 if nodes > 1 && batching == Batching::PerNode {
-                    let floor = floor(args, model_at, nodes, (share, &data), dir.path())?;
+                    let floor = floor(args, model_at, nodes, share, dir.path())?;
                     eprintln!(
                         "curve: {} on {nodes} nodes alone: slowest step {:.3} s, mean {:.3} s",
                         model.name(),
@@ -388,7 +343,7 @@ pub(crate) fn curve(args: &CurveArgs) -> Result<()> {
         // samples/s, the same batches), more than the sync costs.
         if args.nodes.iter().any(|&n| n > 1) {
             if let Some(first) = points.iter().position(|p| p.model == model && p.nodes == 1) {
-                let again = measure(args, model_at, (1, Batching::PerNode), (share, &data), dir.path(), false)?;
+                let again = measure(args, model_at, (1, Batching::PerNode), share, dir.path(), false)?;
                 points[first].runs.extend(again.runs);
             }
         }
@@ -410,10 +365,8 @@ fn print_table(args: &CurveArgs, share: f64, points: &[Point]) {
     let settings = settings.collect::<Vec<_>>().join(" ");
     println!(
         "\nScaling on {} emulated nodes ({share} cores each), MRPC, 1 thread per node, sync behind the backward pass, {settings}; \
-         speedup in samples/s over one node of the same share; every run {CURVE_EPOCHS} epochs of MRPC's first {} pairs, \
-         the first warm-up (so every node count is timed on the same examples):",
-        args.emulate,
-        args.models.iter().map(|&m| format!("{} ({})", samples_of(args, m), m.name())).collect::<Vec<_>>().join(", ")
+         speedup in samples/s over one node of the same share:",
+        args.emulate
     );
     println!(
         "| model | batch | nodes | samples/s | speedup | efficiency | step s | forward+backward s | exposed sync s | sync in all s | MB per ring pass | rank 0's padded tokens a step | speedup in padded tokens |"
@@ -456,15 +409,8 @@ fn print_table(args: &CurveArgs, share: f64, points: &[Point]) {
 
 /// Runs `nodes` nodes of `model` each alone, side by side, a batch each, every one its own
 /// order of the data (its rank as the seed) as the shards of a synced run differ.
-fn floor(
-    args: &CurveArgs,
-    (model, dir): (CurveModel, &Path),
-    nodes: usize,
-    (share, data): (f64, &Path),
-    runs: &Path,
-) -> Result<Floor> {
-    // As many steps as the synced run's, its first epoch's worth warm-up.
-    let (steps, warm_up) = run_steps(samples_of(args, model), nodes, args.batch);
+fn floor(args: &CurveArgs, (model, dir): (CurveModel, &Path), nodes: usize, share: f64, runs: &Path) -> Result<Floor> {
+    let steps = steps_of(args, model);
     let out = |host: &str| runs.join(format!("{}-{nodes}-alone-{host}", model.name()));
     let mut train: Vec<String> = vec!["--model".into(), dir.display().to_string(), "--output".into()];
     train.push(out("{rank}").display().to_string());
@@ -472,9 +418,9 @@ fn floor(
     train.extend(settings.iter().map(|s| s.to_string()));
     train.extend(["--batch-size".into(), args.batch.to_string()]);
     train.extend(args.train_args.iter().cloned());
-    train.extend(data_settings(data, samples_of(args, model)));
     emulated(args, nodes, share, &train, false, true)?;
-    let warm_up = warm_up as usize;
+    // As the synced runs' first log window: warm-up, not counted.
+    let warm_up = (steps / 4).max(1) as usize;
     let mut hosts = Vec::with_capacity(nodes);
     for host in 0..nodes {
         let metrics = out(&host.to_string()).join("metrics.jsonl");
@@ -887,31 +833,6 @@ mod tests {
         // Measured on a Zen 3 (fp32 kernels): one node's four seeds 1270 s, 4 nodes' 4 x 413 s,
         // 49 min (the estimate before grouping counted: 112 min).
         assert!((40.0..70.0).contains(&minutes), "{minutes} min");
-    }
-
-    #[test]
-    fn every_node_count_is_timed_on_the_same_whole_epochs() {
-        // The pairs each run times: its steps past the first epoch, a node's batch on every node.
-        let timed = |samples: usize, nodes: usize, per_node: usize| {
-            let (steps, epoch) = run_steps(samples, nodes, per_node);
-            assert_eq!(steps, CURVE_EPOCHS * epoch);
-            (steps - epoch) as usize * nodes * per_node
-        };
-        for (nodes, batching) in
-            [(1, Batching::PerNode), (2, Batching::PerNode), (4, Batching::PerNode), (4, Batching::Global)]
-        {
-            assert_eq!(timed(1024, nodes, node_batch(32, nodes, batching)), 2 * 1024, "{nodes} nodes, {batching:?}");
-        }
-        assert_eq!(run_steps(1024, 4, 32), (24, 8));
-        // Pairs that no batch divides: the last batch is whole by repeating pairs, as in training.
-        assert_eq!(run_steps(100, 4, 8), (12, 4));
-        // The data: all of the training split, one batch of dev.
-        let dir = tempfile::tempdir().expect("a temporary folder");
-        let data = curve_data(dir.path(), 8).expect("MRPC (just setup)");
-        let dev = std::fs::read_to_string(data.join("dev.tsv")).expect("dev");
-        assert_eq!(dev.lines().count(), 1 + 8, "the header and 8 pairs");
-        let train = std::fs::read_to_string(data.join("train.tsv")).expect("train");
-        assert_eq!(train.lines().count(), 1 + 3668, "MRPC's training split whole");
     }
 
     #[test]
