@@ -16,12 +16,13 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use plotters::prelude::*;
+use ringtune_data::ShardMode;
 use ringtune_runtime::CpuFeatures;
 use ringtune_trainer::plot::register_font;
 
 use ringtune_trainer::metrics::{read_records, Record};
 
-use crate::scaling::{phases, run_program, train_settings, Batching, Phases};
+use crate::scaling::{phases_after, quarter, run_program, train_settings, Batching, Phases};
 
 /// The curve's settings.
 #[derive(Args)]
@@ -50,6 +51,12 @@ pub(crate) struct CurveArgs {
     /// Steps per MiniLM run (the first log window is warm-up and not counted).
     #[arg(long, default_value_t = 12)]
     minilm_steps: u64,
+    /// Every MiniLM run times one whole epoch of MRPC instead of `--minilm-steps`: every node
+    /// count on the same pairs (a few steps of batches grouped by length pad unlike from run
+    /// to run). The warm-up before it is the run's first epoch where that is at most
+    /// 40 steps, else its first 5 steps (its window then ends 5 steps into the next epoch).
+    #[arg(long)]
+    minilm_epoch: bool,
     /// Steps per bert-base or MPNet run.
     #[arg(long, default_value_t = 6)]
     base_steps: u64,
@@ -149,21 +156,18 @@ const RUN_OVERHEAD_S_PER_CORE: f64 = 12.0;
 fn estimate_s(args: &CurveArgs, share: f64, bf16: bool) -> f64 {
     let mut total = 0.0;
     for &model in &args.models {
-        let steps = steps_of(args, model) as f64;
         for &nodes in &args.nodes {
-            for batching in runs_at(nodes) {
-                let per_node = match batching {
-                    Batching::PerNode => args.batch as f64,
-                    Batching::Global => (args.batch as f64 / nodes as f64).ceil(),
-                };
-                let step = step_s(args, model, bf16, per_node, share);
+            for &batching in runs_at(nodes) {
+                let per_node = node_batch(args.batch, nodes, batching);
+                let steps = Timing::of(args, model, nodes, per_node).steps as f64;
+                let step = step_s(args, model, bf16, per_node as f64, share);
                 let sync = if nodes > 1 { step * 0.5 } else { 0.0 };
                 // The start grows with the model as its steps do.
                 // The start (reading, building the graph and sessions) is not in the products.
                 let start =
                     RUN_OVERHEAD_S_PER_CORE * model.step_s_per_core(true) / CurveModel::Minilm.step_s_per_core(true);
                 total += start / share + steps * (step + sync);
-                if nodes > 1 && *batching == Batching::PerNode {
+                if nodes > 1 && batching == Batching::PerNode {
                     // The floor: the same nodes alone, a slowest step a step.
                     total += start / share + steps * step * 1.2;
                 }
@@ -213,10 +217,43 @@ fn runs_at(nodes: usize) -> &'static [Batching] {
     }
 }
 
-fn steps_of(args: &CurveArgs, model: CurveModel) -> u64 {
-    match model {
-        CurveModel::Minilm => args.minilm_steps,
-        CurveModel::BertBase | CurveModel::Mpnet => args.base_steps,
+/// A node's batch at `nodes` nodes.
+fn node_batch(batch: usize, nodes: usize, batching: Batching) -> usize {
+    match batching {
+        Batching::PerNode => batch,
+        Batching::Global => batch.div_ceil(nodes.max(1)),
+    }
+}
+
+/// The longest first epoch that is a run's warm-up before its timed epoch
+/// (`--minilm-epoch`); past it, the warm-up is [`SHORT_WARM_UP`] steps.
+const EPOCH_WARM_UP_MAX: u64 = 40;
+/// Warm-up steps before a timed epoch where a whole epoch would take too long.
+const SHORT_WARM_UP: u64 = 5;
+
+/// How a run is timed: its steps, logged every `log_every`, the first `warm_up` step records
+/// left out; with `epoch`, the timed steps are one epoch of this many.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Timing {
+    steps: u64,
+    log_every: u64,
+    warm_up: usize,
+    epoch: Option<u64>,
+}
+
+impl Timing {
+    /// The timing of `model`'s runs at `nodes` nodes of `per_node` each.
+    fn of(args: &CurveArgs, model: CurveModel, nodes: usize, per_node: usize) -> Timing {
+        let steps = match model {
+            CurveModel::Minilm if args.minilm_epoch => {
+                let epoch = ringtune_data::steps_per_epoch(MRPC_TRAIN, nodes, per_node, ShardMode::Pad) as u64;
+                let warm_up = if epoch <= EPOCH_WARM_UP_MAX { epoch } else { SHORT_WARM_UP };
+                return Timing { steps: warm_up + epoch, log_every: 1, warm_up: warm_up as usize, epoch: Some(epoch) };
+            }
+            CurveModel::Minilm => args.minilm_steps,
+            CurveModel::BertBase | CurveModel::Mpnet => args.base_steps,
+        };
+        Timing { steps, log_every: quarter(steps), warm_up: 1, epoch: None }
     }
 }
 
@@ -237,6 +274,8 @@ struct Point {
     nodes: usize,
     /// Rows a step over all nodes.
     global: usize,
+    /// Steps of the epoch the runs timed, if they timed one (`--minilm-epoch`).
+    epoch: Option<u64>,
     /// Each run's phases (one node is measured before and after the synced runs).
     runs: Vec<Phases>,
 }
@@ -248,7 +287,16 @@ impl Point {
     }
 
     fn samples_per_s(&self) -> f64 {
-        self.global as f64 / self.phases().step
+        self.rate(self.phases().step)
+    }
+
+    /// Pairs a second at `step` seconds a step: a whole epoch's are MRPC's pairs, whatever
+    /// its last, short batch or the pairs repeated to fill it.
+    fn rate(&self, step: f64) -> f64 {
+        match self.epoch {
+            Some(epoch) => MRPC_TRAIN as f64 / (epoch as f64 * step),
+            None => self.global as f64 / step,
+        }
     }
 
     /// Padded tokens a second, as if every node's batch padded like rank 0's: with batches of
@@ -272,14 +320,16 @@ fn measure(
 ) -> Result<Point> {
     let out = tempfile::Builder::new().prefix(&format!("{}-{nodes}-{batching:?}-", model.name())).tempdir_in(runs)?;
     let mut train = vec!["--model".to_string(), model_dir.display().to_string()];
-    train.extend(train_settings(steps_of(args, model), batching, args.batch, &args.train_args, out.path()));
+    let timing = Timing::of(args, model, nodes, node_batch(args.batch, nodes, batching));
+    train.extend(train_settings((timing.steps, timing.log_every), batching, args.batch, &args.train_args, out.path()));
     train.extend(["--overlap".into(), "true".into(), "--wire".into(), args.wire.clone()]);
     emulated(args, nodes, share, &train, show, false)?;
     let global = match batching {
         Batching::PerNode => args.batch * nodes,
         Batching::Global => args.batch,
     };
-    let point = Point { model, batching, nodes, global, runs: vec![phases(&out.path().join("metrics.jsonl"))?] };
+    let runs = vec![phases_after(&out.path().join("metrics.jsonl"), timing.warm_up)?];
+    let point = Point { model, batching, nodes, global, epoch: timing.epoch, runs };
     eprintln!("curve: {} on {nodes} nodes, {batching:?}: {:.2} samples/s", model.name(), point.samples_per_s());
     Ok(point)
 }
@@ -365,8 +415,13 @@ fn print_table(args: &CurveArgs, share: f64, points: &[Point]) {
     let settings = settings.collect::<Vec<_>>().join(" ");
     println!(
         "\nScaling on {} emulated nodes ({share} cores each), MRPC, 1 thread per node, sync behind the backward pass, {settings}; \
-         speedup in samples/s over one node of the same share:",
-        args.emulate
+         speedup in samples/s over one node of the same share{}:",
+        args.emulate,
+        if args.minilm_epoch && args.models.contains(&CurveModel::Minilm) {
+            ", MiniLM's over one whole epoch of MRPC a run (its pairs a second: 3,668 over the epoch's time)"
+        } else {
+            ""
+        }
     );
     println!(
         "| model | batch | nodes | samples/s | speedup | efficiency | step s | forward+backward s | exposed sync s | sync in all s | MB per ring pass | rank 0's padded tokens a step | speedup in padded tokens |"
@@ -397,7 +452,7 @@ fn print_table(args: &CurveArgs, share: f64, points: &[Point]) {
         );
     }
     for p in points.iter().filter(|p| p.runs.len() > 1) {
-        let runs: Vec<String> = p.runs.iter().map(|r| format!("{:.2}", p.global as f64 / r.step)).collect();
+        let runs: Vec<String> = p.runs.iter().map(|r| format!("{:.2}", p.rate(r.step))).collect();
         println!(
             "\n{} on one node, before and after the synced runs: {} samples/s; the row above is their mean step, and \
              every speedup divides by it.",
@@ -410,7 +465,9 @@ fn print_table(args: &CurveArgs, share: f64, points: &[Point]) {
 /// Runs `nodes` nodes of `model` each alone, side by side, a batch each, every one its own
 /// order of the data (its rank as the seed) as the shards of a synced run differ.
 fn floor(args: &CurveArgs, (model, dir): (CurveModel, &Path), nodes: usize, share: f64, runs: &Path) -> Result<Floor> {
-    let steps = steps_of(args, model);
+    // As long as the synced run, the same steps its warm-up (the floor logs every step).
+    let timing = Timing::of(args, model, nodes, args.batch);
+    let (steps, warm_up) = (timing.steps, timing.warm_up * timing.log_every as usize);
     let out = |host: &str| runs.join(format!("{}-{nodes}-alone-{host}", model.name()));
     let mut train: Vec<String> = vec!["--model".into(), dir.display().to_string(), "--output".into()];
     train.push(out("{rank}").display().to_string());
@@ -419,8 +476,6 @@ fn floor(args: &CurveArgs, (model, dir): (CurveModel, &Path), nodes: usize, shar
     train.extend(["--batch-size".into(), args.batch.to_string()]);
     train.extend(args.train_args.iter().cloned());
     emulated(args, nodes, share, &train, false, true)?;
-    // As the synced runs' first log window: warm-up, not counted.
-    let warm_up = (steps / 4).max(1) as usize;
     let mut hosts = Vec::with_capacity(nodes);
     for host in 0..nodes {
         let metrics = out(&host.to_string()).join("metrics.jsonl");
@@ -836,6 +891,41 @@ mod tests {
     }
 
     #[test]
+    fn minilm_epoch_times_one_whole_epoch_after_a_warm_up() {
+        let epoch = Cli::parse_from(["curve", "--minilm-epoch"]).curve;
+        // 4 nodes of 32: an epoch of 29 steps (917 pairs a node), after one more as warm-up.
+        let four = Timing::of(&epoch, CurveModel::Minilm, 4, 32);
+        assert_eq!(four, Timing { steps: 58, log_every: 1, warm_up: 29, epoch: Some(29) });
+        // One node: 115 steps, after 5.
+        let one = Timing::of(&epoch, CurveModel::Minilm, 1, 32);
+        assert_eq!(one, Timing { steps: 120, log_every: 1, warm_up: 5, epoch: Some(115) });
+        assert_eq!(Timing::of(&epoch, CurveModel::Minilm, 4, 8).epoch, Some(115), "a global 32");
+        // The base models keep their steps, as does MiniLM without it.
+        let base = Timing::of(&epoch, CurveModel::BertBase, 4, 32);
+        assert_eq!(base, Timing { steps: 6, log_every: 1, warm_up: 1, epoch: None });
+        let steps = Timing::of(&Cli::parse_from(["curve"]).curve, CurveModel::Minilm, 4, 32);
+        assert_eq!(steps, Timing { steps: 12, log_every: 3, warm_up: 1, epoch: None });
+        // An epoch's rate counts MRPC's pairs, not the rows its short or filled last step ran.
+        let point = |nodes: usize, epoch: u64, step: f64| Point {
+            model: CurveModel::Minilm,
+            batching: Batching::PerNode,
+            nodes,
+            global: 32 * nodes,
+            epoch: Some(epoch),
+            runs: vec![Phases { step, ..Phases::default() }],
+        };
+        assert!((point(4, 29, 4.0).samples_per_s() - 3668.0 / 116.0).abs() < 1e-9);
+        assert!((point(1, 115, 4.0).samples_per_s() - 3668.0 / 460.0).abs() < 1e-9);
+        // The estimate grows with the epochs: about 30 minutes on a Zen 3's fp32 kernels.
+        let minutes = estimate_s(
+            &Cli::parse_from(["curve", "--minilm-epoch", "--nodes", "1,4", "--", "--group-by-length"]).curve,
+            0.5,
+            false,
+        ) / 60.0;
+        assert!((20.0..45.0).contains(&minutes), "{minutes} min");
+    }
+
+    #[test]
     fn one_node_measured_twice_counts_as_the_mean_of_its_steps() {
         let phases = |step: f64| Phases { forward_backward: step - 0.1, optimizer: 0.1, step, ..Phases::default() };
         let mut point = Point {
@@ -843,6 +933,7 @@ mod tests {
             batching: Batching::PerNode,
             nodes: 1,
             global: 32,
+            epoch: None,
             runs: vec![phases(6.0)],
         };
         assert!((point.samples_per_s() - 32.0 / 6.0).abs() < 1e-12);
@@ -862,6 +953,7 @@ mod tests {
             batching: Batching::PerNode,
             nodes,
             global: 32 * nodes,
+            epoch: None,
             runs,
         };
         // One node pads 32 x 50 tokens in 5 s; four pad 32 x 60 each in 6 s: the same rate per

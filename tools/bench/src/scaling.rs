@@ -59,8 +59,13 @@ impl Phases {
     }
 }
 
-/// The phases of the run that wrote `metrics`.
+/// The phases of the run that wrote `metrics`, its first step record (the warm-up) left out.
 pub(crate) fn phases(metrics: &Path) -> Result<Phases> {
+    phases_after(metrics, 1)
+}
+
+/// The phases of the run that wrote `metrics`, its first `warm_up` step records left out.
+pub(crate) fn phases_after(metrics: &Path, warm_up: usize) -> Result<Phases> {
     let records = read_records(metrics)?;
     let steps: Vec<&StepRecord> = records
         .iter()
@@ -68,10 +73,10 @@ pub(crate) fn phases(metrics: &Path) -> Result<Phases> {
             Record::Step(s) => Some(s),
             Record::Eval(_) => None,
         })
-        .skip(1)
+        .skip(warm_up)
         .collect();
     if steps.is_empty() {
-        bail!("{} has no step records after the first", metrics.display());
+        bail!("{} has no step records after the first {warm_up}", metrics.display());
     }
     let n = steps.len() as f64;
     let mean = |field: fn(&StepRecord) -> f64| steps.iter().map(|s| field(s)).sum::<f64>() / n;
@@ -104,16 +109,21 @@ pub(crate) enum Batching {
     Global,
 }
 
-/// The `ringtune train` settings every run of a comparison shares: `steps` steps logged in four
-/// windows, one thread, the batch, the caller's settings, output to `out`.
+/// Steps a log window spans when `steps` are logged in four windows, the first warm-up.
+pub(crate) fn quarter(steps: u64) -> u64 {
+    (steps / 4).max(1)
+}
+
+/// The `ringtune train` settings every run of a comparison shares: `steps` steps logged every
+/// `log_every`, one thread, the batch, the caller's settings, output to `out`.
 pub(crate) fn train_settings(
-    steps: u64,
+    (steps, log_every): (u64, u64),
     batching: Batching,
     batch: usize,
     extra: &[String],
     out: &Path,
 ) -> Vec<String> {
-    let log_every = (steps / 4).max(1).to_string();
+    let log_every = log_every.to_string();
     let batch_flag = match batching {
         Batching::PerNode => "--batch-size",
         Batching::Global => "--global-batch-size",
@@ -137,7 +147,9 @@ fn two_local_nodes(ringtune: &Path, train: &[String], out: &Path) -> Result<Phas
 /// Runs both configurations and prints the measured table and the projection.
 pub(crate) fn scaling(args: &ScalingArgs) -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let common = |out: &Path| train_settings(args.steps, Batching::Global, args.batch, &args.train_args, out);
+    let common = |out: &Path| {
+        train_settings((args.steps, quarter(args.steps)), Batching::Global, args.batch, &args.train_args, out)
+    };
     let one = dir.path().join("one");
     run_program(&args.ringtune, &[vec!["train".to_string()], common(&one)].concat())?;
     let p1 = phases(&one.join("metrics.jsonl"))?;
@@ -229,7 +241,7 @@ pub(crate) fn on_cluster(args: &ClusterArgs) -> Result<()> {
             command.push(args.ringtune.display().to_string());
             command.push("train".into());
             command.extend(train_settings(
-                args.run.steps,
+                (args.run.steps, quarter(args.run.steps)),
                 Batching::Global,
                 args.run.batch,
                 &args.run.train_args,
@@ -325,7 +337,13 @@ pub(crate) fn ab(args: &AbArgs) -> Result<()> {
     let run = |program: &Path| -> Result<Phases> {
         let dir = tempfile::tempdir()?;
         let out = dir.path().join("run");
-        let train = train_settings(args.run.steps, Batching::Global, args.run.batch, &args.run.train_args, &out);
+        let train = train_settings(
+            (args.run.steps, quarter(args.run.steps)),
+            Batching::Global,
+            args.run.batch,
+            &args.run.train_args,
+            &out,
+        );
         two_local_nodes(program, &train, &out)
     };
     println!("CPU: {}", ringtune_runtime::cpu_model());
