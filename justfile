@@ -138,7 +138,7 @@ bench-scaling *ARGS: data
     cargo build -q --release -p ringtune-trainer --bin ringtune
     cargo run -q --release -p ringtune-bench -- scaling -- {{ARGS}}
 
-# The 1/2/4-node curve on emulated nodes with cores of their own (needs root): each host capped by a cgroup to the cores over the largest node count, its link scaled from the emulated instance (default c6i.16xlarge); MiniLM on MRPC, 32 per node and a global 32, the sync in bf16, one node measured before and after the synced runs, and beside each the same nodes training alone (the floor a free sync would give); a table (speedups in samples/s and in padded tokens) and runs/scaling-curve.png, the time it takes printed first. ARGS go to `ringtune-bench curve` (e.g. --model bert-base, --emulate 64,25, --wire fp32, --to-accuracy, --accuracy-only --seeds 4).
+# The 1/2/4-node curve on emulated nodes with cores of their own (needs root): each host capped by a cgroup to the cores over the largest node count, its link scaled from the emulated instance (default c6i.16xlarge); MiniLM on MRPC, 32 per node and a global 32, the sync in bf16, one node measured before and after the synced runs, and beside each the same nodes training alone (the floor a free sync would give); a table (speedups in samples/s and in padded tokens) and runs/scaling-curve.png, the time it takes printed first. ARGS go to `ringtune-bench curve` (e.g. --minilm-epoch, --model bert-base, --emulate 64,25, --wire fp32, --to-accuracy, --accuracy-only --seeds 4).
 scaling-curve *ARGS: data
     cargo build -q --release -p ringtune-ring-bench
     cargo build -q --release -p ringtune-trainer --bin ringtune
