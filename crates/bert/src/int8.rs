@@ -2,7 +2,8 @@
 //!
 //! Every `Gemm` of the inference graph whose weight is embedded (`x @ W^T + b`, the Hugging
 //! Face linear layers) becomes ONNX Runtime's `com.microsoft.MatMulIntegerToFloat`: the weight
-//! stored as int8, symmetric, one scale per output channel; its input quantized per batch
+//! stored as int8 (or uint8 around 128, see [`WeightRange`]), symmetric, one scale per output
+//! channel; its input quantized per batch
 //! (uint8, its own scale and zero point) by one `DynamicQuantizeLinear` that the layers reading
 //! the same input share (query, key and value); an integer matmul (VNNI where the CPU has it)
 //! scaled back to float, plus the float bias. A layer that reads a GELU's output (the feed-forward
@@ -25,11 +26,16 @@ use crate::{forward_graph, GraphOptions, ModelConfig, ModelError, ParamLayout, P
 const CONTRIB: &str = "com.microsoft";
 const QUANTIZED_LINEAR: &str = "MatMulIntegerToFloat";
 const QUANTIZE_INPUT: &str = "DynamicQuantizeLinear";
-/// The zero point of an input quantized per row (symmetric around it).
+/// A bound on the magnitude of GELU's negative values: its least value is -0.16997 (erf),
+/// -0.17004 (the tanh approximation).
+const GELU_LEAST_MAGNITUDE: f32 = 0.1701;
+/// The zero point of uint8 values symmetric around it: inputs quantized per row, and the
+/// weights of [`WeightRange::Unsigned`].
 const ZERO_POINT: u8 = 128;
 
-/// How the weights are rounded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How the weights are rounded and stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum WeightRange {
     /// `[-127, 127]`: full precision, for CPUs with VNNI (their uint8 x int8 dot products
     /// accumulate in 32 bits).
@@ -37,14 +43,29 @@ pub enum WeightRange {
     /// `[-63, 63]`: one bit less, for CPUs without VNNI, whose uint8 x int8 instructions
     /// (`vpmaddubsw`) add pairs of products in 16 bits and saturate with full-range weights.
     Reduced,
+    /// `[-127, 127]` stored as uint8 around a zero point of 128: ONNX Runtime multiplies uint8
+    /// by uint8 in 32 bits on any x86 CPU (`vpmaddwd` on AVX2), so without VNNI this computes
+    /// what a VNNI CPU computes with [`WeightRange::Full`], exactly, at about 1.3x the int8
+    /// matmul's time (a Zen 3).
+    Unsigned,
 }
 
 impl WeightRange {
     fn limit(self) -> f32 {
         match self {
-            WeightRange::Full => 127.0,
+            WeightRange::Full | WeightRange::Unsigned => 127.0,
             WeightRange::Reduced => 63.0,
         }
+    }
+}
+
+impl std::fmt::Display for WeightRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            WeightRange::Full => "8-bit",
+            WeightRange::Reduced => "7-bit",
+            WeightRange::Unsigned => "8-bit unsigned",
+        })
     }
 }
 
@@ -271,13 +292,9 @@ impl Linear {
     /// (value, scale, zero point); its int8 weight, scales and zero points are added to the
     /// graph as initialisers.
     fn quantized(&self, graph: &mut Graph, range: WeightRange, input: [String; 3]) -> Result<Node, ModelError> {
-        let [weight, scale] = self.int8_weight(graph, range)?;
-        let n = self.outputs as i64;
-        let zero = graph
-            .initializer(&format!("{}_zero_point", self.weight_name), Tensor::from_i8(&[n], &vec![0; self.outputs]))?;
+        let [weight, scale, zero] = self.int8_weight(graph, range)?;
         let [value, input_scale, input_zero] = input;
-        let mut inputs = vec![value, weight, input_scale, scale];
-        inputs.extend([input_zero, zero.name().to_string()]);
+        let mut inputs = vec![value, weight, input_scale, scale, input_zero, zero];
         inputs.extend(self.bias.clone());
         Ok(Node {
             name: format!("{}_int8", self.node_name),
@@ -289,14 +306,24 @@ impl Linear {
         })
     }
 
-    /// The weight as int8 `[inputs, outputs]` and its scale per output, added to the graph as
-    /// initialisers; their names.
-    fn int8_weight(&self, graph: &mut Graph, range: WeightRange) -> Result<[String; 2], ModelError> {
+    /// The weight as `[inputs, outputs]` (int8, or uint8 for [`WeightRange::Unsigned`]), its
+    /// scale and zero point per output, added to the graph as initialisers; their names.
+    fn int8_weight(&self, graph: &mut Graph, range: WeightRange) -> Result<[String; 3], ModelError> {
         let (q, scales) = quantize_per_output(&self.weight, self.outputs, self.inputs, range);
         let (k, n) = (self.inputs as i64, self.outputs as i64);
-        let weight = graph.initializer(&format!("{}_int8", self.weight_name), Tensor::from_i8(&[k, n], &q))?;
+        let (weight, zero) = match range {
+            WeightRange::Unsigned => {
+                let unsigned: Vec<u8> = q.iter().map(|&v| (i16::from(v) + i16::from(ZERO_POINT)) as u8).collect();
+                (Tensor::from_u8(&[k, n], &unsigned), Tensor::from_u8(&[n], &vec![ZERO_POINT; self.outputs]))
+            }
+            WeightRange::Full | WeightRange::Reduced => {
+                (Tensor::from_i8(&[k, n], &q), Tensor::from_i8(&[n], &vec![0; self.outputs]))
+            }
+        };
+        let weight = graph.initializer(&format!("{}_int8", self.weight_name), weight)?;
         let scale = graph.initializer(&format!("{}_scale", self.weight_name), Tensor::from_f32(&[n], &scales))?;
-        Ok([weight.name().to_string(), scale.name().to_string()])
+        let zero = graph.initializer(&format!("{}_zero_point", self.weight_name), zero)?;
+        Ok([weight, scale, zero].map(|t| t.name().to_string()))
     }
 
     /// Whether the layer's input is a GELU's output.
@@ -305,22 +332,23 @@ impl Linear {
     }
 
     /// Replaces this layer's `Gemm` at `index` by a matmul of its input quantized per row:
-    /// `q = round(x / s) + 128` with `s = max |x| / 127` along the row (so `q` is in `[1, 255]`;
-    /// symmetric, so one zero point serves every row), the integer product scaled by the
+    /// `q = round(x / s) + 128` with `s = max(max x, 0.1701) / 127` along the row, which bounds
+    /// `|x|` as a GELU's output is above -0.1701 (so `q` is in `[1, 255]`; symmetric, so one zero
+    /// point serves every row), the integer product scaled by the
     /// weight's scales, then by the row's, plus the bias. Unsigned, as the per-batch inputs
     /// are: ONNX Runtime's int8 x int8 product ran 3.4x slower than its uint8 x int8 one on a
     /// Zen 3 (AVX2). One blocked `QuantizeLinear` quantizes: on MiniLM's `[4096, 1536]` it took
     /// 2.4 ms against 13.9 ms for `Div`, `Round`, `Add` and `Cast` (ONNX Runtime 1.31.1, 2
     /// threads). Returns how many nodes went in before the layer's place.
     fn quantize_per_row(&self, graph: &mut Graph, index: usize, range: WeightRange) -> Result<usize, ModelError> {
-        let [weight, scale] = self.int8_weight(graph, range)?;
+        let [weight, scale, weight_zero] = self.int8_weight(graph, range)?;
         let constant = |graph: &mut Graph, hint: &str, tensor: Tensor| -> Result<String, ModelError> {
             let name = graph.fresh_name(&format!("{}_{hint}", self.node_name));
             Ok(graph.initializer(&name, tensor)?.name().to_string())
         };
         let last_axis = constant(graph, "axis", Tensor::from_i64(&[1], &[-1]))?;
         let per_step = constant(graph, "inverse_limit", Tensor::scalar_f32(1.0 / 127.0))?;
-        let smallest = constant(graph, "smallest_scale", Tensor::scalar_f32(f32::MIN_POSITIVE))?;
+        let gelu_floor = constant(graph, "gelu_floor", Tensor::scalar_f32(GELU_LEAST_MAGNITUDE))?;
         let unit = constant(graph, "unit_scale", Tensor::scalar_f32(1.0))?;
         let zero_point = constant(graph, "zero_point", Tensor::scalar_u8(ZERO_POINT))?;
         let mut before = Vec::new();
@@ -331,14 +359,11 @@ impl Linear {
             before.push(n);
             output
         };
-        // max |x| as the larger of max x and -min x: two reads, no tensor of magnitudes written.
-        let keep = [("keepdims", 1)];
-        let highest = node(graph, "ReduceMax", vec![self.input.clone(), last_axis.clone()], &keep);
-        let lowest = node(graph, "ReduceMin", vec![self.input.clone(), last_axis], &keep);
-        let negated = node(graph, "Neg", vec![lowest], &[]);
-        let largest = node(graph, "Max", vec![highest, negated], &[]);
-        let step = node(graph, "Mul", vec![largest, per_step], &[]);
-        let row_scale = node(graph, "Max", vec![step, smallest], &[]);
+        // A GELU's output is at least -GELU_LEAST_MAGNITUDE, so the larger of the row's maximum
+        // and that bounds its magnitudes: one read of the row, no minimum, no zero scale.
+        let highest = node(graph, "ReduceMax", vec![self.input.clone(), last_axis], &[("keepdims", 1)]);
+        let largest = node(graph, "Max", vec![highest, gelu_floor], &[]);
+        let row_scale = node(graph, "Mul", vec![largest, per_step], &[]);
         let scale_shape = node(graph, "Shape", vec![row_scale.clone()], &[]);
         let zero_points = node(graph, "Expand", vec![zero_point.clone(), scale_shape], &[]);
         // One block per row: the row's scale and zero point (opset 21's blocked quantization).
@@ -350,7 +375,7 @@ impl Linear {
             name: format!("{}_int8", self.node_name),
             op_type: QUANTIZED_LINEAR.into(),
             domain: CONTRIB.into(),
-            inputs: vec![quantized, weight, unit, scale, zero_point],
+            inputs: vec![quantized, weight, unit, scale, zero_point, weight_zero],
             outputs: vec![product.clone()],
             attributes: Default::default(),
         });
@@ -456,7 +481,7 @@ mod tests {
         // reading the GELU, whose input is quantized per row.
         assert_eq!(count(QUANTIZE_INPUT), 4);
         assert_eq!(report.per_row, vec!["bert.encoder.layer.0.output.dense.weight".to_string()]);
-        assert_eq!((count("QuantizeLinear"), count("ReduceMin")), (1, 1));
+        assert_eq!((count("QuantizeLinear"), count("ReduceMax"), count("ReduceMin")), (1, 1, 0));
         let int8_rows =
             graph.nodes().iter().filter(|n| n.op_type == "Gather" && n.inputs[0].ends_with("_int8")).count();
         assert_eq!(int8_rows, 3);
@@ -467,6 +492,37 @@ mod tests {
         let float = crate::export_inference(&config, &layout, &params).expect("float").len();
         // The linear layers hold most of the weights; their scales and names add a little.
         assert!(int8 * 2 < float, "int8 {int8} bytes, float {float}");
+    }
+
+    #[test]
+    fn unsigned_weights_are_the_full_range_shifted_to_a_zero_point_of_128() {
+        let (config, layout, params) = tiny();
+        let options = GraphOptions { params: Params::Embedded(&params), with_loss: false, dropout: false };
+        let quantized = |range| {
+            let mut graph = forward_graph(&config, &layout, &options).expect("graph").graph;
+            quantize_linear_layers(&mut graph, range, &|w: &str| w.contains("classifier")).expect("quantized");
+            graph
+        };
+        let (signed, unsigned) = (quantized(WeightRange::Full), quantized(WeightRange::Unsigned));
+        let linear = |graph: &Graph| -> Vec<Node> {
+            graph.nodes().iter().filter(|n| n.op_type == QUANTIZED_LINEAR).cloned().collect()
+        };
+        let (signed_layers, unsigned_layers) = (linear(&signed), linear(&unsigned));
+        // Per batch and per row (the layer after the GELU) alike.
+        assert_eq!(unsigned_layers.len(), 7);
+        for (s, u) in signed_layers.iter().zip(&unsigned_layers) {
+            let value =
+                |graph: &Graph, node: &Node, i: usize| graph.constant_value(&node.inputs[i]).expect("constant").clone();
+            let (q, shifted) =
+                (value(&signed, s, 1).to_i8().expect("int8"), value(&unsigned, u, 1).to_u8().expect("uint8"));
+            assert!(q.iter().zip(&shifted).all(|(&q, &u)| i16::from(q) + 128 == i16::from(u)), "{}", u.name);
+            assert_eq!(value(&signed, s, 3), value(&unsigned, u, 3), "the same scales");
+            let zero = value(&unsigned, u, 5).to_u8().expect("uint8 zero points");
+            assert!(
+                zero.len() == shifted.len() / value(&unsigned, u, 1).dims[0] as usize && zero.iter().all(|&z| z == 128)
+            );
+            assert!(value(&signed, s, 5).to_i8().expect("int8 zero points").iter().all(|&z| z == 0));
+        }
     }
 
     #[test]

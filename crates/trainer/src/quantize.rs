@@ -68,8 +68,8 @@ pub struct Quantized {
     pub path: PathBuf,
     /// Its size in bytes.
     pub bytes: u64,
-    /// Whether the weights use the full int8 range (`false`: 7 bits, for CPUs without VNNI).
-    pub full_range: bool,
+    /// How the weights were rounded and stored.
+    pub weights: WeightRange,
     /// The linear layers quantized (their weights' names).
     pub linear: Vec<String>,
     /// Those of them whose input is quantized per token (they read a GELU's output).
@@ -110,15 +110,7 @@ pub fn quantize(dir: &Path, options: &QuantizeOptions) -> Result<Quantized, Trai
         export_inference_int8(&model.config, &model.layout, &params, range, &|w| options.keeps_float(w))?;
     let path = dir.join(INT8_MODEL);
     ringtune_files::write_atomically(&path, &bytes)?;
-    Ok(Quantized {
-        path,
-        bytes: bytes.len() as u64,
-        full_range: range == WeightRange::Full,
-        linear,
-        per_row,
-        tables,
-        kept_float,
-    })
+    Ok(Quantized { path, bytes: bytes.len() as u64, weights: range, linear, per_row, tables, kept_float })
 }
 
 /// An evaluator of the int8 model in `dir` (a run's folder), or why there is none to use.

@@ -67,6 +67,20 @@ fn a_run_quantized_at_its_end_scores_its_int8_model_as_eval_does() {
     let (ok, stdout, stderr) = ringtune(&["quantize", "--model", utf8(&cfg.output), "--keep-float", "none"]);
     assert!(ok, "{stderr}");
     assert!(stdout.contains("14 linear layers") && stdout.contains("0 kept in float"), "{stdout}");
+
+    // With unsigned weights (VNNI's arithmetic on any CPU) the model loads and scores as well.
+    let (ok, stdout, stderr) = ringtune(&["quantize", "--model", utf8(&cfg.output), "--weights", "unsigned"]);
+    assert!(ok && stdout.contains("(8-bit unsigned weights;"), "{stdout}{stderr}");
+    let (ok, stdout, stderr) =
+        ringtune(&["eval", "--model", utf8(&cfg.output), "--file", utf8(&dev), "--int8", "--threads", "1"]);
+    assert!(ok, "{stderr}");
+    let accuracy: f64 = stdout
+        .split("accuracy ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|a| a.trim_end_matches(',').parse().ok())
+        .unwrap_or_else(|| panic!("no accuracy in {stdout}"));
+    assert!((float_acc - accuracy).abs() <= 2.0 / 40.0 + 1e-4, "float {float_acc}, unsigned int8 {accuracy}");
 }
 
 #[test]

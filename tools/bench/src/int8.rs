@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ringtune_bert::{export_inference, export_inference_int8, load_params, WeightRange};
+use ringtune_bert::{export_inference, export_inference_int8, load_params};
 use ringtune_data::Batch;
 use ringtune_ops::{Kernels, Precision};
 use ringtune_runtime::{CpuFeatures, FlatBuffer, Runtime, SessionOptions};
@@ -113,7 +113,7 @@ pub(crate) fn int8(args: &Int8Args) -> Result<()> {
         if vnni { "yes" } else { "no" },
         args.model,
         args.threads,
-        if quantize.weight_range() == WeightRange::Full { "8-bit" } else { "7-bit (no VNNI)" },
+        quantize.weight_range(),
         report.linear.len(),
         report.tables.len(),
         report.kept_float.join(", ")

@@ -275,8 +275,9 @@ pub(crate) struct QuantizeArgs {
     /// of these (comma-separated; default: pooler,classifier; `none`: quantize every one).
     #[arg(long, value_delimiter = ',')]
     pub(crate) keep_float: Option<Vec<String>>,
-    /// Weight range: full (8 bits, for CPUs with VNNI) or reduced (7 bits, which CPUs without
-    /// VNNI need to avoid saturating); default: by this CPU.
+    /// Weight range: full (8 bits, for CPUs with VNNI), reduced (7 bits, which CPUs without
+    /// VNNI need to avoid saturating) or unsigned (8 bits stored as uint8: exact on any CPU,
+    /// slower than int8 without VNNI); default: by this CPU.
     #[arg(long)]
     pub(crate) weights: Option<WeightBits>,
 }
@@ -288,6 +289,8 @@ pub(crate) enum WeightBits {
     Full,
     /// `[-63, 63]`.
     Reduced,
+    /// `[-127, 127]` as uint8 around 128.
+    Unsigned,
 }
 
 #[derive(Args)]

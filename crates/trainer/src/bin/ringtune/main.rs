@@ -94,7 +94,7 @@ fn main() -> Result<()> {
                 q.bytes as f64 / 1e6,
                 share.unwrap_or_default(),
                 q.linear.len(),
-                if q.full_range { "8-bit" } else { "7-bit" },
+                q.weights,
                 q.per_row.len(),
                 q.tables.len(),
                 q.kept_float.len(),
@@ -185,6 +185,7 @@ fn quantize_options(args: &args::QuantizeArgs) -> QuantizeOptions {
     let range = args.weights.map(|w| match w {
         args::WeightBits::Full => WeightRange::Full,
         args::WeightBits::Reduced => WeightRange::Reduced,
+        args::WeightBits::Unsigned => WeightRange::Unsigned,
     });
     QuantizeOptions { keep_float, range }
 }
