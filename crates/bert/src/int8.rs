@@ -3,18 +3,19 @@
 //! Every `Gemm` of the inference graph whose weight is embedded (`x @ W^T + b`, the Hugging
 //! Face linear layers) becomes ONNX Runtime's `com.microsoft.MatMulIntegerToFloat`: the weight
 //! stored as int8 (or uint8 around 128, see [`WeightRange`]), symmetric, one scale per output
-//! channel; its input quantized per batch
-//! (uint8, its own scale and zero point) by one `DynamicQuantizeLinear` that the layers reading
-//! the same input share (query, key and value); an integer matmul (VNNI where the CPU has it)
-//! scaled back to float, plus the float bias. A layer that reads a GELU's output (the feed-forward
-//! block's second linear layer) has its input quantized per row instead, one scale a token
-//! (uint8, symmetric around 128): the GELU's long tail left one scale a batch too coarse for the
-//! many small values (MPNet on MRPC lost 2.9 points with it). Every embedding table
-//! (a `Gather` of rows from an embedded `[rows, width]` table) is stored as int8 with one scale
-//! per row, its gathered rows cast back to float and scaled: the word embeddings are half of
-//! a small model's bytes. The stock CPU build of ONNX Runtime runs it, from any language. The
-//! weights the caller keeps in float stay as they were; LayerNorm, softmax and the attention
-//! matmuls are float throughout.
+//! channel; its input quantized per batch (uint8, its own scale and zero point) by one
+//! `DynamicQuantizeLinear` that the layers reading the same input share (query, key and value);
+//! an integer matmul (VNNI where the CPU has it) scaled back to float, plus the float bias. The
+//! feed-forward block's layers have their input quantized per row instead, one scale a token
+//! (uint8, symmetric around 128; see [`PerToken`]): the one reading a GELU as the GELU's long
+//! tail left one scale a batch too coarse for the many small values (MPNet on MRPC lost 2.9
+//! points with it), the one feeding it as a few tokens' outlying LayerNorm outputs did the same
+//! (with 8-bit weights, MPNet's logit margin moved by 0.198 rms on MRPC dev against 0.107). Every
+//! embedding table (a `Gather` of rows from an embedded `[rows, width]` table) is stored as int8
+//! with one scale per row, its gathered rows cast back to float and scaled: the word embeddings
+//! are half of a small model's bytes. The stock CPU build of ONNX Runtime runs it, from any
+//! language. The weights the caller keeps in float stay as they were; LayerNorm, softmax and the
+//! attention matmuls are float throughout.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -69,6 +70,16 @@ impl std::fmt::Display for WeightRange {
     }
 }
 
+/// Which linear layers take their input quantized per token (row) rather than per batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PerToken {
+    /// The feed-forward block's two layers: the one feeding a GELU and the one reading it.
+    FeedForward,
+    /// Only the layer reading a GELU.
+    GeluInput,
+}
+
 /// What the int8 export did (weights by name).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Int8Report {
@@ -89,11 +100,12 @@ pub fn export_inference_int8(
     layout: &ParamLayout,
     params: &[f32],
     range: WeightRange,
+    per_token: PerToken,
     keep_float: &dyn Fn(&str) -> bool,
 ) -> Result<(Vec<u8>, Int8Report), ModelError> {
     let options = GraphOptions { params: Params::Embedded(params), with_loss: false, dropout: false };
     let mut graph = forward_graph(config, layout, &options)?.graph;
-    let report = quantize_linear_layers(&mut graph, range, keep_float)?;
+    let report = quantize_linear_layers(&mut graph, range, per_token, keep_float)?;
     graph.prune();
     Ok((graph.to_bytes()?, report))
 }
@@ -103,6 +115,7 @@ pub fn export_inference_int8(
 pub fn quantize_linear_layers(
     graph: &mut Graph,
     range: WeightRange,
+    per_token: PerToken,
     keep_float: &dyn Fn(&str) -> bool,
 ) -> Result<Int8Report, ModelError> {
     graph.register_op(CONTRIB, QUANTIZED_LINEAR, quantized_linear_shape);
@@ -117,7 +130,7 @@ pub fn quantize_linear_layers(
         if let Some(linear) = Linear::of(graph, node) {
             if keep_float(&linear.weight_name) {
                 report.kept_float.push(linear.weight_name);
-            } else if linear.reads_gelu(graph) {
+            } else if linear.reads_gelu(graph) || (per_token == PerToken::FeedForward && linear.feeds_gelu(graph)) {
                 index += linear.quantize_per_row(graph, index, range)?;
                 report.per_row.push(linear.weight_name.clone());
                 report.linear.push(linear.weight_name);
@@ -328,13 +341,19 @@ impl Linear {
 
     /// Whether the layer's input is a GELU's output.
     fn reads_gelu(&self, graph: &Graph) -> bool {
-        graph.producer(&self.input).is_some_and(|n| n.op_type == "Gelu" && n.domain.is_empty())
+        graph.producer(&self.input).is_some_and(is_gelu)
+    }
+
+    /// Whether the layer's output goes to a GELU alone.
+    fn feeds_gelu(&self, graph: &Graph) -> bool {
+        let readers = graph.consumers(&self.output);
+        !readers.is_empty() && readers.iter().all(|&i| is_gelu(&graph.nodes()[i]))
     }
 
     /// Replaces this layer's `Gemm` at `index` by a matmul of its input quantized per row:
-    /// `q = round(x / s) + 128` with `s = max(max x, 0.1701) / 127` along the row, which bounds
-    /// `|x|` as a GELU's output is above -0.1701 (so `q` is in `[1, 255]`; symmetric, so one zero
-    /// point serves every row), the integer product scaled by the
+    /// `q = round(x / s) + 128` with `s = max |x| / 127` along the row (so `q` is in `[1, 255]`;
+    /// symmetric, so one zero point serves every row; a GELU's output is above -0.1701, so
+    /// there `max(max x, 0.1701)` bounds `|x|` with one reduction), the integer product scaled by the
     /// weight's scales, then by the row's, plus the bias. Unsigned, as the per-batch inputs
     /// are: ONNX Runtime's int8 x int8 product ran 3.4x slower than its uint8 x int8 one on a
     /// Zen 3 (AVX2). One blocked `QuantizeLinear` quantizes: on MiniLM's `[4096, 1536]` it took
@@ -348,7 +367,6 @@ impl Linear {
         };
         let last_axis = constant(graph, "axis", Tensor::from_i64(&[1], &[-1]))?;
         let per_step = constant(graph, "inverse_limit", Tensor::scalar_f32(1.0 / 127.0))?;
-        let gelu_floor = constant(graph, "gelu_floor", Tensor::scalar_f32(GELU_LEAST_MAGNITUDE))?;
         let unit = constant(graph, "unit_scale", Tensor::scalar_f32(1.0))?;
         let zero_point = constant(graph, "zero_point", Tensor::scalar_u8(ZERO_POINT))?;
         let mut before = Vec::new();
@@ -359,10 +377,20 @@ impl Linear {
             before.push(n);
             output
         };
-        // A GELU's output is at least -GELU_LEAST_MAGNITUDE, so the larger of the row's maximum
-        // and that bounds its magnitudes: one read of the row, no minimum, no zero scale.
-        let highest = node(graph, "ReduceMax", vec![self.input.clone(), last_axis], &[("keepdims", 1)]);
-        let largest = node(graph, "Max", vec![highest, gelu_floor], &[]);
+        let highest = node(graph, "ReduceMax", vec![self.input.clone(), last_axis.clone()], &[("keepdims", 1)]);
+        let largest = if self.reads_gelu(graph) {
+            // A GELU's output is at least -GELU_LEAST_MAGNITUDE, so the larger of the row's
+            // maximum and that bounds its magnitudes: one read of the row, no zero scale.
+            let gelu_floor = constant(graph, "gelu_floor", Tensor::scalar_f32(GELU_LEAST_MAGNITUDE))?;
+            node(graph, "Max", vec![highest, gelu_floor], &[])
+        } else {
+            // max |x| as the larger of max x and -min x (no tensor of magnitudes written), and
+            // above zero.
+            let lowest = node(graph, "ReduceMin", vec![self.input.clone(), last_axis], &[("keepdims", 1)]);
+            let negated = node(graph, "Neg", vec![lowest], &[]);
+            let smallest = constant(graph, "smallest", Tensor::scalar_f32(f32::MIN_POSITIVE * 127.0))?;
+            node(graph, "Max", vec![highest, negated, smallest], &[])
+        };
         let row_scale = node(graph, "Mul", vec![largest, per_step], &[]);
         let scale_shape = node(graph, "Shape", vec![row_scale.clone()], &[]);
         let zero_points = node(graph, "Expand", vec![zero_point.clone(), scale_shape], &[]);
@@ -395,6 +423,10 @@ impl Linear {
         graph.replace_node(index + inserted, last)?;
         Ok(inserted)
     }
+}
+
+fn is_gelu(node: &Node) -> bool {
+    node.op_type == "Gelu" && node.domain.is_empty()
 }
 
 /// `weight` (`[outputs, inputs]`, row-major) as int8 `[inputs, outputs]` (the layout of
@@ -467,7 +499,8 @@ mod tests {
         let options = GraphOptions { params: Params::Embedded(&params), with_loss: false, dropout: false };
         let mut graph = forward_graph(&config, &layout, &options).expect("graph").graph;
         let keep = |w: &str| w.contains("classifier");
-        let report = quantize_linear_layers(&mut graph, WeightRange::Full, &keep).expect("quantized");
+        let report =
+            quantize_linear_layers(&mut graph, WeightRange::Full, PerToken::FeedForward, &keep).expect("quantized");
         graph.prune();
         // Query, key, value, attention output, intermediate, output, and the pooler.
         assert_eq!(report.linear.len(), 7, "{report:?}");
@@ -477,11 +510,13 @@ mod tests {
         assert_eq!(report.tables.len(), 3, "{report:?}");
         let count = |op: &str| graph.nodes().iter().filter(|n| n.op_type == op).count();
         assert_eq!((count(QUANTIZED_LINEAR), count("Gemm")), (7, 1));
-        // One quantized input for query, key and value, one for each other layer but the one
-        // reading the GELU, whose input is quantized per row.
-        assert_eq!(count(QUANTIZE_INPUT), 4);
-        assert_eq!(report.per_row, vec!["bert.encoder.layer.0.output.dense.weight".to_string()]);
-        assert_eq!((count("QuantizeLinear"), count("ReduceMax"), count("ReduceMin")), (1, 1, 0));
+        // One quantized input for query, key and value, one for the attention output and the
+        // pooler; the feed-forward layers' inputs are quantized per row, the GELU's output's
+        // with one reduction.
+        assert_eq!(count(QUANTIZE_INPUT), 3);
+        let feed_forward = ["intermediate", "output"].map(|l| format!("bert.encoder.layer.0.{l}.dense.weight"));
+        assert_eq!(report.per_row, feed_forward.to_vec());
+        assert_eq!((count("QuantizeLinear"), count("ReduceMax"), count("ReduceMin")), (2, 2, 1));
         let int8_rows =
             graph.nodes().iter().filter(|n| n.op_type == "Gather" && n.inputs[0].ends_with("_int8")).count();
         assert_eq!(int8_rows, 3);
@@ -492,6 +527,12 @@ mod tests {
         let float = crate::export_inference(&config, &layout, &params).expect("float").len();
         // The linear layers hold most of the weights; their scales and names add a little.
         assert!(int8 * 2 < float, "int8 {int8} bytes, float {float}");
+
+        // Per token for the layer reading the GELU alone.
+        let mut graph = forward_graph(&config, &layout, &options).expect("graph").graph;
+        let report =
+            quantize_linear_layers(&mut graph, WeightRange::Full, PerToken::GeluInput, &keep).expect("quantized");
+        assert_eq!(report.per_row, feed_forward[1..].to_vec());
     }
 
     #[test]
@@ -500,7 +541,8 @@ mod tests {
         let options = GraphOptions { params: Params::Embedded(&params), with_loss: false, dropout: false };
         let quantized = |range| {
             let mut graph = forward_graph(&config, &layout, &options).expect("graph").graph;
-            quantize_linear_layers(&mut graph, range, &|w: &str| w.contains("classifier")).expect("quantized");
+            let keep = |w: &str| w.contains("classifier");
+            quantize_linear_layers(&mut graph, range, PerToken::FeedForward, &keep).expect("quantized");
             graph
         };
         let (signed, unsigned) = (quantized(WeightRange::Full), quantized(WeightRange::Unsigned));
@@ -508,7 +550,7 @@ mod tests {
             graph.nodes().iter().filter(|n| n.op_type == QUANTIZED_LINEAR).cloned().collect()
         };
         let (signed_layers, unsigned_layers) = (linear(&signed), linear(&unsigned));
-        // Per batch and per row (the layer after the GELU) alike.
+        // Per batch and per row (the feed-forward layers) alike.
         assert_eq!(unsigned_layers.len(), 7);
         for (s, u) in signed_layers.iter().zip(&unsigned_layers) {
             let value =

@@ -3,8 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-pub use ringtune_bert::WeightRange;
 use ringtune_bert::{export_inference_int8, load_params, Int8Report};
+pub use ringtune_bert::{PerToken, WeightRange};
 use ringtune_runtime::{CpuFeatures, FlatBuffer, Runtime, SessionOptions};
 use serde::{Deserialize, Serialize};
 
@@ -35,11 +35,17 @@ pub struct QuantizeOptions {
     pub keep_float: Vec<String>,
     /// The weights' range; `None`: by this CPU (full with VNNI, reduced without).
     pub range: Option<WeightRange>,
+    /// The layers whose input is quantized per token.
+    pub per_token: PerToken,
 }
 
 impl Default for QuantizeOptions {
     fn default() -> Self {
-        QuantizeOptions { keep_float: KEEP_FLOAT.iter().map(|s| s.to_string()).collect(), range: None }
+        QuantizeOptions {
+            keep_float: KEEP_FLOAT.iter().map(|s| s.to_string()).collect(),
+            range: None,
+            per_token: PerToken::FeedForward,
+        }
     }
 }
 
@@ -72,7 +78,7 @@ pub struct Quantized {
     pub weights: WeightRange,
     /// The linear layers quantized (their weights' names).
     pub linear: Vec<String>,
-    /// Those of them whose input is quantized per token (they read a GELU's output).
+    /// Those of them whose input is quantized per token (see [`PerToken`]).
     pub per_row: Vec<String>,
     /// The embedding tables quantized.
     pub tables: Vec<String>,
@@ -107,7 +113,9 @@ pub fn quantize(dir: &Path, options: &QuantizeOptions) -> Result<Quantized, Trai
     }
     let range = options.weight_range();
     let (bytes, Int8Report { linear, per_row, tables, kept_float }) =
-        export_inference_int8(&model.config, &model.layout, &params, range, &|w| options.keeps_float(w))?;
+        export_inference_int8(&model.config, &model.layout, &params, range, options.per_token, &|w| {
+            options.keeps_float(w)
+        })?;
     let path = dir.join(INT8_MODEL);
     ringtune_files::write_atomically(&path, &bytes)?;
     Ok(Quantized { path, bytes: bytes.len() as u64, weights: range, linear, per_row, tables, kept_float })

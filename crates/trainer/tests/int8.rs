@@ -67,10 +67,14 @@ fn a_run_quantized_at_its_end_scores_its_int8_model_as_eval_does() {
     let (ok, stdout, stderr) = ringtune(&["quantize", "--model", utf8(&cfg.output), "--keep-float", "none"]);
     assert!(ok, "{stderr}");
     assert!(stdout.contains("14 linear layers") && stdout.contains("0 kept in float"), "{stdout}");
+    // Both feed-forward layers of each of the two layers with their input per token.
+    assert!(stdout.contains("4 of them with their input per token"), "{stdout}");
 
-    // With unsigned weights (VNNI's arithmetic on any CPU) the model loads and scores as well.
-    let (ok, stdout, stderr) = ringtune(&["quantize", "--model", utf8(&cfg.output), "--weights", "unsigned"]);
-    assert!(ok && stdout.contains("(8-bit unsigned weights;"), "{stdout}{stderr}");
+    // With unsigned weights (VNNI's arithmetic on any CPU) and per-token inputs after the GELU
+    // alone, the model loads and scores as well.
+    let quantize = ["quantize", "--model", utf8(&cfg.output), "--weights", "unsigned", "--per-token", "gelu-input"];
+    let (ok, stdout, stderr) = ringtune(&quantize);
+    assert!(ok && stdout.contains("(8-bit unsigned weights; 2 of them with"), "{stdout}{stderr}");
     let (ok, stdout, stderr) =
         ringtune(&["eval", "--model", utf8(&cfg.output), "--file", utf8(&dev), "--int8", "--threads", "1"]);
     assert!(ok, "{stderr}");

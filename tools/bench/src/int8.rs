@@ -1,6 +1,7 @@
 //! `ringtune-bench int8`: the self-contained inference model in fp32 (`model.onnx`, MLAS), the
 //! evaluation graph on our oneDNN kernels (fp32, and bf16 where the CPU has it), and the int8
-//! model (`model.int8.onnx`), timed side by side in one process:
+//! model (`model.int8.onnx`, and the same with only the layer after the GELU per token), timed
+//! side by side in one process:
 //! samples/s at a batch (32 x 128 by default), latency at batch 1 (p50, p99), file sizes.
 //! With a Python (`--python`, or `RINGTUNE_PYTORCH`), the other tools' dynamic quantization is
 //! timed too, by the same rules: ONNX Runtime's `quantize_dynamic` of the same `model.onnx` (when
@@ -18,7 +19,7 @@ use ringtune_data::Batch;
 use ringtune_ops::{Kernels, Precision};
 use ringtune_runtime::{CpuFeatures, FlatBuffer, Runtime, SessionOptions};
 use ringtune_trainer::engine::Evaluator;
-use ringtune_trainer::quantize::QuantizeOptions;
+use ringtune_trainer::quantize::{PerToken, QuantizeOptions};
 
 use crate::one::{config_of, config_path, synthetic_batch};
 
@@ -81,8 +82,14 @@ pub(crate) fn int8(args: &Int8Args) -> Result<()> {
     let vnni = CpuFeatures::detect().avx512_vnni;
     let quantize = QuantizeOptions::default();
     let fp32 = export_inference(&config, &layout, &params)?;
-    let (int8, report) =
-        export_inference_int8(&config, &layout, &params, quantize.weight_range(), &|w| quantize.keeps_float(w))?;
+    let int8_with = |per_token| {
+        export_inference_int8(&config, &layout, &params, quantize.weight_range(), per_token, &|w| {
+            quantize.keeps_float(w)
+        })
+    };
+    let (int8, report) = int8_with(quantize.per_token)?;
+    // The speed the feed-forward block's first layer pays for its per-token input.
+    let (gelu_input, _) = int8_with(PerToken::GeluInput)?;
     let batch = synthetic_batch(args.batch, args.seq, config.vocab_size, 0);
     let single = synthetic_batch(1, args.seq, config.vocab_size, 1);
     let options = SessionOptions { threads: args.threads, ..SessionOptions::default() };
@@ -102,6 +109,11 @@ pub(crate) fn int8(args: &Int8Args) -> Result<()> {
         rows.push(("ringtune bf16 (oneDNN)".into(), timed, fp32.len()));
     }
     rows.push(("ringtune int8".into(), time(embedded(&int8)?, &[], &batch, &single, args)?, int8.len()));
+    rows.push((
+        "ringtune int8, per token after the GELU alone".into(),
+        time(embedded(&gelu_input)?, &[], &batch, &single, args)?,
+        gelu_input.len(),
+    ));
     let left_out = match &args.python {
         Some(python) => other_tools(python, &fp32, &torch_source, args, &mut rows)?,
         None => Vec::new(),
@@ -118,13 +130,22 @@ pub(crate) fn int8(args: &Int8Args) -> Result<()> {
         report.tables.len(),
         report.kept_float.join(", ")
     );
+    print_table(&rows, args);
+    for why in left_out {
+        println!("\nleft out, {why}");
+    }
+    Ok(())
+}
+
+/// The rows (name, figures, file bytes) as a table, each against the first.
+fn print_table(rows: &[(String, Timed, usize)], args: &Int8Args) {
     println!(
         "| model | samples/s at {} x {} | vs fp32 | batch 1 p50 ms | batch 1 p99 ms | size MB | vs fp32 |",
         args.batch, args.seq
     );
     println!("|---|---|---|---|---|---|---|");
     let (base_sps, base_bytes) = (rows[0].1.samples_per_s, rows[0].2 as f64);
-    for (name, t, bytes) in &rows {
+    for (name, t, bytes) in rows {
         println!(
             "| {name} | {:.1} | {:.2}x | {:.1} | {:.1} | {:.1} | {:.0}% |",
             t.samples_per_s,
@@ -135,10 +156,6 @@ pub(crate) fn int8(args: &Int8Args) -> Result<()> {
             100.0 * *bytes as f64 / base_bytes
         );
     }
-    for why in left_out {
-        println!("\nleft out, {why}");
-    }
-    Ok(())
 }
 
 /// Throughput (median of the repeats) and batch-1 latency of a model (`params`: what its

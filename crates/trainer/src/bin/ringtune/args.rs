@@ -280,6 +280,19 @@ pub(crate) struct QuantizeArgs {
     /// slower than int8 without VNNI); default: by this CPU.
     #[arg(long)]
     pub(crate) weights: Option<WeightBits>,
+    /// The layers whose input is quantized per token rather than per batch: feed-forward (both
+    /// layers of the feed-forward block) or gelu-input (the one reading the GELU alone, faster).
+    #[arg(long, default_value = "feed-forward")]
+    pub(crate) per_token: PerTokenLayers,
+}
+
+/// `--per-token`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum PerTokenLayers {
+    /// The feed-forward block's two layers.
+    FeedForward,
+    /// The layer reading the GELU.
+    GeluInput,
 }
 
 /// `--weights`.

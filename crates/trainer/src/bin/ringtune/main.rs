@@ -14,7 +14,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use ringtune_runtime::SessionOptions;
 use ringtune_trainer::predict::{Precision, Predictor};
-use ringtune_trainer::quantize::{self, QuantizeOptions, WeightRange};
+use ringtune_trainer::quantize::{self, PerToken, QuantizeOptions, WeightRange};
 use ringtune_trainer::sync::QuicSync;
 use ringtune_trainer::train::Start;
 
@@ -89,7 +89,7 @@ fn main() -> Result<()> {
             let float = std::fs::metadata(args.model.join("model.onnx")).map(|m| m.len()).ok();
             let share = float.map(|f| format!(" ({:.0}% of model.onnx)", 100.0 * q.bytes as f64 / f as f64));
             println!(
-                "{} ({:.1} MB{}): {} linear layers ({} weights; {} reading a GELU with their input per token) and {} embedding tables in int8, {} kept in float{}",
+                "{} ({:.1} MB{}): {} linear layers ({} weights; {} of them with their input per token) and {} embedding tables in int8, {} kept in float{}",
                 q.path.display(),
                 q.bytes as f64 / 1e6,
                 share.unwrap_or_default(),
@@ -187,5 +187,9 @@ fn quantize_options(args: &args::QuantizeArgs) -> QuantizeOptions {
         args::WeightBits::Reduced => WeightRange::Reduced,
         args::WeightBits::Unsigned => WeightRange::Unsigned,
     });
-    QuantizeOptions { keep_float, range }
+    let per_token = match args.per_token {
+        args::PerTokenLayers::FeedForward => PerToken::FeedForward,
+        args::PerTokenLayers::GeluInput => PerToken::GeluInput,
+    };
+    QuantizeOptions { keep_float, range, per_token }
 }
