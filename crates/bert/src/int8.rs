@@ -71,8 +71,7 @@ impl std::fmt::Display for WeightRange {
 }
 
 /// Which linear layers take their input quantized per token (row) rather than per batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PerToken {
     /// The feed-forward block's two layers: the one feeding a GELU and the one reading it.
     FeedForward,
