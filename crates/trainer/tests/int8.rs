@@ -108,6 +108,11 @@ fn quantize_and_eval_int8_refuse_what_they_cannot_use_by_name() {
     std::fs::write(other.join("config.json"), config).expect("config");
     let (ok, _, stderr) = ringtune(&["quantize", "--model", utf8(&other)]);
     assert!(!ok && stderr.contains("config.json: model_type = gpt2 is not supported"), "{stderr}");
+    // Settings it does not know, with the ones it does.
+    let (ok, _, stderr) = ringtune(&["quantize", "--model", utf8(&model), "--per-token", "every"]);
+    assert!(!ok && stderr.contains("[possible values: feed-forward, gelu-input]"), "{stderr}");
+    let (ok, _, stderr) = ringtune(&["quantize", "--model", utf8(&model), "--weights", "6-bit"]);
+    assert!(!ok && stderr.contains("[possible values: full, reduced, unsigned]"), "{stderr}");
     // An exported model instead of its run folder.
     let (ok, _, stderr) = ringtune(&["quantize", "--model", utf8(&model.join("config.json"))]);
     assert!(!ok && stderr.contains("config.json has no run folder"), "{stderr}");
