@@ -85,4 +85,14 @@ pub enum ModelError {
         /// Floats needed.
         expected: usize,
     },
+    /// Smoothing asked for a layer's input maxima that the calibration did not give.
+    #[error("no calibrated input maxima for `{weight}` ({found} channels given, {expected} needed): calibrate with this model")]
+    Calibration {
+        /// The layer's weight.
+        weight: String,
+        /// Channels given (0: none).
+        found: usize,
+        /// The layer's input channels.
+        expected: usize,
+    },
 }

@@ -6,20 +6,23 @@
 //! channel; its input quantized per batch (uint8, its own scale and zero point) by one
 //! `DynamicQuantizeLinear` that the layers reading the same input share (query, key and value);
 //! an integer matmul (VNNI where the CPU has it) scaled back to float, plus the float bias. The
-//! feed-forward block's layers have their input quantized per row instead, one scale a token
-//! (uint8, symmetric around 128; see [`PerToken`]): the one reading a GELU as the GELU's long
-//! tail left one scale a batch too coarse for the many small values (MPNet on MRPC lost 2.9
-//! points with it), the one feeding it as a few tokens' outlying LayerNorm outputs did the same
-//! (with 8-bit weights, MPNet's logit margin moved by 0.198 rms on MRPC dev against 0.107). Every
-//! embedding table (a `Gather` of rows from an embedded `[rows, width]` table) is stored as int8
-//! with one scale per row, its gathered rows cast back to float and scaled: the word embeddings
-//! are half of a small model's bytes. The stock CPU build of ONNX Runtime runs it, from any
-//! language. The weights the caller keeps in float stay as they were; LayerNorm, softmax and the
-//! attention matmuls are float throughout.
+//! feed-forward block's layers need more (see [`FeedForwardInput`]): the one reading the GELU
+//! has its input quantized per row, one scale a token (uint8, symmetric around 128), as the
+//! GELU's long tail left one scale a batch too coarse for the many small values (MPNet on MRPC
+//! lost 2.9 points with it); the one feeding the GELU reads a LayerNorm whose output reaches
+//! 26-65 in a few channels (MPNet), so by default its input is smoothed per channel before one
+//! scale a batch quantizes it. Every embedding table (a `Gather` of rows from an embedded
+//! `[rows, width]` table) is stored as int8 with one scale per row, its gathered rows cast back
+//! to float and scaled: the word embeddings are half of a small model's bytes. The stock CPU
+//! build of ONNX Runtime runs it, from any language. The weights the caller keeps in float stay
+//! as they were; LayerNorm, softmax and the attention matmuls are float throughout.
+//!
+//! What it does not do: run the model. The calibration that smoothing needs (the largest
+//! input of each channel over some rows) is the caller's, on [`calibration_graph`].
 
 use std::collections::{BTreeMap, HashMap};
 
-use ringtune_onnx_ir::{Attribute, DType, Dim, Graph, InferCtx, Node, Tensor, ValueType};
+use ringtune_onnx_ir::{Attribute, DType, Dim, Graph, InferCtx, Node, Tensor, Value, ValueType};
 
 use crate::{forward_graph, GraphOptions, ModelConfig, ModelError, ParamLayout, Params};
 
@@ -70,13 +73,25 @@ impl std::fmt::Display for WeightRange {
     }
 }
 
-/// Which linear layers take their input quantized per token (row) rather than per batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PerToken {
-    /// The feed-forward block's two layers: the one feeding a GELU and the one reading it.
-    FeedForward,
-    /// Only the layer reading a GELU.
-    GeluInput,
+/// The largest magnitude each input channel of a linear layer took over some calibration rows,
+/// by the layer's weight name (see [`calibration_graph`]).
+pub type InputMaxima = HashMap<String, Vec<f32>>;
+
+/// How the feed-forward block's first layer (the one feeding a GELU) has its input quantized;
+/// the second (reading the GELU) has its input per token always.
+#[derive(Debug, Clone, Copy)]
+pub enum FeedForwardInput<'a> {
+    /// Per batch after smoothing (SmoothQuant, with alpha 1/2): input channel `j` divided by
+    /// `s_j = sqrt(a_j / w_j)` and the weight's column `j` multiplied by it (the product
+    /// unchanged), `a_j` the channel's calibrated largest magnitude, `w_j` the column's. Both
+    /// then span `sqrt(a_j * w_j)`: the few channels of outlying inputs no longer set the
+    /// batch's step for all the others. It costs one product of the input (`[tokens, width]`)
+    /// where per token costs two reductions of it and a product of the wider output.
+    Smoothed(&'a InputMaxima),
+    /// Per token, as the second layer.
+    PerToken,
+    /// Per batch, as the attention's layers.
+    PerBatch,
 }
 
 /// What the int8 export did (weights by name).
@@ -86,6 +101,8 @@ pub struct Int8Report {
     pub linear: Vec<String>,
     /// Those of them whose input is quantized per row (token) rather than per batch.
     pub per_row: Vec<String>,
+    /// Those of them whose input is smoothed per channel (see [`FeedForwardInput::Smoothed`]).
+    pub smoothed: Vec<String>,
     /// The embedding tables stored as int8.
     pub tables: Vec<String>,
     /// The weights kept in float.
@@ -99,14 +116,44 @@ pub fn export_inference_int8(
     layout: &ParamLayout,
     params: &[f32],
     range: WeightRange,
-    per_token: PerToken,
+    feed_forward: FeedForwardInput<'_>,
     keep_float: &dyn Fn(&str) -> bool,
 ) -> Result<(Vec<u8>, Int8Report), ModelError> {
     let options = GraphOptions { params: Params::Embedded(params), with_loss: false, dropout: false };
     let mut graph = forward_graph(config, layout, &options)?.graph;
-    let report = quantize_linear_layers(&mut graph, range, per_token, keep_float)?;
+    let report = quantize_linear_layers(&mut graph, range, feed_forward, keep_float)?;
     graph.prune();
     Ok((graph.to_bytes()?, report))
+}
+
+/// The float inference model that calibrates [`FeedForwardInput::Smoothed`].
+#[derive(Debug, Clone)]
+pub struct CalibrationGraph {
+    /// The model, its weights embedded, as ONNX bytes.
+    pub model: Vec<u8>,
+    /// The layers it smooths, as (weight name, name of the model's output that is its input).
+    pub layers: Vec<(String, String)>,
+}
+
+/// The float inference model (weights embedded) with one more output for each layer that
+/// [`FeedForwardInput::Smoothed`] smooths, its input (`[tokens, width]`, padding included).
+pub fn calibration_graph(
+    config: &ModelConfig,
+    layout: &ParamLayout,
+    params: &[f32],
+) -> Result<CalibrationGraph, ModelError> {
+    let options = GraphOptions { params: Params::Embedded(params), with_loss: false, dropout: false };
+    let mut graph = forward_graph(config, layout, &options)?.graph;
+    let mut layers = Vec::new();
+    for node in graph.nodes() {
+        if let Some(linear) = Linear::of(&graph, node).filter(|l| l.feeds_gelu(&graph)) {
+            layers.push((linear.weight_name, linear.input));
+        }
+    }
+    for (_, input) in &layers {
+        graph.output(&Value::named(input.as_str()))?;
+    }
+    Ok(CalibrationGraph { model: graph.to_bytes()?, layers })
 }
 
 /// Rewrites `graph`'s linear layers (`Gemm`s of an embedded weight) and embedding tables (see
@@ -114,7 +161,7 @@ pub fn export_inference_int8(
 pub fn quantize_linear_layers(
     graph: &mut Graph,
     range: WeightRange,
-    per_token: PerToken,
+    feed_forward: FeedForwardInput<'_>,
     keep_float: &dyn Fn(&str) -> bool,
 ) -> Result<Int8Report, ModelError> {
     graph.register_op(CONTRIB, QUANTIZED_LINEAR, quantized_linear_shape);
@@ -129,9 +176,24 @@ pub fn quantize_linear_layers(
         if let Some(linear) = Linear::of(graph, node) {
             if keep_float(&linear.weight_name) {
                 report.kept_float.push(linear.weight_name);
-            } else if linear.reads_gelu(graph) || (per_token == PerToken::FeedForward && linear.feeds_gelu(graph)) {
+            } else if linear.reads_gelu(graph)
+                || (matches!(feed_forward, FeedForwardInput::PerToken) && linear.feeds_gelu(graph))
+            {
                 index += linear.quantize_per_row(graph, index, range)?;
                 report.per_row.push(linear.weight_name.clone());
+                report.linear.push(linear.weight_name);
+            } else if let (FeedForwardInput::Smoothed(maxima), true) = (feed_forward, linear.feeds_gelu(graph)) {
+                let (smoothed, inverse) = linear.smoothed(maxima)?;
+                let inverse = graph.initializer(&format!("{}_smoothing", linear.weight_name), inverse)?;
+                let input = graph.fresh_name(&format!("{}_smoothed", linear.input));
+                let inputs = vec![linear.input.clone(), inverse.name().to_string()];
+                let product = standard_node(graph, "Mul", inputs, vec![input.clone()], None);
+                graph.insert_node(index, product)?;
+                let quantized = quantize_input(graph, index + 1, &input)?;
+                index += 2;
+                let node = smoothed.quantized(graph, range, quantized)?;
+                graph.replace_node(index, node)?;
+                report.smoothed.push(linear.weight_name.clone());
                 report.linear.push(linear.weight_name);
             } else {
                 let input = match quantized_inputs.get(&linear.input) {
@@ -256,6 +318,7 @@ fn symmetric_scale(values: &[f32], limit: f32) -> f32 {
 }
 
 /// A `Gemm` computing `x @ W^T + b` with `W` (`[out, in]`) and `b` embedded.
+#[derive(Clone)]
 struct Linear {
     node_name: String,
     input: String,
@@ -336,6 +399,47 @@ impl Linear {
         let scale = graph.initializer(&format!("{}_scale", self.weight_name), Tensor::from_f32(&[n], &scales))?;
         let zero = graph.initializer(&format!("{}_zero_point", self.weight_name), zero)?;
         Ok([weight, scale, zero].map(|t| t.name().to_string()))
+    }
+
+    /// This layer with its weight's input columns multiplied by the smoothing factors of
+    /// `maxima`'s entry for it (see [`FeedForwardInput::Smoothed`]), and the factors' inverses
+    /// (`[inputs]`) that its input takes. A channel that calibration never saw away from zero,
+    /// or whose column is zero, keeps a factor of 1.
+    fn smoothed(&self, maxima: &InputMaxima) -> Result<(Linear, Tensor), ModelError> {
+        let inputs = self.inputs;
+        let calibrated =
+            maxima.get(&self.weight_name).filter(|m| m.len() == inputs).ok_or_else(|| ModelError::Calibration {
+                weight: self.weight_name.clone(),
+                found: maxima.get(&self.weight_name).map_or(0, Vec::len),
+                expected: inputs,
+            })?;
+        let mut column_max = vec![0.0f32; inputs];
+        for row in self.weight.chunks_exact(inputs.max(1)) {
+            for (m, w) in column_max.iter_mut().zip(row) {
+                *m = m.max(w.abs());
+            }
+        }
+        let factors: Vec<f32> = calibrated
+            .iter()
+            .zip(&column_max)
+            .map(|(&a, &w)| {
+                let s = (a / w).sqrt();
+                if a > 0.0 && w > 0.0 && s.is_normal() {
+                    s
+                } else {
+                    1.0
+                }
+            })
+            .collect();
+        let mut weight = self.weight.clone();
+        for row in weight.chunks_exact_mut(inputs.max(1)) {
+            for (w, s) in row.iter_mut().zip(&factors) {
+                *w *= s;
+            }
+        }
+        let inverse: Vec<f32> = factors.iter().map(|s| 1.0 / s).collect();
+        let smoothed = Linear { weight, ..self.clone() };
+        Ok((smoothed, Tensor::from_f32(&[inputs as i64], &inverse)))
     }
 
     /// Whether the layer's input is a GELU's output.
@@ -499,8 +603,8 @@ mod tests {
         let options = GraphOptions { params: Params::Embedded(&params), with_loss: false, dropout: false };
         let mut graph = forward_graph(&config, &layout, &options).expect("graph").graph;
         let keep = |w: &str| w.contains("classifier");
-        let report =
-            quantize_linear_layers(&mut graph, WeightRange::Full, PerToken::FeedForward, &keep).expect("quantized");
+        let report = quantize_linear_layers(&mut graph, WeightRange::Full, FeedForwardInput::PerToken, &keep)
+            .expect("quantized");
         graph.prune();
         // Query, key, value, attention output, intermediate, output, and the pooler.
         assert_eq!(report.linear.len(), 7, "{report:?}");
@@ -530,9 +634,74 @@ mod tests {
 
         // Per token for the layer reading the GELU alone.
         let mut graph = forward_graph(&config, &layout, &options).expect("graph").graph;
-        let report =
-            quantize_linear_layers(&mut graph, WeightRange::Full, PerToken::GeluInput, &keep).expect("quantized");
+        let report = quantize_linear_layers(&mut graph, WeightRange::Full, FeedForwardInput::PerBatch, &keep)
+            .expect("quantized");
         assert_eq!(report.per_row, feed_forward[1..].to_vec());
+        assert!(report.smoothed.is_empty());
+
+        // Smoothed: the first layer's input scaled per channel, then quantized per batch.
+        let mut graph = forward_graph(&config, &layout, &options).expect("graph").graph;
+        let maxima = InputMaxima::from([(feed_forward[0].clone(), vec![1.0; 32])]);
+        let smoothed = FeedForwardInput::Smoothed(&maxima);
+        let report = quantize_linear_layers(&mut graph, WeightRange::Full, smoothed, &keep).expect("quantized");
+        assert_eq!((report.per_row, report.smoothed), (feed_forward[1..].to_vec(), feed_forward[..1].to_vec()));
+        graph.prune();
+        let count = |op: &str| graph.nodes().iter().filter(|n| n.op_type == op).count();
+        assert_eq!((count(QUANTIZE_INPUT), count("QuantizeLinear"), count("ReduceMin")), (4, 1, 0));
+        let factors = graph.constant_value(&format!("{}_smoothing", feed_forward[0])).expect("the inverse factors");
+        assert_eq!(factors.dims, [32]);
+
+        // Maxima of the wrong width, or none, name the layer.
+        for maxima in [InputMaxima::from([(feed_forward[0].clone(), vec![1.0; 31])]), InputMaxima::new()] {
+            let mut graph = forward_graph(&config, &layout, &options).expect("graph").graph;
+            let smoothed = FeedForwardInput::Smoothed(&maxima);
+            let err = quantize_linear_layers(&mut graph, WeightRange::Full, smoothed, &keep).expect_err("refused");
+            assert!(err.to_string().contains(&feed_forward[0]), "{err}");
+        }
+    }
+
+    #[test]
+    fn smoothing_moves_each_channels_range_into_its_weight_column() {
+        let (config, layout, params) = tiny();
+        let options = GraphOptions { params: Params::Embedded(&params), with_loss: false, dropout: false };
+        let graph = forward_graph(&config, &layout, &options).expect("graph").graph;
+        let linear = graph
+            .nodes()
+            .iter()
+            .filter_map(|n| Linear::of(&graph, n))
+            .find(|l| l.feeds_gelu(&graph))
+            .expect("the feed-forward block's first layer");
+        let column_max =
+            |weight: &[f32], j: usize| weight.iter().skip(j).step_by(32).fold(0.0f32, |m, w| m.max(w.abs()));
+        // Channel 0 reaches 400, channel 1 was never seen away from zero, the rest reach 1.
+        let mut maxima = vec![1.0; 32];
+        maxima[0] = 400.0;
+        maxima[1] = 0.0;
+        let (smoothed, inverse) =
+            linear.smoothed(&InputMaxima::from([(linear.weight_name.clone(), maxima.clone())])).expect("smoothed");
+        let inverse = inverse.to_f32().expect("floats");
+        for j in 0..32 {
+            let (w, ws) = (column_max(&linear.weight, j), column_max(&smoothed.weight, j));
+            // The product is unchanged: column j times s_j, input j times 1 / s_j.
+            assert!((ws * inverse[j] - w).abs() <= 1e-6 * w, "channel {j}");
+            if j == 1 {
+                assert_eq!(inverse[j], 1.0, "an unseen channel keeps its scale");
+            } else {
+                // Input and weight both span sqrt(a_j * w_j).
+                let both = (maxima[j] * w).sqrt();
+                assert!((maxima[j] * inverse[j] - both).abs() <= 1e-4 * both, "channel {j}");
+                assert!((ws - both).abs() <= 1e-4 * both, "channel {j}");
+            }
+        }
+    }
+
+    #[test]
+    fn calibration_reads_the_input_of_each_layer_feeding_a_gelu() {
+        let (config, layout, params) = tiny();
+        // Its outputs as ONNX Runtime computes them: crates/trainer's calibration tests.
+        let layers = calibration_graph(&config, &layout, &params).expect("graph").layers;
+        let weights: Vec<&str> = layers.iter().map(|(w, _)| w.as_str()).collect();
+        assert_eq!(weights, ["bert.encoder.layer.0.intermediate.dense.weight"]);
     }
 
     #[test]
@@ -542,7 +711,7 @@ mod tests {
         let quantized = |range| {
             let mut graph = forward_graph(&config, &layout, &options).expect("graph").graph;
             let keep = |w: &str| w.contains("classifier");
-            quantize_linear_layers(&mut graph, range, PerToken::FeedForward, &keep).expect("quantized");
+            quantize_linear_layers(&mut graph, range, FeedForwardInput::PerToken, &keep).expect("quantized");
             graph
         };
         let (signed, unsigned) = (quantized(WeightRange::Full), quantized(WeightRange::Unsigned));

@@ -40,7 +40,10 @@ pub use forward::{
     export_inference, forward_graph, layer_prefixes, layer_scope, ForwardGraph, GraphOptions, Params, ATTENTION_MASK,
     INPUT_IDS, LABELS, LOGITS, LOSS, TOKEN_TYPE_IDS,
 };
-pub use int8::{export_inference_int8, quantize_linear_layers, Int8Report, PerToken, WeightRange};
+pub use int8::{
+    calibration_graph, export_inference_int8, quantize_linear_layers, CalibrationGraph, FeedForwardInput, InputMaxima,
+    Int8Report, WeightRange,
+};
 pub use layout::{ParamEntry, ParamLayout, ALIGN_FLOATS};
 pub use params::{init_all, init_param, is_head, layout, param_shapes, word_embeddings_name};
 pub use tensor_file::{read_tensor_file, write_tensor_file, HostTensor};

@@ -245,4 +245,18 @@ impl Evaluator {
         let out = self.session.run(&feeds, &[ringtune_bert::LOGITS])?;
         out[0].as_f32().map(<[f32]>::to_vec).ok_or(TrainError::MissingOutput("logits"))
     }
+
+    /// The float outputs named `names` of `batch`, for a model with embedded parameters.
+    pub fn embedded_outputs(&mut self, batch: &Batch, names: &[&str]) -> Result<Vec<Vec<f32>>, TrainError> {
+        if self.fed.is_some() {
+            return Err(TrainError::Other("a model that reads its parameters was run without them".into()));
+        }
+        let dims = batch.dims();
+        let labels = [batch.rows as i64];
+        let feeds = batch_feeds(&self.session, batch, &dims, &labels, ProblemType::SingleLabel);
+        let out = self.session.run(&feeds, names)?;
+        out.iter()
+            .map(|t| t.as_f32().map(<[f32]>::to_vec).ok_or_else(|| TrainError::Other("an output is not float".into())))
+            .collect()
+    }
 }

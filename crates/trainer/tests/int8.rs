@@ -63,20 +63,34 @@ fn a_run_quantized_at_its_end_scores_its_int8_model_as_eval_does() {
     let predictions = std::fs::read_to_string(&out).expect("predictions");
     assert_eq!(predictions.lines().count(), 41, "a header and one line per dev row: {predictions}");
 
-    // `ringtune quantize` writes the same file again, with every layer quantized on request.
-    let (ok, stdout, stderr) = ringtune(&["quantize", "--model", utf8(&cfg.output), "--keep-float", "none"]);
+    // `ringtune quantize` writes the same file again, with every layer quantized on request:
+    // the feed-forward block's first layer smoothed by the training rows (the run's end did so
+    // too), the second with its input per token.
+    let train_file = cfg.data.as_ref().expect("data").join("train.tsv");
+    let quantize = ["quantize", "--model", utf8(&cfg.output), "--calibration", utf8(&train_file)];
+    let (ok, stdout, stderr) =
+        ringtune(&[&quantize[..], &["--keep-float", "none", "--calibration-rows", "16"]].concat());
     assert!(ok, "{stderr}");
     assert!(stdout.contains("14 linear layers") && stdout.contains("0 kept in float"), "{stdout}");
-    // Both feed-forward layers of each of the two layers with their input per token.
-    assert!(stdout.contains("4 of them with their input per token"), "{stdout}");
+    assert!(stdout.contains("2 of them with their input per token, 2 smoothed by 16 calibration rows"), "{stdout}");
+    assert_eq!(int8.model.smoothed.len(), 2, "{:?}", int8.model);
 
-    // With unsigned weights (VNNI's arithmetic on any CPU) and per-token inputs after the GELU
-    // alone, the model loads and scores as well.
-    let quantize = ["quantize", "--model", utf8(&cfg.output), "--weights", "unsigned", "--per-token", "gelu-input"];
-    let (ok, stdout, stderr) = ringtune(&quantize);
-    assert!(ok && stdout.contains("(8-bit unsigned weights; 2 of them with"), "{stdout}{stderr}");
+    // Every way of quantizing the first layer's input, with unsigned weights too (VNNI's
+    // arithmetic on any CPU), loads and scores as well.
+    for (how, per_token) in [("per-token", 4), ("per-batch", 2), ("smoothed", 2)] {
+        let (ok, stdout, stderr) =
+            ringtune(&[&quantize[..], &["--weights", "unsigned", "--feed-forward-input", how]].concat());
+        let expected = format!("(8-bit unsigned weights; {per_token} of them with their input per token");
+        assert!(ok && stdout.contains(&expected), "{how}: {stdout}{stderr}");
+        eval_int8_close_to(&cfg.output, &dev, float_acc);
+    }
+}
+
+/// Checks that `ringtune eval --int8` of `run` on `dev` scores within two of its 40 rows of
+/// `float_acc`.
+fn eval_int8_close_to(run: &Path, dev: &Path, float_acc: f64) {
     let (ok, stdout, stderr) =
-        ringtune(&["eval", "--model", utf8(&cfg.output), "--file", utf8(&dev), "--int8", "--threads", "1"]);
+        ringtune(&["eval", "--model", utf8(run), "--file", utf8(dev), "--int8", "--threads", "1"]);
     assert!(ok, "{stderr}");
     let accuracy: f64 = stdout
         .split("accuracy ")
@@ -84,7 +98,7 @@ fn a_run_quantized_at_its_end_scores_its_int8_model_as_eval_does() {
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|a| a.trim_end_matches(',').parse().ok())
         .unwrap_or_else(|| panic!("no accuracy in {stdout}"));
-    assert!((float_acc - accuracy).abs() <= 2.0 / 40.0 + 1e-4, "float {float_acc}, unsigned int8 {accuracy}");
+    assert!((float_acc - accuracy).abs() <= 2.0 / 40.0 + 1e-4, "float {float_acc}, int8 {accuracy}");
 }
 
 #[test]
@@ -96,6 +110,21 @@ fn quantize_and_eval_int8_refuse_what_they_cannot_use_by_name() {
     let (ok, _, stderr) = ringtune(&["quantize", "--model", utf8(&pretrained)]);
     assert!(!ok && stderr.contains("model.safetensors has no trained head"), "{stderr}");
     assert!(!pretrained.join(INT8_MODEL).exists(), "nothing written");
+    // Calibration rows it cannot read: a missing file, a row without its second sentence.
+    let missing = dir.path().join("missing.tsv");
+    let (ok, _, stderr) = ringtune(&["quantize", "--model", utf8(&model), "--calibration", utf8(&missing)]);
+    assert!(!ok && stderr.contains(&format!("reading calibration rows from {}", missing.display())), "{stderr}");
+    let bad = dir.path().join("bad.tsv");
+    std::fs::write(&bad, "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\tOne.\tTwo.\n0\t3\t4\tAlone.\n")
+        .expect("write");
+    let (ok, _, stderr) = ringtune(&["quantize", "--model", utf8(&model), "--calibration", utf8(&bad)]);
+    assert!(!ok && stderr.contains("bad.tsv:3: expected 5 tab-separated fields"), "{stderr}");
+    // A model of the user's own files has no training file ringtune knows of.
+    std::fs::write(model.join("task.json"), r#"{"task": "files", "text_columns": ["a", "b"]}"#).expect("task");
+    let (ok, _, stderr) = ringtune(&["quantize", "--model", utf8(&model)]);
+    assert!(!ok && stderr.contains("name one with --calibration"), "{stderr}");
+    assert!(!model.join(INT8_MODEL).exists(), "nothing written");
+    std::fs::remove_file(model.join("task.json")).expect("remove");
     // No weights at all.
     std::fs::remove_file(model.join("model.safetensors")).expect("remove");
     let (ok, _, stderr) = ringtune(&["quantize", "--model", utf8(&model)]);
@@ -109,8 +138,8 @@ fn quantize_and_eval_int8_refuse_what_they_cannot_use_by_name() {
     let (ok, _, stderr) = ringtune(&["quantize", "--model", utf8(&other)]);
     assert!(!ok && stderr.contains("config.json: model_type = gpt2 is not supported"), "{stderr}");
     // Settings it does not know, with the ones it does.
-    let (ok, _, stderr) = ringtune(&["quantize", "--model", utf8(&model), "--per-token", "every"]);
-    assert!(!ok && stderr.contains("[possible values: feed-forward, gelu-input]"), "{stderr}");
+    let (ok, _, stderr) = ringtune(&["quantize", "--model", utf8(&model), "--feed-forward-input", "every"]);
+    assert!(!ok && stderr.contains("[possible values: smoothed, per-token, per-batch]"), "{stderr}");
     let (ok, _, stderr) = ringtune(&["quantize", "--model", utf8(&model), "--weights", "6-bit"]);
     assert!(!ok && stderr.contains("[possible values: full, reduced, unsigned]"), "{stderr}");
     // An exported model instead of its run folder.

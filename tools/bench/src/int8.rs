@@ -1,6 +1,6 @@
 //! `ringtune-bench int8`: the self-contained inference model in fp32 (`model.onnx`, MLAS), the
 //! evaluation graph on our oneDNN kernels (fp32, and bf16 where the CPU has it), and the int8
-//! model (`model.int8.onnx`, and the same with only the layer after the GELU per token), timed
+//! model (`model.int8.onnx`, and the same with the feed-forward input per token), timed
 //! side by side in one process:
 //! samples/s at a batch (32 x 128 by default), latency at batch 1 (p50, p99), file sizes.
 //! With a Python (`--python`, or `RINGTUNE_PYTORCH`), the other tools' dynamic quantization is
@@ -14,12 +14,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ringtune_bert::{export_inference, export_inference_int8, load_params};
+use ringtune_bert::{export_inference, export_inference_int8, load_params, FeedForwardInput};
 use ringtune_data::Batch;
 use ringtune_ops::{Kernels, Precision};
 use ringtune_runtime::{CpuFeatures, FlatBuffer, Runtime, SessionOptions};
 use ringtune_trainer::engine::Evaluator;
-use ringtune_trainer::quantize::{PerToken, QuantizeOptions};
+use ringtune_trainer::quantize::{input_maxima, QuantizeOptions};
 
 use crate::one::{config_of, config_path, synthetic_batch};
 
@@ -82,15 +82,17 @@ pub(crate) fn int8(args: &Int8Args) -> Result<()> {
     let vnni = CpuFeatures::detect().avx512_vnni;
     let quantize = QuantizeOptions::default();
     let fp32 = export_inference(&config, &layout, &params)?;
-    let int8_with = |per_token| {
-        export_inference_int8(&config, &layout, &params, quantize.weight_range(), per_token, &|w| {
+    let batch = synthetic_batch(args.batch, args.seq, config.vocab_size, 0);
+    // The smoothing's factors from the timed batch: the speed does not depend on them.
+    let maxima = input_maxima(&config, &layout, &params, [batch.clone()])?;
+    let int8_with = |feed_forward| {
+        export_inference_int8(&config, &layout, &params, quantize.weight_range(), feed_forward, &|w| {
             quantize.keeps_float(w)
         })
     };
-    let (int8, report) = int8_with(quantize.per_token)?;
-    // The speed the feed-forward block's first layer pays for its per-token input.
-    let (gelu_input, _) = int8_with(PerToken::GeluInput)?;
-    let batch = synthetic_batch(args.batch, args.seq, config.vocab_size, 0);
+    let (int8, report) = int8_with(FeedForwardInput::Smoothed(&maxima))?;
+    // What the feed-forward block's first layer would cost with its input per token instead.
+    let (per_token, _) = int8_with(FeedForwardInput::PerToken)?;
     let single = synthetic_batch(1, args.seq, config.vocab_size, 1);
     let options = SessionOptions { threads: args.threads, ..SessionOptions::default() };
     let runtime = Runtime::get()?;
@@ -110,9 +112,9 @@ pub(crate) fn int8(args: &Int8Args) -> Result<()> {
     }
     rows.push(("ringtune int8".into(), time(embedded(&int8)?, &[], &batch, &single, args)?, int8.len()));
     rows.push((
-        "ringtune int8, per token after the GELU alone".into(),
-        time(embedded(&gelu_input)?, &[], &batch, &single, args)?,
-        gelu_input.len(),
+        "ringtune int8, feed-forward input per token".into(),
+        time(embedded(&per_token)?, &[], &batch, &single, args)?,
+        per_token.len(),
     ));
     let left_out = match &args.python {
         Some(python) => other_tools(python, &fp32, &torch_source, args, &mut rows)?,

@@ -19,7 +19,7 @@ use crate::engine::{Engine, Evaluator};
 use crate::evaluation::{evaluate, evaluate_shared, Scoring};
 use crate::metrics::{EvalRecord, Record, Scores, StepTimes};
 use crate::optimizer::Stepped;
-use crate::quantize::{open_int8, quantize, Quantization, QuantizeOptions, Quantized};
+use crate::quantize::{open_int8, Quantization, QuantizeOptions, Quantized, TrainedModel};
 use crate::recipe::param_groups;
 use crate::sync::{GradSync, OneNode};
 use crate::{TrainConfig, TrainError};
@@ -452,7 +452,7 @@ impl TrainingRun<'_> {
     /// Writes the int8 model of the trained weights and scores it on the evaluation sets.
     fn int8_model(&self) -> Result<Int8Summary, TrainError> {
         let _span = tracing::debug_span!("quantize").entered();
-        let model = quantize(&self.plan.output, &QuantizeOptions::default())?;
+        let model = TrainedModel::open(&self.plan.output)?.quantize(&QuantizeOptions::default(), &self.inputs.train)?;
         let options = SessionOptions { threads: self.cfg.threads, ..SessionOptions::default() };
         let mut evaluator = open_int8(&self.plan.output, &options)?;
         let c = &self.inputs.config;

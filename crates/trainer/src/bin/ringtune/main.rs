@@ -14,7 +14,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use ringtune_runtime::SessionOptions;
 use ringtune_trainer::predict::{Precision, Predictor};
-use ringtune_trainer::quantize::{self, PerToken, QuantizeOptions, WeightRange};
+use ringtune_trainer::quantize::{self, FeedForwardInput, QuantizeOptions, WeightRange};
 use ringtune_trainer::sync::QuicSync;
 use ringtune_trainer::train::Start;
 
@@ -83,24 +83,7 @@ fn main() -> Result<()> {
             let n = predictor(&args.common)?.predict(&file, args.common.batch_size, &args.out)?;
             println!("{n} predictions for {} -> {}", file.display(), args.out.display());
         }
-        Command::Quantize(args) => {
-            let q = quantize::quantize(&args.model, &quantize_options(&args))
-                .with_context(|| format!("quantizing {}", args.model.display()))?;
-            let float = std::fs::metadata(args.model.join("model.onnx")).map(|m| m.len()).ok();
-            let share = float.map(|f| format!(" ({:.0}% of model.onnx)", 100.0 * q.bytes as f64 / f as f64));
-            println!(
-                "{} ({:.1} MB{}): {} linear layers ({} weights; {} of them with their input per token) and {} embedding tables in int8, {} kept in float{}",
-                q.path.display(),
-                q.bytes as f64 / 1e6,
-                share.unwrap_or_default(),
-                q.linear.len(),
-                q.weights,
-                q.per_row.len(),
-                q.tables.len(),
-                q.kept_float.len(),
-                if q.kept_float.is_empty() { String::new() } else { format!(": {}", q.kept_float.join(", ")) }
-            );
-        }
+        Command::Quantize(args) => quantize_run(&args)?,
         Command::Info => {
             let report = ringtune_trainer::info::Report::gather();
             print!("{report}");
@@ -174,6 +157,46 @@ fn print_summary(s: &ringtune_trainer::train::Summary) {
     );
 }
 
+/// `ringtune quantize`: writes the int8 model and says what it holds.
+fn quantize_run(args: &args::QuantizeArgs) -> Result<()> {
+    let options = quantize_options(args);
+    let trained =
+        quantize::TrainedModel::open(&args.model).with_context(|| format!("quantizing {}", args.model.display()))?;
+    let calibration = match options.feed_forward {
+        FeedForwardInput::Smoothed => {
+            let file = match &args.calibration {
+                Some(f) => f.clone(),
+                None => default_file(&args.model, "train").map_err(|e| {
+                    anyhow::anyhow!(
+                        "no training file to calibrate on ({e}): name one with --calibration, or quantize with --feed-forward-input per-token, which needs none"
+                    )
+                })?,
+            };
+            quantize::read_calibration(&args.model, &file, args.max_len)
+                .with_context(|| format!("reading calibration rows from {}", file.display()))?
+        }
+        FeedForwardInput::PerToken | FeedForwardInput::PerBatch => Vec::new(),
+    };
+    let q = trained.quantize(&options, &calibration).with_context(|| format!("quantizing {}", args.model.display()))?;
+    let float = std::fs::metadata(args.model.join("model.onnx")).map(|m| m.len()).ok();
+    let share = float.map(|f| format!(" ({:.0}% of model.onnx)", 100.0 * q.bytes as f64 / f as f64));
+    println!(
+        "{} ({:.1} MB{}): {} linear layers ({} weights; {} of them with their input per token, {} smoothed{}) and {} embedding tables in int8, {} kept in float{}",
+        q.path.display(),
+        q.bytes as f64 / 1e6,
+        share.unwrap_or_default(),
+        q.linear.len(),
+        q.weights,
+        q.per_row.len(),
+        q.smoothed.len(),
+        if q.smoothed.is_empty() { String::new() } else { format!(" by {} calibration rows", q.calibration_rows) },
+        q.tables.len(),
+        q.kept_float.len(),
+        if q.kept_float.is_empty() { String::new() } else { format!(": {}", q.kept_float.join(", ")) }
+    );
+    Ok(())
+}
+
 /// `ringtune quantize`'s flags as the library takes them.
 fn quantize_options(args: &args::QuantizeArgs) -> QuantizeOptions {
     let defaults = QuantizeOptions::default();
@@ -187,9 +210,10 @@ fn quantize_options(args: &args::QuantizeArgs) -> QuantizeOptions {
         args::WeightBits::Reduced => WeightRange::Reduced,
         args::WeightBits::Unsigned => WeightRange::Unsigned,
     });
-    let per_token = match args.per_token {
-        args::PerTokenLayers::FeedForward => PerToken::FeedForward,
-        args::PerTokenLayers::GeluInput => PerToken::GeluInput,
-    };
-    QuantizeOptions { keep_float, range, per_token }
+    QuantizeOptions {
+        keep_float,
+        range,
+        feed_forward: args.feed_forward_input,
+        calibration_rows: args.calibration_rows,
+    }
 }
