@@ -265,3 +265,15 @@ pub fn open_int8(dir: &Path, options: &SessionOptions) -> Result<Evaluator, Trai
     Evaluator::embedded(Runtime::get()?, &bytes, options)
         .map_err(|e| TrainError::Unusable { path, reason: format!("no model ONNX Runtime can load ({e})") })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calibration_rows_spread_over_the_file() {
+        assert_eq!(spread(10, 4), [0, 2, 5, 7]);
+        assert_eq!(spread(3, 256), [0, 1, 2]);
+        assert!(spread(0, 256).is_empty() && spread(5, 0).is_empty());
+    }
+}

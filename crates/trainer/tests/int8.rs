@@ -237,3 +237,34 @@ fn python_onnx_runtime_loads_both_models_and_scores_them_as_ringtune_does() {
     assert_eq!(dynamic.len(), examples.len() * classes);
     assert!(dynamic.iter().all(|x| x.is_finite()), "quantize_dynamic's logits: {dynamic:?}");
 }
+
+#[test]
+fn calibration_reads_the_real_tokens_alone() {
+    let dir = tempfile::tempdir().expect("dir");
+    let model = ModelDir::open(&common::tiny_model(dir.path())).expect("model");
+    let mut params = vec![0.0; model.layout.total_len()];
+    ringtune_bert::init_all(&model.config, &model.layout, 5, &mut params);
+    let example = |ids: &[u32]| ringtune_data::Example {
+        ids: ids.to_vec(),
+        type_ids: vec![0; ids.len()],
+        label: None,
+        truncated: false,
+    };
+    let examples = [example(&[101, 2023, 2003, 1037, 2936, 6251, 102]), example(&[101, 2460, 102])];
+    let pad = model.config.pad_token_id;
+    let maxima = |batches: Vec<Batch>| {
+        ringtune_trainer::quantize::input_maxima(&model.config, &model.layout, &params, batches).expect("calibrated")
+    };
+    // Both rows in one batch, the short one padded, against each alone.
+    let together = maxima(vec![Batch::new(&examples, &[0, 1], Padding::Dynamic, pad)]);
+    let apart = maxima((0..2).map(|i| Batch::new(&examples, &[i], Padding::Dynamic, pad)).collect());
+    assert_eq!(together.len(), 2, "the feed-forward block's first layer of each of two layers");
+    for (weight, values) in &together {
+        assert_eq!(values.len(), 32, "{weight}: one value a hidden channel");
+        assert!(values.iter().all(|v| v.is_finite() && *v > 0.0), "{weight}: {values:?}");
+        let other = &apart[weight];
+        for (a, b) in values.iter().zip(other) {
+            assert!((a - b).abs() <= 1e-4 * b.max(1.0), "{weight}: {values:?} against {other:?}");
+        }
+    }
+}
