@@ -73,6 +73,7 @@ fn a_run_quantized_at_its_end_scores_its_int8_model_as_eval_does() {
     assert!(ok, "{stderr}");
     assert!(stdout.contains("14 linear layers") && stdout.contains("0 kept in float"), "{stdout}");
     assert!(stdout.contains("2 of them with their input per token, 2 smoothed by 16 calibration rows"), "{stdout}");
+    assert!(stderr.contains("calibrating the smoothing on 16 of the 200 rows of"), "{stderr}");
     assert_eq!(int8.model.smoothed.len(), 2, "{:?}", int8.model);
 
     // Every way of quantizing the first layer's input, with unsigned weights too (VNNI's

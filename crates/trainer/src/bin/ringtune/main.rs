@@ -172,8 +172,11 @@ fn quantize_run(args: &args::QuantizeArgs) -> Result<()> {
                     )
                 })?,
             };
-            quantize::read_calibration(&args.model, &file, args.max_len)
-                .with_context(|| format!("reading calibration rows from {}", file.display()))?
+            let rows = quantize::read_calibration(&args.model, &file, args.max_len)
+                .with_context(|| format!("reading calibration rows from {}", file.display()))?;
+            let used = options.calibration_rows.min(rows.len());
+            tracing::info!("calibrating the smoothing on {used} of the {} rows of {}", rows.len(), file.display());
+            rows
         }
         FeedForwardInput::PerToken | FeedForwardInput::PerBatch => Vec::new(),
     };
