@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use ringtune_bert::{load_params, ProblemType};
-use ringtune_data::{load_file, Example, LabelSet, PairTokenizer, ReadOptions, TextRows};
+use ringtune_data::{load_file, LabelSet, PairTokenizer, ReadOptions, TextRows};
 use ringtune_ops::Kernels;
 use ringtune_runtime::{FlatBuffer, Runtime, SessionOptions};
 
@@ -87,7 +87,8 @@ impl Predictor {
     /// GLUE-format predictions (`index<TAB>prediction`: the row's id, and the label's name or
     /// the score) for a file, written to `out`; labels the file has are not read.
     pub fn predict(&mut self, file: &Path, batch: usize, out: &Path) -> Result<usize, TrainError> {
-        let (rows, examples) = read_unlabelled(file, &self.task, &self.labels, &self.tokenizer, "predicted")?;
+        let rows = read_unlabelled(file, &self.task, "predicted")?;
+        let (examples, _) = ringtune_data::examples(&rows, &self.labels, &self.tokenizer)?;
         let c = &self.model.config;
         let predicted = predict_logits(&mut self.evaluator, &self.params, &examples, batch, c.pad_token_id)?;
         let mut text = String::from("index\tprediction\n");
@@ -108,16 +109,9 @@ impl Predictor {
     }
 }
 
-/// Every row of `file` (read as `task` reads its files) and its example, its label if any
-/// unread; a row without its text is an error naming it, as it could not be `used` (predicted,
-/// calibrated on).
-pub(crate) fn read_unlabelled(
-    file: &Path,
-    task: &TaskFile,
-    labels: &LabelSet,
-    tokenizer: &PairTokenizer,
-    used: &str,
-) -> Result<(TextRows, Vec<Example>), TrainError> {
+/// Every row of `file` (read as `task` reads its files), its label if any unread; a row without
+/// its text is an error naming it, as it could not be `used` (predicted, calibrated on).
+pub(crate) fn read_unlabelled(file: &Path, task: &TaskFile, used: &str) -> Result<TextRows, TrainError> {
     let layout = task.layout(file)?;
     let mut rows = ringtune_data::read_rows(file, &layout)?;
     if let Some(bad) = rows.bad.first() {
@@ -127,8 +121,7 @@ pub(crate) fn read_unlabelled(
         });
     }
     rows.rows.iter_mut().for_each(|r| r.label = None);
-    let (examples, _) = ringtune_data::examples(&rows, labels, tokenizer)?;
-    Ok((rows, examples))
+    Ok(rows)
 }
 
 /// A class as a prediction file writes it: its name, or its id where the head never named it

@@ -41,14 +41,15 @@ pub enum Quantization {
 pub enum FeedForwardInput {
     /// Smoothed per channel by the largest inputs of calibration rows, then per batch.
     Smoothed,
-    /// Per token: no calibration, 3-4% slower at batch 32 (AVX2).
+    /// Per token: no calibration, 1-4% slower at batch 32 (MPNet, MiniLM; AVX2).
     PerToken,
     /// Per batch, unsmoothed: the fastest, the most lost.
     PerBatch,
 }
 
-/// Calibration rows read unless the caller says otherwise: MPNet's smoothing factors from 256
-/// rows of MRPC's training file left no dev prediction changed (8-bit weights).
+/// Calibration rows read unless the caller says otherwise: on MPNet (MRPC, 8-bit weights) 256
+/// rows spread over the training file changed 5 dev predictions of 408 against per token's 1,
+/// 1024 rows 1 and all 3668 rows 6 (docs/benchmarks.md): more rows bought nothing.
 pub const CALIBRATION_ROWS: usize = 256;
 
 /// Rows a calibration batch holds.
@@ -63,8 +64,8 @@ pub struct QuantizeOptions {
     pub range: Option<WeightRange>,
     /// How the feed-forward block's first layer has its input quantized.
     pub feed_forward: FeedForwardInput,
-    /// How many of the calibration rows given to [`TrainedModel::quantize`] to read (spread evenly over them)
-    /// when smoothing.
+    /// How many of the calibration rows given to [`TrainedModel::quantize`] to read (spread
+    /// evenly over them) when smoothing.
     pub calibration_rows: usize,
 }
 
@@ -159,6 +160,21 @@ impl TrainedModel {
         Ok(TrainedModel { dir: dir.to_path_buf(), model, params })
     }
 
+    /// `rows` rows spread over `file` (read as the run was trained to read its task's files,
+    /// labels unread), tokenized to `max_len` tokens, to calibrate [`TrainedModel::quantize`]'s
+    /// smoothing with. Only those rows are tokenized: a training file can hold 400,000.
+    pub fn read_calibration(&self, file: &Path, max_len: usize, rows: usize) -> Result<Vec<Example>, TrainError> {
+        self.model.check_max_len(max_len)?;
+        let tokenizer = PairTokenizer::from_model_dir(&self.dir, max_len)?;
+        let mut text = read_unlabelled(file, &TaskFile::read(&self.dir)?, "calibrated on")?;
+        let total = text.rows.len();
+        let picked = spread(total, rows);
+        text.rows = picked.iter().map(|&i| text.rows[i].clone()).collect();
+        tracing::info!("calibrating the smoothing on {} of the {total} rows of {}", picked.len(), file.display());
+        let (examples, _) = ringtune_data::examples(&text, &label_set(&self.model.config), &tokenizer)?;
+        Ok(examples)
+    }
+
     /// Writes `model.int8.onnx` into the run's folder; smoothing (the default) calibrates on
     /// `calibration` (tokenized rows of the task, see [`read_calibration`]).
     pub fn quantize(&self, options: &QuantizeOptions, calibration: &[Example]) -> Result<Quantized, TrainError> {
@@ -200,18 +216,6 @@ impl TrainedModel {
             kept_float,
         })
     }
-}
-
-/// The rows of `file` (read as the model in `dir` was trained to read its task's files, labels
-/// unread), tokenized to `max_len` tokens, to calibrate [`TrainedModel::quantize`]'s smoothing
-/// with.
-pub fn read_calibration(dir: &Path, file: &Path, max_len: usize) -> Result<Vec<Example>, TrainError> {
-    let model = ModelDir::open(dir)?;
-    model.check_max_len(max_len)?;
-    let tokenizer = PairTokenizer::from_model_dir(dir, max_len)?;
-    let (_, examples) =
-        read_unlabelled(file, &TaskFile::read(dir)?, &label_set(&model.config), &tokenizer, "calibrated on")?;
-    Ok(examples)
 }
 
 /// `wanted` indices of `0..len` spread evenly (all of them when there are fewer).

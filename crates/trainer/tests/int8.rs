@@ -120,6 +120,18 @@ fn quantize_and_eval_int8_refuse_what_they_cannot_use_by_name() {
         .expect("write");
     let (ok, _, stderr) = ringtune(&["quantize", "--model", utf8(&model), "--calibration", utf8(&bad)]);
     assert!(!ok && stderr.contains("bad.tsv:3: expected 5 tab-separated fields"), "{stderr}");
+    // A file of no rows to calibrate on, or none of its rows asked for.
+    let empty = dir.path().join("empty.tsv");
+    std::fs::write(&empty, "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n").expect("write");
+    let good = dir.path().join("good.tsv");
+    std::fs::write(&good, "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\tOne.\tTwo.\n").expect("write");
+    for calibration in [
+        ["--calibration", utf8(&empty), "--calibration-rows", "256"],
+        ["--calibration", utf8(&good), "--calibration-rows", "0"],
+    ] {
+        let (ok, _, stderr) = ringtune(&[&["quantize", "--model", utf8(&model)][..], &calibration[..]].concat());
+        assert!(!ok && stderr.contains("no rows to calibrate the smoothing with"), "{calibration:?}: {stderr}");
+    }
     // A model of the user's own files has no training file ringtune knows of.
     std::fs::write(model.join("task.json"), r#"{"task": "files", "text_columns": ["a", "b"]}"#).expect("task");
     let (ok, _, stderr) = ringtune(&["quantize", "--model", utf8(&model)]);

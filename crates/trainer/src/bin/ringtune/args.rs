@@ -282,7 +282,7 @@ pub(crate) struct QuantizeArgs {
     pub(crate) weights: Option<WeightBits>,
     /// How the feed-forward block's first layer has its input quantized: smoothed (each channel
     /// scaled by the largest inputs of calibration rows, then one scale a batch), per-token
-    /// (no calibration; 3-4% slower) or per-batch (the fastest, the least accurate).
+    /// (no calibration; 1-4% slower) or per-batch (the fastest, the least accurate).
     #[arg(long, default_value = "smoothed")]
     pub(crate) feed_forward_input: FeedForwardInput,
     /// The file to calibrate the smoothing on, read as the model's task reads its files

@@ -172,11 +172,9 @@ fn quantize_run(args: &args::QuantizeArgs) -> Result<()> {
                     )
                 })?,
             };
-            let rows = quantize::read_calibration(&args.model, &file, args.max_len)
-                .with_context(|| format!("reading calibration rows from {}", file.display()))?;
-            let used = options.calibration_rows.min(rows.len());
-            tracing::info!("calibrating the smoothing on {used} of the {} rows of {}", rows.len(), file.display());
-            rows
+            trained
+                .read_calibration(&file, args.max_len, options.calibration_rows)
+                .with_context(|| format!("reading calibration rows from {}", file.display()))?
         }
         FeedForwardInput::PerToken | FeedForwardInput::PerBatch => Vec::new(),
     };
