@@ -1,12 +1,12 @@
 //! The forward graph against PyTorch: logits and loss of `tiny-bert`, `minilm-mrpc`,
 //! `tiny-mpnet` and `mpnet-mrpc` within 1e-4, and the exported inference model giving the same
-//! logits.
+//! logits, as does the inference graph that skips the padding.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use ringtune_bert::{
-    forward_graph, layout, load_params, read_tensor_file, GraphOptions, HostTensor, ModelConfig, Params,
+    forward_graph, layout, load_params, read_tensor_file, GraphOptions, HostTensor, ModelConfig, Padding, Params,
 };
 use ringtune_runtime::{Session, SessionOptions, TensorView};
 use ringtune_tests::{fixtures, max_abs_diff, minilm_dir, mpnet_dir, runtime};
@@ -71,7 +71,7 @@ fn check(case: Case) {
     let mut params = vec![0.0f32; layout.total_len()];
     let report = load_params(&case.weights, &case.config, &layout, 0, &mut params).expect("weights");
     assert!(report.initialized.is_empty(), "every parameter comes from the files: {report:?}");
-    let options = GraphOptions { params: Params::Inputs, with_loss: true, dropout: false };
+    let options = GraphOptions { params: Params::Inputs, with_loss: true, dropout: false, padding: Padding::Computed };
     let forward = forward_graph(&case.config, &layout, &options).expect("graph");
     let mut session =
         Session::from_bytes(runtime(), &forward.graph.to_bytes().expect("bytes"), &SessionOptions::default())
@@ -106,6 +106,19 @@ fn check(case: Case) {
     let feeds: Vec<(&str, TensorView<'_>)> = batch_inputs.iter().map(|name| (*name, view(&case.batch, name))).collect();
     let exported_logits = inference.run(&feeds, &[ringtune_bert::LOGITS]).expect("run");
     assert!(max_abs_diff(exported_logits[0].as_f32().expect("f32"), want_logits) < 1e-4);
+
+    // So does the inference graph that skips the padding, on a batch that has some.
+    let mask = case.batch[ringtune_bert::ATTENTION_MASK].i64s().expect("mask");
+    assert!(mask.contains(&0) && mask.contains(&1), "the batch pads some rows: {mask:?}");
+    let options =
+        GraphOptions { params: Params::Embedded(&params), with_loss: false, dropout: false, padding: Padding::Skipped };
+    let mut skipping = forward_graph(&case.config, &layout, &options).expect("graph").graph;
+    skipping.prune();
+    let model = skipping.to_bytes().expect("bytes");
+    let mut session = Session::from_bytes(runtime(), &model, &SessionOptions::default()).expect("session");
+    let skipped_logits = session.run(&feeds, &[ringtune_bert::LOGITS]).expect("run");
+    let skipped_logits = skipped_logits[0].as_f32().expect("f32");
+    assert!(max_abs_diff(skipped_logits, want_logits) < 1e-4, "{skipped_logits:?} vs {want_logits:?}");
 }
 
 #[test]

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use ringtune_bert::{export_inference, forward_graph, init_all, layout, GraphOptions, ModelConfig, Params};
+use ringtune_bert::{export_inference, forward_graph, init_all, layout, GraphOptions, ModelConfig, Padding, Params};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let config = ModelConfig::from_json(
@@ -23,7 +23,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let mut params = vec![0.0f32; layout.total_len()];
     init_all(&config, &layout, 42, &mut params);
-    let options = GraphOptions { params: Params::Inputs, with_loss: true, dropout: true };
+    let options = GraphOptions { params: Params::Inputs, with_loss: true, dropout: true, padding: Padding::Computed };
     let forward = forward_graph(&config, &layout, &options)?;
     println!(
         "training forward graph: {} nodes, inputs {} (batch and parameters)",

@@ -13,7 +13,10 @@
 //! 26-65 in a few channels (MPNet), so by default its input is smoothed per channel before one
 //! scale a batch quantizes it. Every embedding table (a `Gather` of rows from an embedded
 //! `[rows, width]` table) is stored as int8 with one scale per row, its gathered rows cast back
-//! to float and scaled: the word embeddings are half of a small model's bytes. The stock CPU
+//! to float and scaled: the word embeddings are half of a small model's bytes. Built on the
+//! inference graph that skips the padding ([`crate::Padding::Skipped`]), the per-batch scales
+//! come from the real tokens alone, so the logits no longer depend on how much padding the
+//! batch holds (the padded graph is there too, for comparison). The stock CPU
 //! build of ONNX Runtime runs it, from any language. The weights the caller keeps in float stay
 //! as they were; LayerNorm, softmax and the attention matmuls are float throughout.
 //!
@@ -24,7 +27,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use ringtune_onnx_ir::{Attribute, DType, Dim, Graph, InferCtx, Node, Tensor, Value, ValueType};
 
-use crate::{forward_graph, GraphOptions, ModelConfig, ModelError, ParamLayout, Params};
+use crate::{forward_graph, GraphOptions, ModelConfig, ModelError, Padding, ParamLayout, Params};
 
 /// ONNX Runtime's domain of contrib operators.
 const CONTRIB: &str = "com.microsoft";
@@ -110,7 +113,9 @@ pub struct Int8Report {
 }
 
 /// The int8 inference model as ONNX bytes, and what it quantized: every linear layer and
-/// embedding table whose weight's name `keep_float` does not claim.
+/// embedding table whose weight's name `keep_float` does not claim. With [`Padding::Skipped`]
+/// (what `ringtune quantize` writes) the layers skip the padding, and the inputs quantized per
+/// batch take their ranges from the real tokens alone.
 pub fn export_inference_int8(
     config: &ModelConfig,
     layout: &ParamLayout,
@@ -118,8 +123,9 @@ pub fn export_inference_int8(
     range: WeightRange,
     feed_forward: FeedForwardInput<'_>,
     keep_float: &dyn Fn(&str) -> bool,
+    padding: Padding,
 ) -> Result<(Vec<u8>, Int8Report), ModelError> {
-    let options = GraphOptions { params: Params::Embedded(params), with_loss: false, dropout: false };
+    let options = GraphOptions { params: Params::Embedded(params), with_loss: false, dropout: false, padding };
     let mut graph = forward_graph(config, layout, &options)?.graph;
     let report = quantize_linear_layers(&mut graph, range, feed_forward, keep_float)?;
     graph.prune();
@@ -142,7 +148,8 @@ pub fn calibration_graph(
     layout: &ParamLayout,
     params: &[f32],
 ) -> Result<CalibrationGraph, ModelError> {
-    let options = GraphOptions { params: Params::Embedded(params), with_loss: false, dropout: false };
+    let options =
+        GraphOptions { params: Params::Embedded(params), with_loss: false, dropout: false, padding: Padding::Computed };
     let mut graph = forward_graph(config, layout, &options)?.graph;
     let mut layers = Vec::new();
     for node in graph.nodes() {
@@ -600,7 +607,12 @@ mod tests {
     #[test]
     fn every_linear_layer_but_the_kept_ones_becomes_an_int8_matmul() {
         let (config, layout, params) = tiny();
-        let options = GraphOptions { params: Params::Embedded(&params), with_loss: false, dropout: false };
+        let options = GraphOptions {
+            params: Params::Embedded(&params),
+            with_loss: false,
+            dropout: false,
+            padding: Padding::Computed,
+        };
         let mut graph = forward_graph(&config, &layout, &options).expect("graph").graph;
         let keep = |w: &str| w.contains("classifier");
         let report = quantize_linear_layers(&mut graph, WeightRange::Full, FeedForwardInput::PerToken, &keep)
@@ -663,7 +675,12 @@ mod tests {
     #[test]
     fn smoothing_moves_each_channels_range_into_its_weight_column() {
         let (config, layout, params) = tiny();
-        let options = GraphOptions { params: Params::Embedded(&params), with_loss: false, dropout: false };
+        let options = GraphOptions {
+            params: Params::Embedded(&params),
+            with_loss: false,
+            dropout: false,
+            padding: Padding::Computed,
+        };
         let graph = forward_graph(&config, &layout, &options).expect("graph").graph;
         let linear = graph
             .nodes()
@@ -707,7 +724,12 @@ mod tests {
     #[test]
     fn unsigned_weights_are_the_full_range_shifted_to_a_zero_point_of_128() {
         let (config, layout, params) = tiny();
-        let options = GraphOptions { params: Params::Embedded(&params), with_loss: false, dropout: false };
+        let options = GraphOptions {
+            params: Params::Embedded(&params),
+            with_loss: false,
+            dropout: false,
+            padding: Padding::Computed,
+        };
         let quantized = |range| {
             let mut graph = forward_graph(&config, &layout, &options).expect("graph").graph;
             let keep = |w: &str| w.contains("classifier");

@@ -10,14 +10,14 @@
 //!
 //! ```
 //! use std::path::Path;
-//! use ringtune_bert::{forward_graph, layout, GraphOptions, ModelConfig, Params};
+//! use ringtune_bert::{forward_graph, layout, GraphOptions, ModelConfig, Padding, Params};
 //! let config = ModelConfig::from_json(
 //!     r#"{"vocab_size": 30, "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
 //!         "intermediate_size": 16, "max_position_embeddings": 10}"#,
 //!     Path::new("config.json"),
 //! ).unwrap();
 //! let layout = layout(&config);
-//! let options = GraphOptions { params: Params::Inputs, with_loss: true, dropout: false };
+//! let options = GraphOptions { params: Params::Inputs, with_loss: true, dropout: false, padding: Padding::Computed };
 //! let forward = forward_graph(&config, &layout, &options).unwrap();
 //! assert_eq!(forward.params.len(), layout.entries().len());
 //! assert!(forward.graph.to_bytes().is_ok());
@@ -37,8 +37,8 @@ pub use checkpoint::{load_params, save_params, LoadReport};
 pub use config::{Family, ModelConfig, ProblemType};
 pub use error::ModelError;
 pub use forward::{
-    export_inference, forward_graph, layer_prefixes, layer_scope, ForwardGraph, GraphOptions, Params, ATTENTION_MASK,
-    INPUT_IDS, LABELS, LOGITS, LOSS, TOKEN_TYPE_IDS,
+    export_inference, forward_graph, layer_prefixes, layer_scope, ForwardGraph, GraphOptions, Padding, Params,
+    ATTENTION_MASK, INPUT_IDS, LABELS, LOGITS, LOSS, TOKEN_TYPE_IDS,
 };
 pub use int8::{
     calibration_graph, export_inference_int8, quantize_linear_layers, CalibrationGraph, FeedForwardInput, InputMaxima,

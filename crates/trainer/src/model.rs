@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ringtune_bert::{forward_graph, ForwardGraph, GraphOptions, ModelConfig, ParamLayout, Params};
+use ringtune_bert::{forward_graph, ForwardGraph, GraphOptions, ModelConfig, Padding, ParamLayout, Params};
 use ringtune_onnx_ir::Value;
 use ringtune_ops::{Kernels, Recompute};
 
@@ -191,7 +191,8 @@ pub fn training_graph(
     sync: SyncNodes,
 ) -> Result<(Vec<u8>, Vec<String>), TrainError> {
     check_order(TRAINING_PASSES).map_err(TrainError::GraphBuild)?;
-    let options = GraphOptions { params: Params::Inputs, with_loss: true, dropout: choices.dropout };
+    let options =
+        GraphOptions { params: Params::Inputs, with_loss: true, dropout: choices.dropout, padding: Padding::Computed };
     let forward = forward_graph(config, layout, &options)?;
     let loss = forward.loss.clone().ok_or_else(|| TrainError::GraphBuild("the forward graph has no loss".into()))?;
     let mut building = Building { forward, loss, grads: Vec::new(), tokens: Vec::new(), choices, sync, config, layout };
@@ -205,7 +206,7 @@ pub fn training_graph(
 
 /// The forward graph without loss (inputs: batch and parameters; output: logits).
 pub fn eval_graph(config: &ModelConfig, layout: &ParamLayout, kernels: Kernels) -> Result<Vec<u8>, TrainError> {
-    let options = GraphOptions { params: Params::Inputs, with_loss: false, dropout: false };
+    let options = GraphOptions { params: Params::Inputs, with_loss: false, dropout: false, padding: Padding::Computed };
     let mut forward = forward_graph(config, layout, &options)?;
     forward.graph.prune();
     ringtune_ops::fuse(&mut forward.graph, kernels)?;

@@ -200,8 +200,15 @@ impl TrainedModel {
             FeedForwardInput::PerBatch => (ringtune_bert::FeedForwardInput::PerBatch, 0),
         };
         let (config, layout) = (&self.model.config, &self.model.layout);
-        let (bytes, Int8Report { linear, per_row, smoothed, tables, kept_float }) =
-            export_inference_int8(config, layout, &self.params, range, feed_forward, &|w| options.keeps_float(w))?;
+        let (bytes, Int8Report { linear, per_row, smoothed, tables, kept_float }) = export_inference_int8(
+            config,
+            layout,
+            &self.params,
+            range,
+            feed_forward,
+            &|w| options.keeps_float(w),
+            ringtune_bert::Padding::Skipped,
+        )?;
         let path = self.dir.join(INT8_MODEL);
         ringtune_files::write_atomically(&path, &bytes)?;
         Ok(Quantized {

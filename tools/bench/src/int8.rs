@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ringtune_bert::{export_inference, export_inference_int8, load_params, FeedForwardInput};
+use ringtune_bert::{export_inference, export_inference_int8, load_params, FeedForwardInput, Padding};
 use ringtune_data::Batch;
 use ringtune_ops::{Kernels, Precision};
 use ringtune_runtime::{CpuFeatures, FlatBuffer, Runtime, SessionOptions};
@@ -85,14 +85,23 @@ pub(crate) fn int8(args: &Int8Args) -> Result<()> {
     let batch = synthetic_batch(args.batch, args.seq, config.vocab_size, 0);
     // The smoothing's factors from the timed batch: the speed does not depend on them.
     let maxima = input_maxima(&config, &layout, &params, [batch.clone()])?;
-    let int8_with = |feed_forward| {
-        export_inference_int8(&config, &layout, &params, quantize.weight_range(), feed_forward, &|w| {
-            quantize.keeps_float(w)
-        })
+    let int8_with = |feed_forward, padding| {
+        export_inference_int8(
+            &config,
+            &layout,
+            &params,
+            quantize.weight_range(),
+            feed_forward,
+            &|w| quantize.keeps_float(w),
+            padding,
+        )
     };
-    let (int8, report) = int8_with(FeedForwardInput::Smoothed(&maxima))?;
+    let (int8, report) = int8_with(FeedForwardInput::Smoothed(&maxima), Padding::Skipped)?;
+    // The same int8 layers computing the padding too, as fp32's `model.onnx` and ONNX Runtime's
+    // quantization of it do: what the integer kernels alone give.
+    let (padded, _) = int8_with(FeedForwardInput::Smoothed(&maxima), Padding::Computed)?;
     // What the feed-forward block's first layer would cost with its input per token instead.
-    let (per_token, _) = int8_with(FeedForwardInput::PerToken)?;
+    let (per_token, _) = int8_with(FeedForwardInput::PerToken, Padding::Skipped)?;
     let single = synthetic_batch(1, args.seq, config.vocab_size, 1);
     let options = SessionOptions { threads: args.threads, ..SessionOptions::default() };
     let runtime = Runtime::get()?;
@@ -111,6 +120,11 @@ pub(crate) fn int8(args: &Int8Args) -> Result<()> {
         rows.push(("ringtune bf16 (oneDNN)".into(), timed, fp32.len()));
     }
     rows.push(("ringtune int8".into(), time(embedded(&int8)?, &[], &batch, &single, args)?, int8.len()));
+    rows.push((
+        "ringtune int8, padding computed".into(),
+        time(embedded(&padded)?, &[], &batch, &single, args)?,
+        padded.len(),
+    ));
     rows.push((
         "ringtune int8, feed-forward input per token".into(),
         time(embedded(&per_token)?, &[], &batch, &single, args)?,

@@ -1,15 +1,22 @@
-//! Indexing: `Gather`, `ScatterND`, `ScatterElements`, `OneHot`.
+//! Indexing: `Gather`, `ScatterND`, `ScatterElements`, `OneHot`, `NonZero`.
 
 use std::collections::HashMap;
 
 use super::{norm_axis, InferCtx, Inferred, Rule};
-use crate::{Attribute, Dim, Graph, IrError, NodeSpec, Value, ValueType};
+use crate::{Attribute, DType, Dim, Graph, IrError, NodeSpec, Value, ValueType};
 
 pub(super) fn register(rules: &mut HashMap<&'static str, Rule>) {
     rules.insert("Gather", gather);
     rules.insert("ScatterND", scatter);
     rules.insert("ScatterElements", scatter);
     rules.insert("OneHot", one_hot);
+    rules.insert("NonZero", non_zero);
+}
+
+/// `NonZero(x)`: the indices of `x`'s nonzero elements, `[rank, found]` int64 (one column each).
+fn non_zero(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
+    let rank = ctx.ranked(0)?.len();
+    Ok(Inferred::one(ValueType::new(DType::I64, vec![Dim::Known(rank as i64), Dim::Unknown])))
 }
 
 fn gather(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
@@ -86,6 +93,11 @@ impl Graph {
         )
     }
 
+    /// `NonZero(x)`: `[rank, found]` indices of the nonzero elements, in row-major order.
+    pub fn non_zero(&mut self, x: &Value) -> Result<Value, IrError> {
+        self.op1("NonZero", &[x], vec![])
+    }
+
     /// `OneHot(indices, depth, [off, on])` on the last axis.
     pub fn one_hot(&mut self, indices: &Value, depth: &Value, values: &Value) -> Result<Value, IrError> {
         let outs = self.node(NodeSpec {
@@ -102,7 +114,7 @@ impl Graph {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{shape, DType};
+    use crate::shape;
 
     #[test]
     fn gather_shapes() {
@@ -112,5 +124,14 @@ mod tests {
         let emb = g.gather(&table, &ids, 0).expect("gather");
         assert_eq!(g.shape(&emb).expect("s"), &shape(&[Dim::sym("batch"), Dim::sym("seq"), Dim::Known(32)]));
         assert!(g.gather(&ids, &table, 0).is_err(), "float indices are refused");
+    }
+
+    #[test]
+    fn non_zero_lists_one_column_of_indices_per_element_found() {
+        let mut g = Graph::new("t");
+        let mask = g.input("mask", DType::I64, shape(&["batch", "seq"])).expect("mask");
+        let found = g.non_zero(&mask).expect("non_zero");
+        assert_eq!(g.shape(&found).expect("s"), &vec![Dim::Known(2), Dim::Unknown]);
+        assert_eq!(g.dtype(&found).expect("dtype"), DType::I64);
     }
 }
