@@ -1,7 +1,7 @@
 """Throughput of ONNX models against the first one, alternating them round by round in one process:
 on a shared machine a single timing moves by several percent, a ratio within a round much less.
 
-Usage: python int8_rounds.py ROUNDS NAME=MODEL.onnx ... [--steps 5 --batch 32 --seq 128 --threads 2].
+Usage: python int8_rounds.py ROUNDS NAME=MODEL.onnx ... [--steps 5 --batch 32 --seq 128 --shortest 40 --threads 2].
 Prints each model's median samples/s and the median (and range) of its per-round ratio to the
 first. The batches are `ringtune-bench int8`'s synthetic ones (int8_timing.py). Needs onnxruntime.
 """
@@ -22,6 +22,7 @@ def main():
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--shortest", type=int, default=40, help="real tokens of the shortest row")
     p.add_argument("--threads", type=int, default=2)
     a = p.parse_args()
     sessions = {}
@@ -32,7 +33,7 @@ def main():
         options.log_severity_level = 3
         session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
         names = {i.name for i in session.get_inputs()}
-        feeds = {k: v for k, v in synthetic_feeds(a.batch, a.seq, 0).items() if k in names}
+        feeds = {k: v for k, v in synthetic_feeds(a.batch, a.seq, 0, a.shortest).items() if k in names}
         session.run(["logits"], feeds)
         sessions[name] = (session, feeds)
     rates = {name: [] for name in sessions}

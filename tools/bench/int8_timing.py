@@ -18,20 +18,21 @@ def arguments(description):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--shortest", type=int, default=40, help="real tokens of the shortest row")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--latency-runs", type=int, default=100)
     return p
 
 
-def synthetic_feeds(rows, seq, seed):
+def synthetic_feeds(rows, seq, seed, shortest=40):
     """input_ids, attention_mask and token_type_ids as int64 arrays of shape (rows, seq)."""
     rng = np.random.default_rng(seed)
     ids = np.zeros((rows, seq), dtype=np.int64)
     mask = np.zeros((rows, seq), dtype=np.int64)
     types = np.zeros((rows, seq), dtype=np.int64)
     for r in range(rows):
-        length = int(rng.integers(min(40, seq), seq + 1))
+        length = int(rng.integers(min(shortest, seq), seq + 1))
         ids[r, :length] = rng.integers(1000, 30000, size=length)
         mask[r, :length] = 1
         types[r, length // 2 : length] = 1

@@ -1,7 +1,7 @@
 """ONNX Runtime's own dynamic int8 quantization of a model.onnx (int8 weights per channel),
 timed as `ringtune-bench int8` times ours (see int8_timing.py).
 
-Usage: python ort_int8.py MODEL.onnx [--threads 2 --batch 32 --seq 128 --steps 5 --repeats 3
+Usage: python ort_int8.py MODEL.onnx [--threads 2 --batch 32 --seq 128 --shortest 40 --steps 5 --repeats 3
 --latency-runs 100]. Needs onnxruntime (and numpy).
 """
 
@@ -24,7 +24,7 @@ def main():
     names = {i.name for i in session.get_inputs()}
 
     def feeds(rows, seed):
-        return {k: v for k, v in synthetic_feeds(rows, a.seq, seed).items() if k in names}
+        return {k: v for k, v in synthetic_feeds(rows, a.seq, seed, a.shortest).items() if k in names}
 
     timed = measure(lambda f: session.run(["logits"], f), feeds(a.batch, 0), feeds(1, 1), a)
     report("ONNX Runtime quantize_dynamic", timed, os.path.getsize(out))

@@ -5,7 +5,7 @@ model in fp32, timed as `ringtune-bench int8` times ours (see int8_timing.py).
 
 SOURCE is a folder with config.json (a run folder or a checkpoint: its model.safetensors is read
 when there, else the weights are seeded) or a config file. Usage: python torch_int8.py SOURCE
-[--threads 2 --batch 32 --seq 128 --steps 5 --repeats 3 --latency-runs 100]. Needs torch and
+[--threads 2 --batch 32 --seq 128 --shortest 40 --steps 5 --repeats 3 --latency-runs 100]. Needs torch and
 transformers.
 """
 
@@ -40,7 +40,7 @@ def main():
     names = inspect.signature(fp32.forward).parameters  # MPNet's has no token_type_ids
 
     def feeds(rows, seed):
-        return {k: torch.from_numpy(v) for k, v in synthetic_feeds(rows, a.seq, seed).items() if k in names}
+        return {k: torch.from_numpy(v) for k, v in synthetic_feeds(rows, a.seq, seed, a.shortest).items() if k in names}
 
     big, one = feeds(a.batch, 0), feeds(1, 1)
     with torch.inference_mode():

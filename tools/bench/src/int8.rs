@@ -35,9 +35,13 @@ pub(crate) struct Int8Args {
     /// Rows of the throughput batch.
     #[arg(long, default_value_t = 32)]
     batch: usize,
-    /// Tokens per row.
+    /// Tokens per row, padding included.
     #[arg(long, default_value_t = 128)]
     seq: usize,
+    /// Real tokens of the shortest row: the rows' lengths spread evenly from it to `--seq`
+    /// (`--shortest 128` pads nothing).
+    #[arg(long, default_value_t = crate::one::SHORTEST)]
+    shortest: usize,
     /// Timed batches per repeat.
     #[arg(long, default_value_t = 5)]
     steps: usize,
@@ -82,7 +86,7 @@ pub(crate) fn int8(args: &Int8Args) -> Result<()> {
     let vnni = CpuFeatures::detect().avx512_vnni;
     let quantize = QuantizeOptions::default();
     let fp32 = export_inference(&config, &layout, &params)?;
-    let batch = synthetic_batch(args.batch, args.seq, config.vocab_size, 0);
+    let batch = synthetic_batch(args.batch, args.seq, args.shortest, config.vocab_size, 0);
     // The smoothing's factors from the timed batch: the speed does not depend on them.
     let maxima = input_maxima(&config, &layout, &params, [batch.clone()])?;
     let int8_with = |feed_forward, padding| {
@@ -102,7 +106,7 @@ pub(crate) fn int8(args: &Int8Args) -> Result<()> {
     let (padded, _) = int8_with(FeedForwardInput::Smoothed(&maxima), Padding::Computed)?;
     // What the feed-forward block's first layer would cost with its input per token instead.
     let (per_token, _) = int8_with(FeedForwardInput::PerToken, Padding::Skipped)?;
-    let single = synthetic_batch(1, args.seq, config.vocab_size, 1);
+    let single = synthetic_batch(1, args.seq, args.shortest, config.vocab_size, 1);
     let options = SessionOptions { threads: args.threads, ..SessionOptions::default() };
     let runtime = Runtime::get()?;
     let embedded = |model: &[u8]| Evaluator::embedded(runtime, model, &options);
@@ -232,7 +236,8 @@ fn python_rows(python: &Path, script: &Path, source: &Path, args: &Int8Args) -> 
         .arg(script)
         .arg(source)
         .args(["--threads", &args.threads.to_string(), "--batch", &args.batch.to_string()])
-        .args(["--seq", &args.seq.to_string(), "--steps", &args.steps.to_string()])
+        .args(["--seq", &args.seq.to_string(), "--shortest", &args.shortest.to_string()])
+        .args(["--steps", &args.steps.to_string()])
         .args(["--repeats", &args.repeats.to_string(), "--latency-runs", &args.latency_runs.to_string()])
         .output()
         .with_context(|| format!("running {} {}", python.display(), script.display()))?;

@@ -142,8 +142,12 @@ pub(crate) fn config_path(model: &str) -> PathBuf {
     }
 }
 
-/// A batch like the reference's: random ids, lengths 40..=seq padded to seq, two segments.
-pub(crate) fn synthetic_batch(rows: usize, seq: usize, vocab: usize, seed: u64) -> Batch {
+/// The shortest row of a synthetic batch, in real tokens (the reference's).
+pub(crate) const SHORTEST: usize = 40;
+
+/// A batch like the reference's: random ids, lengths `shortest..=seq` padded to seq, two
+/// segments.
+pub(crate) fn synthetic_batch(rows: usize, seq: usize, shortest: usize, vocab: usize, seed: u64) -> Batch {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut b = Batch {
         rows,
@@ -156,7 +160,7 @@ pub(crate) fn synthetic_batch(rows: usize, seq: usize, vocab: usize, seed: u64) 
         indices: (0..rows).collect(),
     };
     for r in 0..rows {
-        let len = rng.random_range(40.min(seq)..=seq);
+        let len = rng.random_range(shortest.min(seq)..=seq);
         for k in 0..len {
             b.input_ids[r * seq + k] = rng.random_range(1000.min(vocab as i64 - 1)..vocab as i64);
             b.attention_mask[r * seq + k] = 1;
@@ -241,7 +245,7 @@ fn step_fn(one: &One, config: &ModelConfig, kernels: Kernels, batch: Batch) -> R
 pub(crate) fn measure(one: &One) -> Result<Measurement> {
     let config = config_of(&one.model)?;
     let rows = one.batch.unwrap_or(if one.task == Task::Train { 32 } else { 64 });
-    let batch = synthetic_batch(rows, one.seq, config.vocab_size, 0);
+    let batch = synthetic_batch(rows, one.seq, SHORTEST, config.vocab_size, 0);
     let kernels = Kernels::resolve(one.kernels, one.precision);
     let Stepper { mut step, memory } = step_fn(one, &config, kernels, batch)?;
     for _ in 0..one.warmup {
