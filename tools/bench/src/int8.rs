@@ -17,7 +17,7 @@ use clap::Args;
 use ringtune_bert::{export_inference, export_inference_int8, load_params, FeedForwardInput, Padding};
 use ringtune_data::Batch;
 use ringtune_ops::{Kernels, Precision};
-use ringtune_runtime::{CpuFeatures, FlatBuffer, Runtime, SessionOptions};
+use ringtune_runtime::{Arena, CpuFeatures, FlatBuffer, Runtime, SessionOptions};
 use ringtune_trainer::engine::Evaluator;
 use ringtune_trainer::quantize::{input_maxima, QuantizeOptions};
 
@@ -51,6 +51,12 @@ pub(crate) struct Int8Args {
     /// Timed runs at batch 1.
     #[arg(long, default_value_t = 100)]
     latency_runs: usize,
+    /// Where our sessions' tensors come from (`ringtune eval` and `predict` use the shared one).
+    #[arg(long, value_enum, default_value_t = Arena::Shared)]
+    arena: Arena,
+    /// Our sessions plan each input shape's tensors as one block after its first run.
+    #[arg(long)]
+    memory_pattern: bool,
     /// A Python with onnxruntime, or torch and transformers: their dynamic quantization is
     /// measured beside ours.
     #[arg(long, env = "RINGTUNE_PYTORCH")]
@@ -107,7 +113,12 @@ pub(crate) fn int8(args: &Int8Args) -> Result<()> {
     // What the feed-forward block's first layer would cost with its input per token instead.
     let (per_token, _) = int8_with(FeedForwardInput::PerToken, Padding::Skipped)?;
     let single = synthetic_batch(1, args.seq, args.shortest, config.vocab_size, 1);
-    let options = SessionOptions { threads: args.threads, ..SessionOptions::default() };
+    let options = SessionOptions {
+        threads: args.threads,
+        arena: args.arena,
+        memory_pattern: args.memory_pattern,
+        ..SessionOptions::default()
+    };
     let runtime = Runtime::get()?;
     let embedded = |model: &[u8]| Evaluator::embedded(runtime, model, &options);
     // Our oneDNN kernels run the evaluation graph, which reads the float parameters as inputs.
