@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ringtune_bert::{export_inference, export_inference_int8, load_params, FeedForwardInput, Padding};
+use ringtune_bert::{
+    export_inference, export_inference_int8, load_params, FeedForwardInput, ModelConfig, Padding, ParamLayout,
+};
 use ringtune_data::Batch;
 use ringtune_ops::{Kernels, Precision};
 use ringtune_runtime::{Arena, CpuFeatures, FlatBuffer, Runtime, SessionOptions};
@@ -79,16 +81,7 @@ struct Timed {
 pub(crate) fn int8(args: &Int8Args) -> Result<()> {
     let config = config_of(&args.model)?;
     let layout = ringtune_bert::layout(&config);
-    let mut params = FlatBuffer::zeros(layout.total_len());
-    let weights = Path::new(&args.model).join("model.safetensors");
-    // What PyTorch loads: the same weights, or seeded ones from the same configuration.
-    let (source, torch_source) = if weights.is_file() {
-        load_params(std::slice::from_ref(&weights), &config, &layout, 0, &mut params)?;
-        (format!("trained weights of {}", weights.display()), PathBuf::from(&args.model))
-    } else {
-        ringtune_bert::init_all(&config, &layout, 0, &mut params);
-        ("seeded weights".to_string(), config_path(&args.model))
-    };
+    let (params, source, torch_source) = weights_of(&args.model, &config, &layout)?;
     let vnni = CpuFeatures::detect().avx512_vnni;
     let quantize = QuantizeOptions::default();
     let fp32 = export_inference(&config, &layout, &params)?;
@@ -166,6 +159,20 @@ pub(crate) fn int8(args: &Int8Args) -> Result<()> {
         println!("\nleft out, {why}");
     }
     Ok(())
+}
+
+/// The weights of `model` (a run folder's trained ones, or seeded ones from its configuration),
+/// what they are, and where PyTorch loads the same from.
+fn weights_of(model: &str, config: &ModelConfig, layout: &ParamLayout) -> Result<(FlatBuffer, String, PathBuf)> {
+    let mut params = FlatBuffer::zeros(layout.total_len());
+    let weights = Path::new(model).join("model.safetensors");
+    if weights.is_file() {
+        load_params(std::slice::from_ref(&weights), config, layout, 0, &mut params)?;
+        Ok((params, format!("trained weights of {}", weights.display()), PathBuf::from(model)))
+    } else {
+        ringtune_bert::init_all(config, layout, 0, &mut params);
+        Ok((params, "seeded weights".to_string(), config_path(model)))
+    }
 }
 
 /// The rows (name, figures, file bytes) as a table, each against the first.
