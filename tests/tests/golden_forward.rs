@@ -110,8 +110,7 @@ fn check(case: Case) {
     // So does the inference graph that skips the padding, on a batch that has some.
     let mask = case.batch[ringtune_bert::ATTENTION_MASK].i64s().expect("mask");
     assert!(mask.contains(&0) && mask.contains(&1), "the batch pads some rows: {mask:?}");
-    let options =
-        GraphOptions { params: Params::Embedded(&params), with_loss: false, dropout: false, padding: Padding::Skipped };
+    let options = GraphOptions::inference(&params, Padding::Skipped);
     let mut skipping = forward_graph(&case.config, &layout, &options).expect("graph").graph;
     skipping.prune();
     let model = skipping.to_bytes().expect("bytes");

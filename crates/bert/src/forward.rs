@@ -62,6 +62,13 @@ pub struct GraphOptions<'a> {
     pub padding: Padding,
 }
 
+impl<'a> GraphOptions<'a> {
+    /// A self-contained inference graph: `params` embedded, no loss, no dropout.
+    pub fn inference(params: &'a [f32], padding: Padding) -> Self {
+        GraphOptions { params: Params::Embedded(params), with_loss: false, dropout: false, padding }
+    }
+}
+
 /// A built forward graph.
 #[derive(Debug, Clone)]
 pub struct ForwardGraph {
@@ -434,9 +441,7 @@ impl Builder<'_> {
 /// for families that have them; output
 /// logits) as ONNX bytes, loadable by ONNX Runtime in any language.
 pub fn export_inference(config: &ModelConfig, layout: &ParamLayout, params: &[f32]) -> Result<Vec<u8>, ModelError> {
-    let options =
-        GraphOptions { params: Params::Embedded(params), with_loss: false, dropout: false, padding: Padding::Computed };
-    let mut forward = forward_graph(config, layout, &options)?;
+    let mut forward = forward_graph(config, layout, &GraphOptions::inference(params, Padding::Computed))?;
     forward.graph.prune();
     Ok(forward.graph.to_bytes()?)
 }

@@ -16,7 +16,7 @@
 //! to float and scaled: the word embeddings are half of a small model's bytes. Built on the
 //! inference graph that skips the padding ([`crate::Padding::Skipped`]), the per-batch scales
 //! come from the real tokens alone, so the logits no longer depend on how much padding the
-//! batch holds (the padded graph is there too, for comparison). The stock CPU
+//! batch holds ([`crate::Padding::Computed`] builds it on the padded graph, to compare). The stock CPU
 //! build of ONNX Runtime runs it, from any language. The weights the caller keeps in float stay
 //! as they were; LayerNorm, softmax and the attention matmuls are float throughout.
 //!
@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use ringtune_onnx_ir::{Attribute, DType, Dim, Graph, InferCtx, Node, Tensor, Value, ValueType};
 
-use crate::{forward_graph, GraphOptions, ModelConfig, ModelError, Padding, ParamLayout, Params};
+use crate::{forward_graph, GraphOptions, ModelConfig, ModelError, Padding, ParamLayout};
 
 /// ONNX Runtime's domain of contrib operators.
 const CONTRIB: &str = "com.microsoft";
@@ -125,8 +125,7 @@ pub fn export_inference_int8(
     keep_float: &dyn Fn(&str) -> bool,
     padding: Padding,
 ) -> Result<(Vec<u8>, Int8Report), ModelError> {
-    let options = GraphOptions { params: Params::Embedded(params), with_loss: false, dropout: false, padding };
-    let mut graph = forward_graph(config, layout, &options)?.graph;
+    let mut graph = forward_graph(config, layout, &GraphOptions::inference(params, padding))?.graph;
     let report = quantize_linear_layers(&mut graph, range, feed_forward, keep_float)?;
     graph.prune();
     Ok((graph.to_bytes()?, report))
@@ -148,9 +147,7 @@ pub fn calibration_graph(
     layout: &ParamLayout,
     params: &[f32],
 ) -> Result<CalibrationGraph, ModelError> {
-    let options =
-        GraphOptions { params: Params::Embedded(params), with_loss: false, dropout: false, padding: Padding::Computed };
-    let mut graph = forward_graph(config, layout, &options)?.graph;
+    let mut graph = forward_graph(config, layout, &GraphOptions::inference(params, Padding::Computed))?.graph;
     let mut layers = Vec::new();
     for node in graph.nodes() {
         if let Some(linear) = Linear::of(&graph, node).filter(|l| l.feeds_gelu(&graph)) {
@@ -607,12 +604,7 @@ mod tests {
     #[test]
     fn every_linear_layer_but_the_kept_ones_becomes_an_int8_matmul() {
         let (config, layout, params) = tiny();
-        let options = GraphOptions {
-            params: Params::Embedded(&params),
-            with_loss: false,
-            dropout: false,
-            padding: Padding::Computed,
-        };
+        let options = GraphOptions::inference(&params, Padding::Computed);
         let mut graph = forward_graph(&config, &layout, &options).expect("graph").graph;
         let keep = |w: &str| w.contains("classifier");
         let report = quantize_linear_layers(&mut graph, WeightRange::Full, FeedForwardInput::PerToken, &keep)
@@ -675,12 +667,7 @@ mod tests {
     #[test]
     fn smoothing_moves_each_channels_range_into_its_weight_column() {
         let (config, layout, params) = tiny();
-        let options = GraphOptions {
-            params: Params::Embedded(&params),
-            with_loss: false,
-            dropout: false,
-            padding: Padding::Computed,
-        };
+        let options = GraphOptions::inference(&params, Padding::Computed);
         let graph = forward_graph(&config, &layout, &options).expect("graph").graph;
         let linear = graph
             .nodes()
@@ -724,12 +711,7 @@ mod tests {
     #[test]
     fn unsigned_weights_are_the_full_range_shifted_to_a_zero_point_of_128() {
         let (config, layout, params) = tiny();
-        let options = GraphOptions {
-            params: Params::Embedded(&params),
-            with_loss: false,
-            dropout: false,
-            padding: Padding::Computed,
-        };
+        let options = GraphOptions::inference(&params, Padding::Computed);
         let quantized = |range| {
             let mut graph = forward_graph(&config, &layout, &options).expect("graph").graph;
             let keep = |w: &str| w.contains("classifier");

@@ -40,8 +40,8 @@ pub(crate) struct Int8Args {
     /// Tokens per row, padding included.
     #[arg(long, default_value_t = 128)]
     seq: usize,
-    /// Real tokens of the shortest row: the rows' lengths spread evenly from it to `--seq`
-    /// (`--shortest 128` pads nothing).
+    /// Real tokens of the shortest row: each row's length is drawn uniformly from it to
+    /// `--seq` (`--shortest 128` pads nothing).
     #[arg(long, default_value_t = crate::one::SHORTEST)]
     shortest: usize,
     /// Timed batches per repeat.
