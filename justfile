@@ -110,9 +110,9 @@ data-if-mrpc *ARGS: setup
     task=$(cargo run -q --release -p ringtune-trainer --bin ringtune -- train --print-task {{ARGS}})
     if [ "$task" = mrpc ]; then just data; fi
 
-# Fine-tunes on N local nodes over loopback QUIC (throwaway certificates), the global batch of 32 split between them.
+# Fine-tunes on N local nodes over loopback QUIC (throwaway certificates) with the multi-node recipe: one node's global batch of 32 split between them, gradients as PowerSGD factors, batches grouped by length.
 train-dist N="2" *ARGS: (data-if-mrpc ARGS)
-    cargo run -q --release -p ringtune-trainer --bin ringtune -- launch --nodes {{N}} -- --output runs/minilm-mrpc-{{N}}-nodes --global-batch-size 32 {{ARGS}}
+    cargo run -q --release -p ringtune-trainer --bin ringtune -- launch --nodes {{N}} -- --output runs/minilm-mrpc-{{N}}-nodes {{ARGS}}
 
 # Inference and training-step throughput beside PyTorch's on this machine, then the inference model in fp32 against int8 (beside ONNX Runtime's and PyTorch's quantize_dynamic when RINGTUNE_PYTORCH names a Python with onnxruntime, torch and transformers).
 bench: setup

@@ -18,7 +18,7 @@ use ringtune_tests::{fixtures, minilm_dir, read_batch, runtime};
 use ringtune_trainer::engine::{Engine, SyncHooks};
 use ringtune_trainer::model::GraphChoices;
 use ringtune_trainer::model::ModelDir;
-use ringtune_trainer::sync::sync_plan;
+use ringtune_trainer::sync::{sync_plan, SyncMode};
 
 /// Which gradients arrived, in order.
 #[derive(Default)]
@@ -105,7 +105,8 @@ fn every_gradient_is_handed_over_as_the_backward_pass_produces_it() {
     // When each bucket of the sync plan is complete, as a share of the step's time.
     let (t0, t1) = (step[0].start, step.last().map_or(0, |r| r.end));
     let share = |t: u64| (t - t0) as f64 / (t1 - t0).max(1) as f64;
-    let plan = sync_plan(&ModelDir::open(&model).expect("model"), 2, Wire::Bf16);
+    let bf16_mode = SyncMode { wire: Wire::Bf16, overlap: true, shard_optimizer: false, low_rank: None };
+    let plan = sync_plan(&ModelDir::open(&model).expect("model"), 2, &bf16_mode);
     let mut complete = Vec::new();
     for bucket in &plan.buckets {
         let last = bucket.tensors.iter().filter_map(|t| order.iter().position(|o| o == t)).max().expect("arrived");
@@ -148,7 +149,8 @@ fn every_parameter_waits_just_before_the_forward_pass_first_reads_it() {
     // gather sends them in the reverse of the plan's order (forward order).
     let (t0, t1) = (step[0].start, step.last().map_or(0, |r| r.end));
     let share = |t: u64| (t - t0) as f64 / (t1 - t0).max(1) as f64;
-    let plan = sync_plan(&ModelDir::open(&model).expect("model"), 2, Wire::F32);
+    let fp32_mode = SyncMode { wire: Wire::F32, overlap: true, shard_optimizer: true, low_rank: None };
+    let plan = sync_plan(&ModelDir::open(&model).expect("model"), 2, &fp32_mode);
     let needed: Vec<f64> = plan
         .buckets
         .iter()

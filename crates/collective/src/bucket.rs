@@ -162,6 +162,44 @@ impl SyncPlan {
         SyncPlan { buckets, world: world.max(1) }
     }
 
+    /// A plan like [`SyncPlan::new`]'s whose dense buckets hold whole tensors: from the end of
+    /// the buffer, tensors are added to a bucket until it holds `size` floats (a tensor larger
+    /// than that is a bucket of its own). What a compressor that works tensor by tensor needs.
+    pub fn whole_tensors(
+        tensors: &[Range<usize>],
+        total: usize,
+        table: Option<(usize, usize)>,
+        world: usize,
+        size: usize,
+    ) -> Self {
+        let table = table.filter(|(i, w)| *w > 0 && tensors.get(*i).is_some_and(|r| !r.is_empty()));
+        let table_range = table.map(|(i, _)| tensors[i].clone());
+        let mut order: Vec<usize> = (0..tensors.len()).filter(|&i| Some(i) != table.map(|t| t.0)).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(tensors[i].start));
+        let mut buckets: Vec<Bucket> = Vec::new();
+        // Where the next bucket ends: the buffer's end, the last bucket's start, or the table's
+        // end; the alignment floats between tensors go with the tensor before them.
+        let mut end = total;
+        for i in order {
+            let range = tensors[i].clone();
+            if let Some(t) = table_range.as_ref().filter(|t| t.start >= range.end && t.start < end) {
+                end = t.start;
+            }
+            match buckets.last_mut() {
+                Some(b) if b.range.start == end && b.range.end - range.start <= size.max(1) => {
+                    b.range.start = range.start;
+                    b.tensors.insert(0, i);
+                }
+                _ => buckets.push(Bucket { range: range.start..end, kind: BucketKind::Dense, tensors: vec![i] }),
+            }
+            end = range.start;
+        }
+        if let Some((i, width)) = table {
+            buckets.push(Bucket { range: tensors[i].clone(), kind: BucketKind::Table { width }, tensors: vec![i] });
+        }
+        SyncPlan { buckets, world: world.max(1) }
+    }
+
     /// Every piece of every bucket with the rank that owns it: bucket by bucket, chunk by chunk.
     pub fn pieces(&self) -> Vec<(usize, Range<usize>)> {
         let mut out = Vec::with_capacity(self.buckets.len() * self.world);
@@ -307,6 +345,26 @@ mod tests {
                 assert!(cuts.last().is_some_and(|r| r.len() <= 8 + 3), "len {len}: {cuts:?}");
             }
         }
+    }
+
+    #[test]
+    fn whole_tensor_buckets_hold_whole_tensors_backwards_with_the_table_last() {
+        // Tensors back to back, as a layout without padding between them would hold them.
+        let tensors = vec![0..800, 800..880, 880..944, 944..958];
+        let plan = SyncPlan::whole_tensors(&tensors, 960, Some((0, 8)), 2, 100);
+        let ranges: Vec<Range<usize>> = plan.buckets.iter().map(|b| b.range.clone()).collect();
+        assert_eq!(ranges, vec![880..960, 800..880, 0..800]);
+        assert_eq!(plan.buckets[0].tensors, vec![2, 3]);
+        assert_eq!(plan.buckets[2].kind, BucketKind::Table { width: 8 });
+        for b in &plan.buckets {
+            assert!(b.tensors.iter().all(|&t| tensors[t].start >= b.range.start && tensors[t].end <= b.range.end));
+        }
+        // A tensor larger than the size is a bucket of its own.
+        let plan = SyncPlan::whole_tensors(&tensors, 960, None, 2, 50);
+        assert_eq!(
+            plan.buckets.iter().map(|b| b.range.clone()).collect::<Vec<_>>(),
+            vec![944..960, 880..944, 800..880, 0..800]
+        );
     }
 
     #[test]

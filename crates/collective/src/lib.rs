@@ -4,7 +4,7 @@
 //! all-reduce and gather state machines (in the manner of `quinn-proto`: frames in, frames out,
 //! every frame checked against the schedule; all-reduce, reduce-scatter or all-gather, in `f32` or
 //! bf16 on the wire), gradient buckets and which rank owns which piece, row-sparse averaging of
-//! embedding tables, the wire format of frames, the [`Transport`] trait with a blocking driver,
+//! embedding tables, low-rank compression with error feedback (PowerSGD), the wire format of frames, the [`Transport`] trait with a blocking driver,
 //! [`Collective`] (the ring's operations in one order, their ids allocated in one place), and
 //! an in-memory transport for tests.
 //!
@@ -37,6 +37,7 @@ compile_error!("ringtune-collective sends floats as their in-memory bytes: littl
 
 mod bucket;
 mod frame;
+mod low_rank;
 mod memory;
 mod ops;
 mod payload;
@@ -47,6 +48,7 @@ mod wire;
 
 pub use bucket::{Bucket, BucketKind, BucketSizes, SyncPlan};
 pub use frame::{Header, Hello, Kind, Phase, HEADER_LEN, MAX_PAYLOAD, VERSION};
+pub use low_rank::{LowRankBucket, LowRankState, StateMismatch, TensorAt};
 pub use memory::{memory_ring, MemoryTransport};
 pub use ops::Collective;
 pub use payload::Payload;

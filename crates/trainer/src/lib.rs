@@ -21,6 +21,7 @@ pub mod engine;
 mod error;
 pub mod evaluation;
 pub mod info;
+pub mod low_rank_file;
 pub mod metrics;
 pub mod model;
 pub mod optimizer;

@@ -42,8 +42,8 @@ pub fn register_font() -> bool {
 static FOUND_FONT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Draws the training loss by step and each evaluation set's metrics by step, from `records`,
-/// into a PNG.
-pub(crate) fn plot(path: &Path, records: &[Record]) -> Result<(), TrainError> {
+/// into a PNG; `how` (nodes, batch, what the recipe chose) captions the loss.
+pub(crate) fn plot(path: &Path, records: &[Record], how: &str) -> Result<(), TrainError> {
     let loss: Vec<(u64, f64)> = records
         .iter()
         .filter_map(|r| match r {
@@ -65,7 +65,8 @@ pub(crate) fn plot(path: &Path, records: &[Record]) -> Result<(), TrainError> {
     let (left, right) = root.split_horizontally(600);
     let max_step = loss.iter().map(|p| p.0).chain(evals.iter().map(|e| e.step)).max().unwrap_or(1).max(1);
     let max_loss = loss.iter().map(|p| p.1).fold(0.0f64, f64::max).max(1e-3) * 1.05;
-    let mut chart = panel(&left, "training loss", max_step, 0.0..max_loss, text).map_err(|e| fail(&e))?;
+    let mut chart =
+        panel(&left, &format!("training loss ({how})"), max_step, 0.0..max_loss, text).map_err(|e| fail(&e))?;
     chart.draw_series(LineSeries::new(loss.iter().copied(), &BLUE)).map_err(|e| fail(&e))?;
     // One line per evaluation set and metric: a correlation can be below 0.
     let lines = eval_lines(&evals);
@@ -157,7 +158,7 @@ mod tests {
         assert_eq!(lines[0].1, [(10, 0.7), (20, 0.8)]);
         let dir = tempfile::tempdir().expect("dir");
         let all: Vec<Record> = records.into_iter().map(Record::Eval).collect();
-        plot(&dir.path().join("training.png"), &all).expect("plot");
+        plot(&dir.path().join("training.png"), &all, "1 node, batch 32").expect("plot");
         assert!(dir.path().join("training.png").exists());
     }
 }

@@ -1,7 +1,71 @@
-//! Hugging Face Trainer's conventions that the trainer follows.
+//! Hugging Face Trainer's conventions that the trainer follows, and the recipe a run on several
+//! nodes gets.
 
 use ringtune_bert::ParamLayout;
 use ringtune_optim::Group;
+
+use crate::TrainConfig;
+
+/// PowerSGD's rank in the multi-node recipe.
+pub const MULTI_NODE_POWERSGD_RANK: usize = 4;
+
+/// What a run on several nodes trains with when the user sets neither the batch nor the learning
+/// rate: one node's global batch (so one node's steps, learning rate and accuracy), split over
+/// the nodes, its gradients sent as low-rank factors (so the sync, whose bytes would not shrink
+/// with the nodes' share of the compute, hides behind it), and its batches grouped by length (so
+/// the nodes of a step wait less for the one with the longest batch). Measured in
+/// docs/cluster.md, "Choosing the batch".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MultiNodeRecipe {
+    /// Examples per step over all nodes.
+    pub global_batch_size: usize,
+    /// PowerSGD's rank (`None`: every float sent, as `--powersgd-rank 0` asks).
+    pub powersgd_rank: Option<usize>,
+    /// `--group-by-length`.
+    pub group_by_length: bool,
+}
+
+impl MultiNodeRecipe {
+    /// The recipe for `config` on `world` nodes, or `None` where it does not apply: one node, or
+    /// a batch or learning rate the user set (on the command line, `flags_set`, or in the
+    /// settings file), which is then trained as given. `powersgd_rank` is `--powersgd-rank`.
+    pub fn choose(config: &TrainConfig, world: usize, flags_set: bool, powersgd_rank: Option<usize>) -> Option<Self> {
+        let defaults = TrainConfig::default();
+        let file_set = config.batch_size != defaults.batch_size
+            || config.global_batch_size.is_some()
+            || config.learning_rate != defaults.learning_rate;
+        if world <= 1 || flags_set || file_set {
+            return None;
+        }
+        // One node's batch, rounded up to whole rows on every node where it does not divide.
+        let per_node = config.batch_size.div_ceil(world);
+        Some(MultiNodeRecipe {
+            global_batch_size: per_node * world,
+            powersgd_rank: powersgd_rank.or(Some(MULTI_NODE_POWERSGD_RANK)).filter(|&r| r > 0),
+            group_by_length: true,
+        })
+    }
+
+    /// Sets the recipe's batch and grouping in `config`.
+    pub fn apply(&self, config: &mut TrainConfig) {
+        config.global_batch_size = Some(self.global_batch_size);
+        config.group_by_length = self.group_by_length;
+    }
+
+    /// What the log says of it.
+    pub fn describe(&self, world: usize) -> String {
+        let sync = match self.powersgd_rank {
+            Some(rank) => format!("gradients sent as rank-{rank} PowerSGD factors with error feedback"),
+            None => "every gradient float sent".to_string(),
+        };
+        format!(
+            "multi-node recipe: a global batch of {} ({} on each of {world} nodes: one node's steps and learning rate), {sync}, \
+             batches grouped by length; set --batch-size, --global-batch-size or --learning-rate to train otherwise",
+            self.global_batch_size,
+            self.global_batch_size / world.max(1)
+        )
+    }
+}
 
 /// Whether Hugging Face's Trainer exempts a parameter from weight decay (biases and LayerNorm
 /// weights).
@@ -33,5 +97,37 @@ mod tests {
         assert!(exempt_from_decay("classifier.bias"));
         assert!(!exempt_from_decay("bert.embeddings.word_embeddings.weight"));
         assert_eq!(warmup_steps(0.1, 345), 34);
+    }
+
+    #[test]
+    fn several_nodes_train_one_nodes_batch_compressed_and_grouped_unless_told_otherwise() {
+        let config = TrainConfig::default();
+        let recipe = MultiNodeRecipe::choose(&config, 4, false, None).expect("the recipe");
+        assert_eq!(
+            recipe,
+            MultiNodeRecipe {
+                global_batch_size: 32,
+                powersgd_rank: Some(MULTI_NODE_POWERSGD_RANK),
+                group_by_length: true
+            }
+        );
+        let mut applied = config.clone();
+        recipe.apply(&mut applied);
+        assert_eq!((applied.node_batch(4).expect("divides"), applied.learning_rate), (8, config.learning_rate));
+        assert!(applied.group_by_length);
+        // One node trains as it always has.
+        assert_eq!(MultiNodeRecipe::choose(&config, 1, false, None), None);
+        // A batch or learning rate the user set, by flag or in the file, is trained as given.
+        assert_eq!(MultiNodeRecipe::choose(&config, 4, true, None), None);
+        let file = TrainConfig { learning_rate: 2e-4, ..TrainConfig::default() };
+        assert_eq!(MultiNodeRecipe::choose(&file, 4, false, None), None);
+        let file = TrainConfig { global_batch_size: Some(64), ..TrainConfig::default() };
+        assert_eq!(MultiNodeRecipe::choose(&file, 4, false, None), None);
+        // --powersgd-rank chooses the rank, 0 sends every float.
+        assert_eq!(MultiNodeRecipe::choose(&config, 2, false, Some(8)).and_then(|r| r.powersgd_rank), Some(8));
+        assert_eq!(MultiNodeRecipe::choose(&config, 2, false, Some(0)).and_then(|r| r.powersgd_rank), None);
+        // Three nodes: whole rows on every node, the nearest global batch above one node's.
+        assert_eq!(MultiNodeRecipe::choose(&config, 3, false, None).map(|r| r.global_batch_size), Some(33));
+        assert!(recipe.describe(4).contains("8 on each of 4 nodes"));
     }
 }

@@ -20,9 +20,11 @@ use ringtune_trainer::train::Start;
 use ringtune_trainer::TrainConfig;
 
 /// The modes compared: overlap and a sharded optimizer in `f32`, neither, and both in bf16.
-const BOTH: SyncMode = SyncMode { wire: Wire::F32, overlap: true, shard_optimizer: true };
-const NEITHER: SyncMode = SyncMode { wire: Wire::F32, overlap: false, shard_optimizer: false };
-const BF16: SyncMode = SyncMode { wire: Wire::Bf16, overlap: true, shard_optimizer: true };
+const BOTH: SyncMode = SyncMode { wire: Wire::F32, overlap: true, shard_optimizer: true, low_rank: None };
+const NEITHER: SyncMode = SyncMode { wire: Wire::F32, overlap: false, shard_optimizer: false, low_rank: None };
+const BF16: SyncMode = SyncMode { wire: Wire::Bf16, overlap: true, shard_optimizer: true, low_rank: None };
+/// Gradients as PowerSGD factors of rank 2 (the tiny model's matrices are 32 wide).
+const POWERSGD: SyncMode = SyncMode { wire: Wire::F32, overlap: true, shard_optimizer: false, low_rank: Some(2) };
 
 #[test]
 fn two_and_four_nodes_reach_the_single_node_parameters() {
@@ -120,6 +122,36 @@ fn a_sharded_run_resumes_bit_for_bit_and_on_another_number_of_nodes() {
     assert_eq!(summary["steps"], 10);
     let after = params(&out);
     assert!(l2(&after, &straight) > 0.0 && after.iter().all(|p| p.is_finite()));
+}
+
+#[test]
+fn a_compressed_run_resumes_bit_for_bit_from_every_nodes_error_feedback() {
+    let dir = tempfile::tempdir().expect("dir");
+    let certs = certs(dir.path(), 2);
+    let base = TrainConfig { epochs: 1, batch_size: 4, checkpoint_every: 4, ..config(dir.path(), "runs") };
+    let init = params(&base.model);
+    let whole = TrainConfig { stop_after: 12, ..base.clone() };
+    let straight = params(&train_on_nodes(&whole, 2, dir.path(), &certs, POWERSGD, Start::Fresh, "straight"));
+    let sent_whole = params(&train_on_nodes(&whole, 2, dir.path(), &certs, NEITHER, Start::Fresh, "whole"));
+    assert!(l2(&straight, &init) > 1e-3, "training moved the parameters");
+    assert!(l2(&straight, &sent_whole) > 0.0, "the compressed run is not the uncompressed one");
+    let first = TrainConfig { stop_after: 6, ..base.clone() };
+    let split = train_on_nodes(&first, 2, dir.path(), &certs, POWERSGD, Start::Fresh, "split");
+    let checkpoints = split.join("checkpoints");
+    for rank in 0..2 {
+        assert!(checkpoints.join(ringtune_trainer::low_rank_file::file_name(6, rank)).exists(), "rank {rank}'s state");
+    }
+    // A copy whose rank 1 lost its state: every node starts the error feedback afresh (their
+    // Qs stay equal: the parameter checks pass), so it finishes, elsewhere.
+    let lost = base.output.join("lost/checkpoints");
+    std::fs::create_dir_all(&lost).expect("dir");
+    for name in [ringtune_trainer::checkpoint::file_name(6), ringtune_trainer::low_rank_file::file_name(6, 0)] {
+        std::fs::copy(checkpoints.join(&name), lost.join(&name)).expect("copy");
+    }
+    let resumed = params(&train_on_nodes(&whole, 2, dir.path(), &certs, POWERSGD, Start::Resume, "split"));
+    assert!(straight.iter().zip(&resumed).all(|(a, b)| a.to_bits() == b.to_bits()), "resumed bit for bit");
+    let afresh = params(&train_on_nodes(&whole, 2, dir.path(), &certs, POWERSGD, Start::Resume, "lost"));
+    assert!(l2(&afresh, &straight) > 0.0 && afresh.iter().all(|p| p.is_finite()));
 }
 
 /// `world` nodes of the tiny model joined over loopback (each joins on its own thread).

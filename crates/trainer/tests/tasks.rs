@@ -352,7 +352,7 @@ fn three_labels_and_a_regression_on_two_nodes_reach_the_single_node_parameters()
     let dir = tempfile::tempdir().expect("dir");
     let model = tiny_model(dir.path());
     let certs = cluster::certs(dir.path(), 2);
-    let mode = SyncMode { wire: Wire::F32, overlap: true, shard_optimizer: true };
+    let mode = SyncMode { wire: Wire::F32, overlap: true, shard_optimizer: true, low_rank: None };
     let classes = dir.path().join("classes");
     let scores = dir.path().join("scores");
     for folder in [&classes, &scores] {

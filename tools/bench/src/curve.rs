@@ -29,25 +29,25 @@ use crate::scaling::{phases_after, quarter, run_program, train_settings, Batchin
 pub(crate) struct CurveArgs {
     /// The `ring-bench` binary (it makes the cluster, caps every host and runs a rank on each).
     #[arg(long, default_value = "target/release/ringtune-ring-bench")]
-    ring_bench: PathBuf,
+    pub(crate) ring_bench: PathBuf,
     /// The `ringtune` binary.
     #[arg(long, default_value = "target/release/ringtune")]
-    ringtune: PathBuf,
+    pub(crate) ringtune: PathBuf,
     /// Models, each a curve (comma separated).
     #[arg(long = "model", value_delimiter = ',', default_value = "minilm")]
     models: Vec<CurveModel>,
     /// Node counts.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
-    nodes: Vec<usize>,
+    pub(crate) nodes: Vec<usize>,
     /// The node the emulated cluster stands for (`ring-bench --emulate`).
     #[arg(long, default_value = "c6i.16xlarge")]
-    emulate: String,
+    pub(crate) emulate: String,
     /// Cores every node gets (default: this machine's cores over the largest node count).
     #[arg(long)]
     cpu_share: Option<f64>,
     /// The batch: per node in one curve, global in the other.
     #[arg(long, default_value_t = 32)]
-    batch: usize,
+    pub(crate) batch: usize,
     /// Steps per MiniLM run (the first log window is warm-up and not counted).
     #[arg(long, default_value_t = 12)]
     minilm_steps: u64,
@@ -63,9 +63,9 @@ pub(crate) struct CurveArgs {
     /// The plot.
     #[arg(long, default_value = "runs/scaling-curve.png")]
     plot: PathBuf,
-    /// Also trains MiniLM on MRPC for the recipe's 3 epochs on every node count, `--batch` per
-    /// node, the learning rate scaled by the square root of the global batch's growth (the
-    /// square-root rule for Adam), and gives the wall time to the final dev scores.
+    /// Also trains MiniLM on MRPC for the recipe's 3 epochs on every node count, each with its
+    /// recipe (see `--learning-rate`), and gives the wall time to the final dev scores and to
+    /// one node's accuracy (`--accuracy-out`).
     #[arg(long, alias = "time-to-accuracy")]
     to_accuracy: bool,
     /// `--to-accuracy`'s runs alone, without the curve.
@@ -75,18 +75,23 @@ pub(crate) struct CurveArgs {
     /// (42); more are seeds 0, 1, ..., and one node's runs then go side by side, each alone on
     /// an emulated node of its own (at most the largest node count of them).
     #[arg(long, default_value_t = 1)]
-    seeds: usize,
-    /// The learning rate of one node's batch, which `--to-accuracy` scales (`ringtune train`'s
-    /// default).
-    #[arg(long, default_value_t = 1e-4)]
-    learning_rate: f64,
+    pub(crate) seeds: usize,
+    /// `--to-accuracy`'s runs with `--batch` per node and this learning rate of one node's
+    /// batch scaled by the square root of the nodes (the runs of before the multi-node recipe);
+    /// without it every node count trains as `ringtune train` does on it (one node's recipe, or
+    /// the multi-node recipe: one node's batch split over the nodes, PowerSGD, grouped).
+    #[arg(long)]
+    pub(crate) learning_rate: Option<f64>,
+    /// Where `--to-accuracy` writes its table (`.md`, `.json`) and plot (`.png`).
+    #[arg(long, default_value_os_t = crate::to_accuracy::default_out())]
+    pub(crate) accuracy_out: PathBuf,
     /// The gradients' number format on the wire of every synced run (`ringtune train --wire`):
     /// bf16, as the emulated links are the bottleneck (the optimizer is then not sharded).
     #[arg(long, default_value = "bf16")]
-    wire: String,
+    pub(crate) wire: String,
     /// Settings passed on to every `ringtune train` (e.g. `--shard-optimizer true`).
     #[arg(last = true)]
-    train_args: Vec<String>,
+    pub(crate) train_args: Vec<String>,
 }
 
 /// The models a curve is drawn for.
@@ -133,11 +138,11 @@ const FP32_SLOWDOWN: f64 = 2.5;
 
 /// How much faster MRPC's steps are with `--group-by-length` (less padding), measured on a
 /// 2-core Zen 3: 8.48 against 5.64 samples/s on one node, 29.00 against 19.37 on 4.
-const GROUPED_SPEEDUP: f64 = 1.5;
+pub(crate) const GROUPED_SPEEDUP: f64 = 1.5;
 
 /// Seconds a step of `per_node` examples should take at `share` cores a node, with the
 /// batching the runs are given.
-fn step_s(args: &CurveArgs, model: CurveModel, bf16: bool, per_node: f64, share: f64) -> f64 {
+pub(crate) fn step_s(args: &CurveArgs, model: CurveModel, bf16: bool, per_node: f64, share: f64) -> f64 {
     let step = model.step_s_per_core(bf16) * per_node / 32.0 / share;
     if args.train_args.iter().any(|a| a == "--group-by-length") {
         step / GROUPED_SPEEDUP
@@ -148,7 +153,7 @@ fn step_s(args: &CurveArgs, model: CurveModel, bf16: bool, per_node: f64, share:
 
 /// Seconds a MiniLM run takes beside its steps (starting the hosts, reading the model, building
 /// the sessions) on one whole core.
-const RUN_OVERHEAD_S_PER_CORE: f64 = 12.0;
+pub(crate) const RUN_OVERHEAD_S_PER_CORE: f64 = 12.0;
 
 /// The time the runs asked for should take, in seconds: per run, the start and the steps, each
 /// slowed by the share, and the exposed sync of the larger node counts (up to a step's worth);
@@ -179,33 +184,13 @@ fn estimate_s(args: &CurveArgs, share: f64, bf16: bool) -> f64 {
         }
     }
     if args.to_accuracy {
-        total += to_accuracy_estimate_s(args, share, bf16);
+        total += crate::to_accuracy::estimate_s(args, share, bf16);
     }
     total
 }
 
 /// Examples in MRPC's training split.
-const MRPC_TRAIN: usize = 3668;
-
-/// The time `--to-accuracy`'s runs should take: MiniLM's 3 epochs at a batch per node on every
-/// node count, a step as in [`estimate_s`] and three evaluations of the dev split, each about
-/// 10 steps' worth shared by the nodes, once per seed.
-fn to_accuracy_estimate_s(args: &CurveArgs, share: f64, bf16: bool) -> f64 {
-    let step = step_s(args, CurveModel::Minilm, bf16, args.batch as f64, share);
-    args.nodes
-        .iter()
-        .map(|&nodes| {
-            let steps = 3.0 * MRPC_TRAIN.div_ceil(args.batch * nodes.max(1)) as f64;
-            // Measured on a Zen 3: 4 nodes' run took 0.325 of one node's wall for a quarter
-            // of its steps, a synced step 1.3 of one node's.
-            let sync = if nodes > 1 { step * 0.3 } else { 0.0 };
-            let evaluations = 3.0 * 10.0 * step / nodes.max(1) as f64;
-            // One node's seeds run side by side, the synced ones one after another.
-            let runs = if nodes == 1 { 1 } else { args.seeds };
-            runs as f64 * (RUN_OVERHEAD_S_PER_CORE / share + steps * (step + sync) + evaluations)
-        })
-        .sum()
-}
+pub(crate) const MRPC_TRAIN: usize = 3668;
 
 /// The batchings measured at `nodes`: one node is the same run either way, measured once as
 /// the start of both curves.
@@ -349,9 +334,9 @@ pub(crate) fn curve(args: &CurveArgs) -> Result<()> {
     if args.accuracy_only {
         println!(
             "estimated time: {:.0} min",
-            to_accuracy_estimate_s(args, share, CpuFeatures::detect().has_native_bf16()) / 60.0
+            crate::to_accuracy::estimate_s(args, share, CpuFeatures::detect().has_native_bf16()) / 60.0
         );
-        return to_accuracy(args, share);
+        return crate::to_accuracy::to_accuracy(args, share);
     }
     println!(
         "{} runs; estimated time: {:.0} min (each run's steps and start, at {share} cores a node)",
@@ -404,7 +389,7 @@ pub(crate) fn curve(args: &CurveArgs) -> Result<()> {
     println!("\nplot: {}", args.plot.display());
     println!("measured in {:.1} min", started.elapsed().as_secs_f64() / 60.0);
     if args.to_accuracy {
-        to_accuracy(args, share)?;
+        crate::to_accuracy::to_accuracy(args, share)?;
     }
     Ok(())
 }
@@ -540,7 +525,14 @@ fn baseline(points: &[Point], model: CurveModel) -> Option<&Point> {
 /// Runs `ringtune train` with `train` on `nodes` emulated nodes of `share` cores (each node a
 /// run of its own when `alone`); shows ring-bench's account of the emulation when `show` (once
 /// a run), and says whether it did.
-fn emulated(args: &CurveArgs, nodes: usize, share: f64, train: &[String], show: bool, alone: bool) -> Result<bool> {
+pub(crate) fn emulated(
+    args: &CurveArgs,
+    nodes: usize,
+    share: f64,
+    train: &[String],
+    show: bool,
+    alone: bool,
+) -> Result<bool> {
     let mut command: Vec<String> =
         ["--cluster", "netns", "--ranks", &nodes.to_string(), "--cpu-share"].iter().map(|s| s.to_string()).collect();
     command.extend([share.to_string(), "--emulate".into(), args.emulate.clone()]);
@@ -651,13 +643,6 @@ fn draw(path: &Path, (points, floors): (&[Point], &[Floor]), nodes: &[usize], em
     Ok(())
 }
 
-/// The learning rate of a global batch `nodes` times one node's: `base` scaled by the square
-/// root of the growth, the rule for Adam (Malladi et al., 2022, "On the SDEs and scaling rules
-/// for adaptive gradient algorithms"); the linear rule overshoots AdamW's fine-tuning rates.
-fn scaled_learning_rate(base: f64, nodes: usize) -> f64 {
-    base * (nodes as f64).sqrt()
-}
-
 /// A line of the plot: its label, its points (nodes, speedup), and whether it is drawn faint.
 type Line = (String, Vec<(f64, f64)>, bool);
 
@@ -707,147 +692,6 @@ fn check_seeds(seeds: usize, to_accuracy: bool, share: f64, cores: usize) -> Res
     Ok(())
 }
 
-/// MRPC's recipe (MiniLM, 3 epochs) on every node count, a batch per node, the learning rate
-/// scaled for the global batch, once per seed: the wall time of each run and its final dev
-/// scores, and per node count their means over the seeds.
-fn to_accuracy(args: &CurveArgs, share: f64) -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let mut runs = Vec::new();
-    for &nodes in &args.nodes {
-        let lr = scaled_learning_rate(args.learning_rate, nodes);
-        let mut train = vec!["--batch-size".to_string(), args.batch.to_string(), "--threads".into(), "1".into()];
-        train.extend(["--learning-rate".into(), format!("{lr:e}")]);
-        train.extend(["--overlap".into(), "true".into(), "--wire".into(), args.wire.clone()]);
-        train.extend(args.train_args.iter().cloned());
-        let out = |seed: &str| dir.path().join(format!("mrpc-{nodes}-seed-{seed}"));
-        let seeded = |seed: &str| {
-            let mut settings = train.clone();
-            settings.extend(["--output".into(), out(seed).display().to_string()]);
-            if args.seeds > 1 {
-                settings.extend(["--seed".into(), seed.to_string()]);
-            }
-            settings
-        };
-        if nodes == 1 && args.seeds > 1 {
-            // One node's seeds side by side, each alone on an emulated node of its own: the
-            // load the synced nodes train under, at the cost of one run.
-            emulated(args, args.seeds, share, &seeded("{rank}"), false, true)?;
-        } else {
-            for seed in 0..args.seeds {
-                emulated(args, nodes, share, &seeded(&seed.to_string()), false, false)?;
-            }
-        }
-        for seed in 0..args.seeds {
-            let run = read_accuracy_run(&out(&seed.to_string()), nodes, lr)?;
-            eprintln!("curve: MRPC on {nodes} nodes, seed {seed}: {:.0} s, dev {:.4}", run.wall_s, run.accuracy);
-            runs.push(run);
-        }
-    }
-    let seeds = if args.seeds > 1 { format!("seeds 0 to {}", args.seeds - 1) } else { "seed 42".into() };
-    println!(
-        "\nTime to accuracy: MiniLM on MRPC, 3 epochs, {} per node, --wire {} {}, on emulated {} nodes ({share} cores each), {seeds}{}; \
-         the learning rate {:e} x sqrt(nodes) (the square-root rule for Adam):",
-        args.batch,
-        args.wire,
-        args.train_args.join(" "),
-        args.emulate,
-        if args.seeds > 1 { ", one node's runs side by side" } else { "" },
-        args.learning_rate
-    );
-    println!(
-        "| nodes | global batch | learning rate | wall s | speedup | of one node's wall | dev accuracy | dev F1 | accuracy per seed |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|");
-    let rows = accuracy_rows(&runs);
-    let base = rows.first().map_or(f64::NAN, |r| r.wall_s);
-    for row in &rows {
-        let per_seed = row.accuracies.iter().map(|a| format!("{a:.4}")).collect::<Vec<_>>().join(" / ");
-        println!(
-            "| {} | {} | {:.2e} | {:.0} | {:.2}x | {:.2} | {:.4} | {:.4} | {per_seed} |",
-            row.nodes,
-            row.nodes * args.batch,
-            row.learning_rate,
-            row.wall_s,
-            base / row.wall_s,
-            row.wall_s / base,
-            row.accuracy,
-            row.f1
-        );
-    }
-    if let Some(one) = rows.first().filter(|r| r.nodes == 1) {
-        for row in rows.iter().filter(|r| r.nodes > 1) {
-            let points = 100.0 * (row.accuracy - one.accuracy);
-            let met = points >= -1.0 && row.wall_s <= one.wall_s / 3.0;
-            println!(
-                "{} nodes: dev accuracy {points:+.2} points from one node's, in {:.2} of its wall time: {}",
-                row.nodes,
-                row.wall_s / one.wall_s,
-                if met { "within a point in a third of the time" } else { "not within a point in a third of the time" }
-            );
-        }
-    }
-    Ok(())
-}
-
-/// One `--to-accuracy` run: what its `summary.json` says.
-#[derive(Debug, Clone, PartialEq)]
-struct AccuracyRun {
-    nodes: usize,
-    learning_rate: f64,
-    wall_s: f64,
-    accuracy: f64,
-    f1: f64,
-}
-
-fn read_accuracy_run(out: &Path, nodes: usize, learning_rate: f64) -> Result<AccuracyRun> {
-    let path = out.join("summary.json");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let summary: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?;
-    let number = |value: &serde_json::Value, name: &str| {
-        value.as_f64().with_context(|| format!("{}: no {name}", path.display()))
-    };
-    Ok(AccuracyRun {
-        nodes,
-        learning_rate,
-        wall_s: number(&summary["wall_s"], "wall_s")?,
-        accuracy: number(&summary["dev"]["accuracy"], "dev accuracy")?,
-        f1: number(&summary["dev"]["f1"], "dev F1")?,
-    })
-}
-
-/// The runs of one node count, their seeds' means (each seed's accuracy kept, in run order).
-#[derive(Debug, PartialEq)]
-struct AccuracyRow {
-    nodes: usize,
-    learning_rate: f64,
-    wall_s: f64,
-    accuracy: f64,
-    f1: f64,
-    accuracies: Vec<f64>,
-}
-
-/// Groups `runs` by node count, in the order the node counts first appear.
-fn accuracy_rows(runs: &[AccuracyRun]) -> Vec<AccuracyRow> {
-    let mut rows: Vec<AccuracyRow> = Vec::new();
-    for nodes in runs.iter().map(|r| r.nodes) {
-        if rows.iter().any(|r| r.nodes == nodes) {
-            continue;
-        }
-        let of: Vec<&AccuracyRun> = runs.iter().filter(|r| r.nodes == nodes).collect();
-        let mean = |value: fn(&AccuracyRun) -> f64| of.iter().map(|r| value(r)).sum::<f64>() / of.len() as f64;
-        rows.push(AccuracyRow {
-            nodes,
-            learning_rate: of[0].learning_rate,
-            wall_s: mean(|r| r.wall_s),
-            accuracy: mean(|r| r.accuracy),
-            f1: mean(|r| r.f1),
-            accuracies: of.iter().map(|r| r.accuracy).collect(),
-        });
-    }
-    rows
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -877,11 +721,12 @@ mod tests {
 
     #[test]
     fn batches_grouped_by_length_shorten_the_estimate_of_the_steps() {
-        let shuffled = Cli::parse_from(["curve", "--accuracy-only", "--nodes", "1,4", "--seeds", "4"]).curve;
-        let grouped =
-            Cli::parse_from(["curve", "--accuracy-only", "--nodes", "1,4", "--seeds", "4", "--", "--group-by-length"])
-                .curve;
-        let (a, b) = (to_accuracy_estimate_s(&shuffled, 0.5, false), to_accuracy_estimate_s(&grouped, 0.5, false));
+        // A batch per node (`--learning-rate`), as the runs were before the multi-node recipe.
+        let per_node = ["curve", "--accuracy-only", "--nodes", "1,4", "--seeds", "4", "--learning-rate", "1e-4"];
+        let shuffled = Cli::parse_from(per_node).curve;
+        let grouped = Cli::parse_from(per_node.iter().chain(&["--", "--group-by-length"])).curve;
+        let estimate = crate::to_accuracy::estimate_s;
+        let (a, b) = (estimate(&shuffled, 0.5, false), estimate(&grouped, 0.5, false));
         // The start does not shrink, the steps do: between the two, nearer the steps' 1.5x.
         assert!(a / b > 1.3 && a / b < GROUPED_SPEEDUP, "{a} s shuffled, {b} s grouped");
         let minutes = b / 60.0;
@@ -965,20 +810,24 @@ mod tests {
     }
 
     #[test]
-    fn the_learning_rate_grows_with_the_square_root_of_the_global_batch() {
-        assert_eq!(scaled_learning_rate(1e-4, 1), 1e-4);
-        assert!((scaled_learning_rate(1e-4, 4) - 2e-4).abs() < 1e-12);
+    fn runs_to_accuracy_are_estimated_before_they_start() {
         let to_accuracy = Cli::parse_from(["curve", "--time-to-accuracy"]).curve;
         assert!(to_accuracy.to_accuracy, "the old name still works");
         // MRPC's 3 epochs on 1, 2 and 4 nodes: tens of minutes, said before they start.
         let default = Cli::parse_from(["curve"]).curve;
         let minutes = (estimate_s(&to_accuracy, 0.5, true) - estimate_s(&default, 0.5, true)) / 60.0;
-        assert!((20.0..60.0).contains(&minutes), "{minutes} min");
+        assert!((15.0..60.0).contains(&minutes), "{minutes} min");
         // Four seeds: one node's side by side, so only the synced runs grow fourfold.
         let seeds = Cli::parse_from(["curve", "--to-accuracy", "--seeds", "4", "--nodes", "1,4"]).curve;
         let one = Cli::parse_from(["curve", "--to-accuracy", "--nodes", "1,4"]).curve;
-        let (four, single) = (to_accuracy_estimate_s(&seeds, 0.5, true), to_accuracy_estimate_s(&one, 0.5, true));
+        let estimate = crate::to_accuracy::estimate_s;
+        let (four, single) = (estimate(&seeds, 0.5, true), estimate(&one, 0.5, true));
         assert!(four > 1.5 * single && four < 4.0 * single, "{four} s against {single} s");
+        // The acceptance's command, on a 2-core Zen 4: one node 1021 s, 4 nodes' seeds about
+        // 300 s each: about 40 minutes.
+        let accepted = Cli::parse_from(["curve", "--accuracy-only", "--nodes", "1,4", "--seeds", "4"]).curve;
+        let minutes = estimate(&accepted, 0.5, true) / 60.0;
+        assert!((30.0..50.0).contains(&minutes), "{minutes} min");
     }
 
     #[test]
@@ -992,38 +841,5 @@ mod tests {
         assert!(check_seeds(5, true, 0.5, 2).expect_err("refused").to_string().contains("use 1 to 4 seeds"));
         let unused = check_seeds(4, false, 0.5, 2).expect_err("seeds without runs to accuracy").to_string();
         assert!(unused.contains("--to-accuracy or --accuracy-only"), "{unused}");
-    }
-
-    #[test]
-    fn accuracy_rows_average_each_node_count_over_its_seeds() {
-        let run = |nodes: usize, wall_s: f64, accuracy: f64| AccuracyRun {
-            nodes,
-            learning_rate: 1e-4 * (nodes as f64).sqrt(),
-            wall_s,
-            accuracy,
-            f1: accuracy + 0.05,
-        };
-        let runs = [run(1, 900.0, 0.80), run(1, 940.0, 0.82), run(4, 300.0, 0.79), run(4, 320.0, 0.80)];
-        let rows = accuracy_rows(&runs);
-        assert_eq!(rows.len(), 2);
-        assert_eq!((rows[0].nodes, rows[1].nodes), (1, 4));
-        assert!((rows[0].wall_s - 920.0).abs() < 1e-9 && (rows[1].wall_s - 310.0).abs() < 1e-9);
-        assert!((rows[0].accuracy - 0.81).abs() < 1e-12 && (rows[1].f1 - 0.845).abs() < 1e-12);
-        assert_eq!(rows[1].accuracies, [0.79, 0.80]);
-        assert!((rows[1].learning_rate - 2e-4).abs() < 1e-12);
-        // One seed is its own mean.
-        assert_eq!(accuracy_rows(&runs[2..3])[0].accuracy, 0.79);
-    }
-
-    #[test]
-    fn a_summary_without_dev_scores_is_an_error_naming_the_file() {
-        let dir = tempfile::tempdir().expect("a temporary folder");
-        std::fs::write(dir.path().join("summary.json"), r#"{"wall_s": 12.5}"#).expect("written");
-        let err = read_accuracy_run(dir.path(), 4, 2e-4).expect_err("no dev scores").to_string();
-        assert!(err.contains("summary.json") && err.contains("dev accuracy"), "{err}");
-        std::fs::write(dir.path().join("summary.json"), r#"{"wall_s": 12.5, "dev": {"accuracy": 0.8, "f1": 0.86}}"#)
-            .expect("written");
-        let run = read_accuracy_run(dir.path(), 4, 2e-4).expect("a whole summary");
-        assert_eq!((run.wall_s, run.accuracy, run.f1), (12.5, 0.8, 0.86));
     }
 }

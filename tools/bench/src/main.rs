@@ -11,6 +11,7 @@ mod int8;
 mod one;
 mod scaling;
 mod table;
+mod to_accuracy;
 
 use std::path::{Path, PathBuf};
 

@@ -41,12 +41,17 @@ pub struct ClusterOptions {
 
 /// The layout hash the nodes compare when they connect, with the settings that must agree on
 /// every node (a node reducing in bf16 cannot pair with one expecting `f32`; with a sharded
-/// optimizer, overlap decides the order of the parameters' all-gather).
+/// optimizer, overlap decides the order of the parameters' all-gather; a compressed ring sends
+/// other buffers).
 fn handshake_hash(layout: [u8; 32], mode: &SyncMode) -> [u8; 32] {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
     h.update(layout);
     h.update([u8::from(mode.wire == Wire::Bf16), u8::from(mode.shard_optimizer), u8::from(mode.gathers_behind())]);
+    if let Some(rank) = mode.low_rank {
+        h.update(b"low-rank");
+        h.update((rank as u64).to_le_bytes());
+    }
     h.finalize().into()
 }
 
@@ -68,7 +73,7 @@ impl RingSync<QuicRing> {
         })?;
         RingSync::start(
             Collective::new(ring),
-            sync_plan(model, options.world, options.mode.wire),
+            sync_plan(model, options.world, &options.mode),
             &model.layout,
             options.mode,
         )

@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use ringtune_bert::ParamLayout;
-use ringtune_collective::{used_rows, BucketKind, Collective, RingMode, SyncPlan, Transport, Wire};
+use ringtune_collective::{
+    used_rows, BucketKind, Collective, LowRankBucket, LowRankState, RingMode, SyncPlan, TensorAt, Transport, Wire,
+};
 use ringtune_ops::grad_ready::GradSink;
 use ringtune_ops::param_ready::ParamSource;
 use ringtune_optim::{AdamW, AdamWState};
@@ -41,6 +43,38 @@ struct Reduced {
 /// The ring's operations, shared by the loop and the sync thread.
 type SharedRing<T> = Arc<Mutex<Collective<T>>>;
 
+/// Every bucket's compressor (`None`: sent whole; empty without compression): the sync thread
+/// holds it through a step, the loop between steps (checkpoints).
+type SharedLowRank = Arc<Mutex<Vec<Option<LowRankBucket>>>>;
+
+/// The seed of the compressors' first `Q`s: the same on every node, whatever the run's seed.
+const LOW_RANK_SEED: u64 = 0x5EED_0FC0;
+
+/// The compressors of `plan`'s dense buckets (whole tensors each) at `mode`'s rank.
+fn low_rank_buckets(plan: &SyncPlan, layout: &ParamLayout, mode: &SyncMode) -> Vec<Option<LowRankBucket>> {
+    let Some(rank) = mode.low_rank else { return Vec::new() };
+    let entries = layout.entries();
+    plan.buckets
+        .iter()
+        .map(|bucket| {
+            (bucket.kind == BucketKind::Dense).then(|| {
+                let tensors: Vec<TensorAt> = bucket
+                    .tensors
+                    .iter()
+                    .map(|&t| {
+                        let range = entries[t].range();
+                        TensorAt {
+                            range: range.start - bucket.range.start..range.end - bucket.range.start,
+                            shape: entries[t].shape.clone(),
+                        }
+                    })
+                    .collect();
+                LowRankBucket::new(&tensors, rank, LOW_RANK_SEED)
+            })
+        })
+        .collect()
+}
+
 fn lock<T>(ring: &Mutex<Collective<T>>) -> MutexGuard<'_, Collective<T>> {
     // An operation that panicked has left the ring broken, which its next operation reports.
     ring.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -53,6 +87,7 @@ pub struct RingSync<T: Transport> {
     worker: Worker,
     reduced: Receiver<Result<Reduced, String>>,
     table_rows: Option<usize>,
+    low_rank: SharedLowRank,
     /// A step has begun and not yet finished.
     in_step: bool,
 }
@@ -76,6 +111,14 @@ impl<T: Transport + Send + 'static> RingSync<T> {
         layout: &ParamLayout,
         mode: SyncMode,
     ) -> Result<Self, TrainError> {
+        if mode.low_rank.is_some() && mode.shard_optimizer {
+            return Err(TrainError::Setting {
+                flag: "shard-optimizer",
+                value: "true".into(),
+                expected: "false with --powersgd-rank (each node steps the whole decompressed mean)".into(),
+            });
+        }
+        let low_rank = Arc::new(Mutex::new(low_rank_buckets(&plan, layout, &mode)));
         let plan = Arc::new(plan);
         let rank = ring.rank();
         let tensors = layout.entries().iter().map(|e| e.range()).collect();
@@ -89,6 +132,7 @@ impl<T: Transport + Send + 'static> RingSync<T> {
             plan: plan.clone(),
             slots: slots.clone(),
             gather: gather.clone(),
+            low_rank: low_rank.clone(),
             mode,
             from_loop,
             report,
@@ -106,6 +150,7 @@ impl<T: Transport + Send + 'static> RingSync<T> {
             exchange: RingExchange { ring, plan, gather, mode, rank, to_sync: to_sync.clone() },
             worker: Worker { to_sync, thread: Some(thread) },
             reduced,
+            low_rank,
             in_step: false,
         })
     }
@@ -328,6 +373,38 @@ impl<T: Transport> GradSync for RingSync<T> {
         self.exchange.settle()
     }
 
+    fn low_rank_state(&self) -> Option<Vec<LowRankState>> {
+        let buckets = self.low_rank.lock().unwrap_or_else(|p| p.into_inner());
+        (!buckets.is_empty())
+            .then(|| buckets.iter().map(|b| b.as_ref().map(LowRankBucket::state).unwrap_or_default()).collect())
+    }
+
+    fn restore_low_rank(&mut self, state: &[LowRankState]) -> Result<(), TrainError> {
+        let mut buckets = self.low_rank.lock().unwrap_or_else(|p| p.into_inner());
+        if state.len() != buckets.len() {
+            return Err(TrainError::Resume(format!(
+                "the compression state holds {} buckets, this run's sync {}",
+                state.len(),
+                buckets.len()
+            )));
+        }
+        for (index, (bucket, saved)) in buckets.iter_mut().zip(state).enumerate() {
+            match bucket {
+                Some(b) => b.restore(saved).map_err(|e| TrainError::Resume(format!("bucket {index}: {e}")))?,
+                None if *saved == LowRankState::default() => {}
+                None => {
+                    return Err(TrainError::Resume(format!("bucket {index} is sent whole, its saved state is not")))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn reset_low_rank(&mut self) {
+        let mut buckets = self.low_rank.lock().unwrap_or_else(|p| p.into_inner());
+        buckets.iter_mut().flatten().for_each(LowRankBucket::reset);
+    }
+
     fn release(&mut self) {
         if let Some(gather) = self.exchange.gather.clone() {
             if gather.in_flight() {
@@ -380,6 +457,7 @@ struct SyncThread<T: Transport> {
     plan: Arc<SyncPlan>,
     slots: Arc<GradSlots>,
     gather: Option<Arc<ParamGather>>,
+    low_rank: SharedLowRank,
     mode: SyncMode,
     from_loop: Receiver<ToSync>,
     report: Sender<Result<Reduced, String>>,
@@ -485,6 +563,8 @@ impl<T: Transport> SyncThread<T> {
     /// Reduces every bucket in plan order, each as soon as all its gradients have arrived.
     fn reduce_step(&mut self, used_rows: &[u32]) -> Result<Reduced, String> {
         let plan = self.plan.clone();
+        let low_rank = self.low_rank.clone();
+        let mut low_rank = low_rank.lock().unwrap_or_else(|p| p.into_inner());
         let (mut floats, mut busy) = (0, Duration::ZERO);
         let mut pieces = Vec::with_capacity(plan.buckets.len());
         let begun = Instant::now();
@@ -507,7 +587,10 @@ impl<T: Transport> SyncThread<T> {
             let buffer = piece.floats();
             let wire = self.mode.wire;
             let done = match bucket.kind {
-                BucketKind::Dense => ring.run(buffer, self.mode.bucket_mode(), wire).map(|()| bucket.range.len()),
+                BucketKind::Dense => match low_rank.get_mut(index).and_then(Option::as_mut) {
+                    Some(compressor) => compressor.reduce(buffer, |b| ring.run(b, RingMode::AllReduceMean, wire)),
+                    None => ring.run(buffer, self.mode.bucket_mode(), wire).map(|()| bucket.range.len()),
+                },
                 BucketKind::Table { width } => {
                     ring.all_reduce_rows(buffer, width, used_rows, wire).map(|rows| rows * width)
                 }

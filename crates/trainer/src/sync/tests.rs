@@ -89,7 +89,7 @@ fn all_tensors() -> impl Iterator<Item = usize> {
     (0..layout().entries().len()).rev()
 }
 
-const PLAIN: SyncMode = SyncMode { wire: Wire::F32, overlap: true, shard_optimizer: false };
+const PLAIN: SyncMode = SyncMode { wire: Wire::F32, overlap: true, shard_optimizer: false, low_rank: None };
 
 #[test]
 fn buckets_handed_over_mid_pass_reduce_to_every_ranks_mean() {

@@ -4,7 +4,10 @@
 use ringtune_optim::AdamWState;
 
 use super::TrainingRun;
+use bytes::Bytes;
+
 use crate::checkpoint::{self, Meta};
+use crate::low_rank_file;
 use crate::TrainError;
 
 impl TrainingRun<'_> {
@@ -76,6 +79,7 @@ impl TrainingRun<'_> {
         }
         self.engine.params_mut()?.copy_from_slice(&ckpt.params);
         self.adam.restore(AdamWState { step: ckpt.meta.adam_step, m: ckpt.m, v: ckpt.v })?;
+        self.resume_low_rank(ckpt.meta.progress.step)?;
         let batch_in_epoch = ckpt.meta.resume_batch(self.world, self.plan.batch_size);
         self.progress = ckpt.meta.progress.clone();
         if batch_in_epoch != self.progress.batch_in_epoch {
@@ -97,6 +101,29 @@ impl TrainingRun<'_> {
         Ok(self.progress.step)
     }
 
+    /// Puts back every node's compression state saved at `step`, when the run compresses: on
+    /// every node or none (the nodes' `Q`s must stay equal), so a node whose file is missing or
+    /// refused makes them all start the error feedback afresh, with a warning naming it.
+    fn resume_low_rank(&mut self, step: u64) -> Result<(), TrainError> {
+        if self.sync.low_rank_state().is_none() {
+            return Ok(());
+        }
+        let loaded = low_rank_file::load(&self.plan.checkpoints, step, (self.rank, self.world))
+            .and_then(|state| self.sync.restore_low_rank(&state));
+        if let Err(e) = &loaded {
+            tracing::warn!("{e}");
+        }
+        let all = self.sync.gather(Bytes::from(vec![u8::from(loaded.is_ok())]))?;
+        let missing: Vec<usize> = (0..all.len()).filter(|&r| all[r].as_ref() != [1]).collect();
+        if !missing.is_empty() {
+            self.sync.reset_low_rank();
+            tracing::warn!(
+                "the compression state of step {step} did not load on ranks {missing:?}: every node's error feedback starts empty"
+            );
+        }
+        Ok(())
+    }
+
     /// The global batch the data's order is grouped by length for, if it is.
     pub(super) fn length_groups(&self) -> Option<usize> {
         self.cfg.group_by_length.then_some(self.plan.batch_size * self.world)
@@ -108,6 +135,10 @@ impl TrainingRun<'_> {
         let _span = tracing::debug_span!("checkpoint").entered();
         self.settle()?;
         let gathered = self.sync.full_moments(&self.adam)?;
+        if let Some(state) = self.sync.low_rank_state() {
+            let node = (self.rank, self.world);
+            low_rank_file::save(&self.plan.checkpoints, self.progress.step, node, &state, self.cfg.keep_checkpoints)?;
+        }
         if self.rank != 0 {
             return Ok(());
         }

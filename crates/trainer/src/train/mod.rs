@@ -53,6 +53,42 @@ pub struct Summary {
     /// The int8 model and its scores on the same evaluation sets (`--quantize int8`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub int8: Option<Int8Summary>,
+    /// How it trained: what the multi-node recipe sets.
+    pub training: TrainingShape,
+}
+
+/// How a run trained: the nodes, the global batch and what the multi-node recipe
+/// (`crate::recipe::MultiNodeRecipe`) may change, so that a summary and its plot say so.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TrainingShape {
+    /// Nodes.
+    pub nodes: usize,
+    /// Examples per step over all nodes.
+    pub global_batch: usize,
+    /// Peak learning rate.
+    pub learning_rate: f64,
+    /// Batches grouped by length.
+    pub group_by_length: bool,
+    /// Gradients sent as PowerSGD factors of this rank (`None`: whole).
+    pub powersgd_rank: Option<usize>,
+}
+
+impl TrainingShape {
+    /// One line for the plot: nodes, batch, grouping and compression.
+    pub fn describe(&self) -> String {
+        let mut parts = vec![
+            format!("{} node{}", self.nodes, if self.nodes == 1 { "" } else { "s" }),
+            format!("batch {}", self.global_batch),
+            format!("lr {:e}", self.learning_rate),
+        ];
+        if self.group_by_length {
+            parts.push("grouped by length".into());
+        }
+        if let Some(rank) = self.powersgd_rank {
+            parts.push(format!("PowerSGD rank {rank}"));
+        }
+        parts.join(", ")
+    }
 }
 
 /// The int8 model a run wrote at its end, and how it scores.
@@ -222,6 +258,7 @@ impl<'s> TrainingRun<'s> {
                     wire = mode.wire_name(),
                     overlap = mode.overlap,
                     shard_optimizer = mode.shard_optimizer,
+                    powersgd_rank = mode.low_rank,
                     "gradient sync"
                 );
             }
@@ -426,7 +463,7 @@ impl<'s> TrainingRun<'s> {
         let output = &self.plan.output;
         let mut int8 = None;
         if self.rank == 0 {
-            write_outputs(output, &self.inputs, self.engine.layout(), self.engine.params()?)?;
+            write_outputs(output, &self.inputs, self.engine.layout(), self.engine.params()?, &self.shape())?;
             if self.cfg.quantize == Some(Quantization::Int8) {
                 int8 = Some(self.int8_model()?);
             }
@@ -439,6 +476,7 @@ impl<'s> TrainingRun<'s> {
             evaluations: self.log.last_scores.clone(),
             output: output.clone(),
             int8,
+            training: self.shape(),
         };
         if self.rank == 0 {
             let json = serde_json::to_string_pretty(&summary)?;
@@ -449,6 +487,17 @@ impl<'s> TrainingRun<'s> {
 }
 
 impl TrainingRun<'_> {
+    /// How this run trains.
+    fn shape(&self) -> TrainingShape {
+        TrainingShape {
+            nodes: self.world,
+            global_batch: self.plan.batch_size * self.world,
+            learning_rate: self.cfg.learning_rate,
+            group_by_length: self.cfg.group_by_length,
+            powersgd_rank: self.sync.mode().low_rank,
+        }
+    }
+
     /// Writes the int8 model of the trained weights and scores it on the evaluation sets.
     fn int8_model(&self) -> Result<Int8Summary, TrainError> {
         let _span = tracing::debug_span!("quantize").entered();

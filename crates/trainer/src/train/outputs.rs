@@ -7,6 +7,7 @@ use ringtune_bert::ParamLayout;
 use ringtune_data::Source;
 
 use super::inputs::Inputs;
+use super::TrainingShape;
 use crate::evaluation::TaskFile;
 use crate::TrainError;
 
@@ -16,6 +17,7 @@ pub(super) fn write_outputs(
     inputs: &Inputs,
     layout: &ParamLayout,
     params: &[f32],
+    shape: &TrainingShape,
 ) -> Result<(), TrainError> {
     let _span = tracing::debug_span!("outputs").entered();
     ringtune_bert::save_params(&output.join("model.safetensors"), layout, params)?;
@@ -41,7 +43,7 @@ pub(super) fn write_outputs(
         if unreadable > 0 {
             tracing::warn!("{}: {unreadable} unreadable line(s) left out of training.png", metrics.display());
         }
-        crate::plot::plot(&output.join("training.png"), &records)
+        crate::plot::plot(&output.join("training.png"), &records, &shape.describe())
     });
     if let Err(e) = plotted {
         tracing::warn!("no training.png: {e}");

@@ -232,6 +232,11 @@ pub(crate) struct ClusterArgs {
     /// would make 1.5x the bytes); every node must use the same.
     #[arg(long, action = clap::ArgAction::Set)]
     pub(crate) shard_optimizer: Option<bool>,
+    /// Send each gradient matrix as two factors of this rank (PowerSGD with error feedback:
+    /// what a step leaves out is added to the next), vectors whole; 0 sends every float.
+    /// Every node must use the same; the optimizer is then not sharded.
+    #[arg(long)]
+    pub(crate) powersgd_rank: Option<usize>,
 }
 
 /// `--wire`'s values.
@@ -315,6 +320,14 @@ pub(crate) struct PredictArgs {
     /// Where to write the predictions.
     #[arg(long, default_value = "predictions.tsv")]
     pub(crate) out: PathBuf,
+}
+
+impl TrainArgs {
+    /// Whether the command line sets the batch or the learning rate (the multi-node recipe
+    /// then leaves them as given).
+    pub(crate) fn sets_batch_or_rate(&self) -> bool {
+        self.batch_size.is_some() || self.global_batch_size.is_some() || self.learning_rate.is_some()
+    }
 }
 
 /// The run's settings: `--config`'s file (or the defaults), each flag given overriding it.

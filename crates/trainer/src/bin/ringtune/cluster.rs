@@ -73,18 +73,25 @@ fn cluster_options_from(args: &ClusterArgs, var: impl Fn(&str) -> Option<String>
         deadline: std::time::Duration::from_secs(args.deadline.max(1)),
         lanes: args.lanes.max(1),
         mtu: args.mtu,
-        mode: {
-            let wire = match args.wire {
-                WireFormat::Bf16 => Wire::Bf16,
-                WireFormat::Fp32 => Wire::F32,
-            };
-            SyncMode {
-                wire,
-                overlap: args.overlap,
-                shard_optimizer: args.shard_optimizer.unwrap_or(SyncMode::shards_by_default(wire)),
-            }
-        },
+        mode: sync_mode(args, args.powersgd_rank),
     }))
+}
+
+/// How a node of `args` syncs, its gradients compressed at `powersgd_rank` (0 or `None`: sent
+/// whole); the optimizer is sharded by default only where that costs no bytes and nothing is
+/// compressed.
+pub(crate) fn sync_mode(args: &ClusterArgs, powersgd_rank: Option<usize>) -> SyncMode {
+    let low_rank = powersgd_rank.filter(|&r| r > 0);
+    let wire = match args.wire {
+        WireFormat::Bf16 => Wire::Bf16,
+        WireFormat::Fp32 => Wire::F32,
+    };
+    SyncMode {
+        wire,
+        overlap: args.overlap,
+        shard_optimizer: args.shard_optimizer.unwrap_or(SyncMode::shards_by_default(wire) && low_rank.is_none()),
+        low_rank,
+    }
 }
 
 /// This rank's port from the peer list, rank 0's from the coordinator's address, else any.

@@ -15,6 +15,7 @@ use clap::Parser;
 use ringtune_runtime::SessionOptions;
 use ringtune_trainer::predict::{Precision, Predictor};
 use ringtune_trainer::quantize::{self, FeedForwardInput, QuantizeOptions, WeightRange};
+use ringtune_trainer::recipe::MultiNodeRecipe;
 use ringtune_trainer::sync::QuicSync;
 use ringtune_trainer::train::Start;
 
@@ -97,16 +98,22 @@ fn main() -> Result<()> {
 
 /// `ringtune train`: one node, or this node's part of a cluster.
 fn train(args: &TrainArgs) -> Result<()> {
-    let config = args::train_config(args)?;
+    let mut config = args::train_config(args)?;
     if args.print_task {
         println!("{}", config.task_choice().task_name()?);
         return Ok(());
     }
-    let Some(cluster) = cluster::cluster_options(&args.cluster)? else {
+    let Some(mut cluster) = cluster::cluster_options(&args.cluster)? else {
         print_summary(&ringtune_trainer::train::train(&config, &root(), start(args.resume), None)?);
         return Ok(());
     };
     let _rank = tracing::info_span!("rank", rank = cluster.rank).entered();
+    let chosen = MultiNodeRecipe::choose(&config, cluster.world, args.sets_batch_or_rate(), args.cluster.powersgd_rank);
+    if let Some(recipe) = chosen {
+        recipe.apply(&mut config);
+        cluster.mode = cluster::sync_mode(&args.cluster, recipe.powersgd_rank);
+        tracing::info!("{}", recipe.describe(cluster.world));
+    }
     let inputs = ringtune_trainer::train::Inputs::read(&config, &root())?;
     let mut sync = QuicSync::join(&cluster, inputs.model())?;
     let summary = ringtune_trainer::train::train_on(inputs, &config, &root(), start(args.resume), Some(&mut sync))?;
