@@ -22,6 +22,8 @@ fn bad_training_values_are_refused_by_name() {
         (&["train", "--precision", "fp8"][..], "[possible values: fp32, bf16, auto]"),
         (&["train", "--epochs", "many"][..], "invalid value 'many'"),
         (&["train", "--epoch", "1"][..], "unexpected argument '--epoch'"),
+        // Refused, not ignored: one node has nothing to compress.
+        (&["train", "--powersgd-rank", "4"][..], "--powersgd-rank compresses what nodes send each other"),
     ] {
         let (ok, stderr) = ringtune(args);
         assert!(!ok, "{args:?} must fail");

@@ -140,6 +140,18 @@ mod tests {
     }
 
     #[test]
+    fn compressed_gradients_leave_the_optimizer_whole_unless_told() {
+        let c = cluster("--world 2 --rank 0 --coordinator h0:1 --powersgd-rank 4", &[]).expect("ok").expect("cluster");
+        assert_eq!((c.mode.low_rank, c.mode.shard_optimizer), (Some(4), false));
+        let c = cluster("--world 2 --rank 0 --coordinator h0:1 --powersgd-rank 0", &[]).expect("ok").expect("cluster");
+        assert_eq!((c.mode.low_rank, c.mode.shard_optimizer), (None, true), "fp32 shards by default");
+        let Command::Train(args) = Cli::parse_from("ringtune train --wire bf16".split_whitespace()).command else {
+            panic!("not a train command");
+        };
+        assert_eq!(sync_mode(&args.cluster, Some(8)).low_rank, Some(8), "the recipe's rank");
+    }
+
+    #[test]
     fn master_addr_completes_flags() {
         let c = cluster("--world 4 --rank 1", &[("MASTER_ADDR", "h0"), ("MASTER_PORT", "1234")])
             .expect("ok")

@@ -104,6 +104,9 @@ fn train(args: &TrainArgs) -> Result<()> {
         return Ok(());
     }
     let Some(mut cluster) = cluster::cluster_options(&args.cluster)? else {
+        if args.cluster.powersgd_rank.is_some_and(|rank| rank > 0) {
+            bail!("--powersgd-rank compresses what nodes send each other, and one node sends nothing: drop it, or give the run a world");
+        }
         print_summary(&ringtune_trainer::train::train(&config, &root(), start(args.resume), None)?);
         return Ok(());
     };
