@@ -7,7 +7,7 @@ use ringtune_optim::Group;
 use crate::TrainConfig;
 
 /// PowerSGD's rank in the multi-node recipe.
-pub const MULTI_NODE_POWERSGD_RANK: usize = 4;
+pub const MULTI_NODE_POWERSGD_RANK: usize = 8;
 
 /// What a run on several nodes trains with when the user sets neither the batch nor the learning
 /// rate: one node's global batch (so one node's steps, learning rate and accuracy), split over
