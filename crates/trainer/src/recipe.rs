@@ -9,8 +9,7 @@ use crate::TrainConfig;
 /// PowerSGD's rank in the multi-node recipe.
 pub const MULTI_NODE_POWERSGD_RANK: usize = 8;
 
-/// What a run on several nodes trains with when the user sets neither the batch nor the learning
-/// rate: one node's global batch (so one node's steps, learning rate and accuracy), split over
+/// What a run on several nodes trains with when the user sets no batch: one node's global batch (so one node's steps, learning rate and accuracy), split over
 /// the nodes, its gradients sent as low-rank factors (so the sync, whose bytes would not shrink
 /// with the nodes' share of the compute, hides behind it), and its batches grouped by length (so
 /// the nodes of a step wait less for the one with the longest batch). Measured in
@@ -27,14 +26,13 @@ pub struct MultiNodeRecipe {
 
 impl MultiNodeRecipe {
     /// The recipe for `config` on `world` nodes, or `None` where it does not apply: one node, or
-    /// a batch or learning rate the user set (on the command line, `flags_set`, or in the
-    /// settings file), which is then trained as given. `powersgd_rank` is `--powersgd-rank`.
-    pub fn choose(config: &TrainConfig, world: usize, flags_set: bool, powersgd_rank: Option<usize>) -> Option<Self> {
-        let defaults = TrainConfig::default();
-        let file_set = config.batch_size != defaults.batch_size
-            || config.global_batch_size.is_some()
-            || config.learning_rate != defaults.learning_rate;
-        if world <= 1 || flags_set || file_set {
+    /// a batch the user set (on the command line, `batch_flags`, or in the settings file), which
+    /// is then trained as given. The learning rate is the config's either way: the recipe keeps
+    /// one node's batch, so one node's rate (MPNet's 2e-5 as MiniLM's 1e-4). `powersgd_rank` is
+    /// `--powersgd-rank`.
+    pub fn choose(config: &TrainConfig, world: usize, batch_flags: bool, powersgd_rank: Option<usize>) -> Option<Self> {
+        let file_set = config.batch_size != TrainConfig::default().batch_size || config.global_batch_size.is_some();
+        if world <= 1 || batch_flags || file_set {
             return None;
         }
         // One node's batch, rounded up to whole rows on every node where it does not divide.
@@ -60,7 +58,7 @@ impl MultiNodeRecipe {
         };
         format!(
             "multi-node recipe: a global batch of {} ({} on each of {world} nodes: one node's steps and learning rate), {sync}, \
-             batches grouped by length; set --batch-size, --global-batch-size or --learning-rate to train otherwise",
+             batches grouped by length; set --batch-size or --global-batch-size to train otherwise",
             self.global_batch_size,
             self.global_batch_size / world.max(1)
         )
@@ -117,12 +115,17 @@ mod tests {
         assert!(applied.group_by_length);
         // One node trains as it always has.
         assert_eq!(MultiNodeRecipe::choose(&config, 1, false, None), None);
-        // A batch or learning rate the user set, by flag or in the file, is trained as given.
+        // A batch the user set, by flag or in the file, is trained as given.
         assert_eq!(MultiNodeRecipe::choose(&config, 4, true, None), None);
-        let file = TrainConfig { learning_rate: 2e-4, ..TrainConfig::default() };
-        assert_eq!(MultiNodeRecipe::choose(&file, 4, false, None), None);
         let file = TrainConfig { global_batch_size: Some(64), ..TrainConfig::default() };
         assert_eq!(MultiNodeRecipe::choose(&file, 4, false, None), None);
+        let file = TrainConfig { batch_size: 16, ..TrainConfig::default() };
+        assert_eq!(MultiNodeRecipe::choose(&file, 4, false, None), None);
+        // A learning rate is kept, and so is the recipe (one node's batch, one node's rate).
+        let mpnet = TrainConfig { learning_rate: 2e-5, ..TrainConfig::default() };
+        let mut applied = mpnet.clone();
+        MultiNodeRecipe::choose(&mpnet, 4, false, None).expect("the recipe").apply(&mut applied);
+        assert_eq!((applied.global_batch_size, applied.learning_rate), (Some(32), 2e-5));
         // --powersgd-rank chooses the rank, 0 sends every float.
         assert_eq!(MultiNodeRecipe::choose(&config, 2, false, Some(8)).and_then(|r| r.powersgd_rank), Some(8));
         assert_eq!(MultiNodeRecipe::choose(&config, 2, false, Some(0)).and_then(|r| r.powersgd_rank), None);

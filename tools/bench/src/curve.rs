@@ -630,17 +630,26 @@ fn draw(path: &Path, (points, floors): (&[Point], &[Floor]), nodes: &[usize], em
             series.label(label).legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], c));
         }
     }
+    legend_and_present(&mut chart, &root, SeriesLabelPosition::UpperLeft, text).map_err(|e| fail(&e))
+}
+
+/// Draws `chart`'s legend at `position` where a font was found (`text`), then writes `root` out.
+pub(crate) fn legend_and_present<'a, 'b: 'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, BitMapBackend<'b>, CT>,
+    root: &DrawingArea<BitMapBackend<'b>, plotters::coord::Shift>,
+    position: SeriesLabelPosition,
+    text: bool,
+) -> Result<(), String> {
     if text {
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
+            .position(position)
             .background_style(WHITE)
             .border_style(BLACK)
             .draw()
-            .map_err(|e| fail(&e))?;
+            .map_err(|e| e.to_string())?;
     }
-    root.present().map_err(|e| fail(&e))?;
-    Ok(())
+    root.present().map_err(|e| e.to_string())
 }
 
 /// A line of the plot: its label, its points (nodes, speedup), and whether it is drawn faint.

@@ -12,7 +12,9 @@ use ringtune_trainer::metrics::{read_records, Record};
 use ringtune_trainer::plot::register_font;
 use serde::Serialize;
 
-use crate::curve::{emulated, step_s, CurveArgs, CurveModel, GROUPED_SPEEDUP, MRPC_TRAIN, RUN_OVERHEAD_S_PER_CORE};
+use crate::curve::{
+    emulated, legend_and_present, step_s, CurveArgs, CurveModel, GROUPED_SPEEDUP, MRPC_TRAIN, RUN_OVERHEAD_S_PER_CORE,
+};
 
 /// How far below one node's mean accuracy and F1 (in points) a node count may end, and the
 /// most of one node's wall it may take, to give one node's model in a third of its time.
@@ -338,17 +340,7 @@ fn draw(path: &Path, runs: &[Run]) -> Result<()> {
             }
         }
     }
-    if text {
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .background_style(WHITE)
-            .border_style(BLACK)
-            .draw()
-            .map_err(|e| fail(&e))?;
-    }
-    root.present().map_err(|e| fail(&e))?;
-    Ok(())
+    legend_and_present(&mut chart, &root, SeriesLabelPosition::LowerRight, text).map_err(|e| fail(&e))
 }
 
 /// Where `--to-accuracy` writes its table and plot by default.

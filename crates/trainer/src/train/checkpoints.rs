@@ -1,11 +1,11 @@
 //! A run's checkpoints: saved at the same step on every node (a sharded optimizer's moments
-//! gathered first), and the newest usable one resumed.
+//! gathered first; with compressed gradients each node's own state beside them), and the newest
+//! usable one resumed.
 
+use bytes::Bytes;
 use ringtune_optim::AdamWState;
 
 use super::TrainingRun;
-use bytes::Bytes;
-
 use crate::checkpoint::{self, Meta};
 use crate::low_rank_file;
 use crate::TrainError;
@@ -105,7 +105,7 @@ impl TrainingRun<'_> {
     /// every node or none (the nodes' `Q`s must stay equal), so a node whose file is missing or
     /// refused makes them all start the error feedback afresh, with a warning naming it.
     fn resume_low_rank(&mut self, step: u64) -> Result<(), TrainError> {
-        if self.sync.low_rank_state().is_none() {
+        if self.sync.mode().low_rank.is_none() {
             return Ok(());
         }
         let loaded = low_rank_file::load(&self.plan.checkpoints, step, (self.rank, self.world))

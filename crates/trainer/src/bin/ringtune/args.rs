@@ -323,10 +323,9 @@ pub(crate) struct PredictArgs {
 }
 
 impl TrainArgs {
-    /// Whether the command line sets the batch or the learning rate (the multi-node recipe
-    /// then leaves them as given).
-    pub(crate) fn sets_batch_or_rate(&self) -> bool {
-        self.batch_size.is_some() || self.global_batch_size.is_some() || self.learning_rate.is_some()
+    /// Whether the command line sets the batch (the multi-node recipe then leaves it as given).
+    pub(crate) fn sets_batch(&self) -> bool {
+        self.batch_size.is_some() || self.global_batch_size.is_some()
     }
 }
 

@@ -111,7 +111,7 @@ fn train(args: &TrainArgs) -> Result<()> {
         return Ok(());
     };
     let _rank = tracing::info_span!("rank", rank = cluster.rank).entered();
-    let chosen = MultiNodeRecipe::choose(&config, cluster.world, args.sets_batch_or_rate(), args.cluster.powersgd_rank);
+    let chosen = MultiNodeRecipe::choose(&config, cluster.world, args.sets_batch(), args.cluster.powersgd_rank);
     if let Some(recipe) = chosen {
         recipe.apply(&mut config);
         cluster.mode = cluster::sync_mode(&args.cluster, recipe.powersgd_rank);
