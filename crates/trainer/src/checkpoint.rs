@@ -82,7 +82,7 @@ pub struct Checkpoint {
     pub v: Vec<f32>,
 }
 
-fn err(path: &Path, reason: impl std::fmt::Display) -> TrainError {
+pub(crate) fn err(path: &Path, reason: impl std::fmt::Display) -> TrainError {
     TrainError::Checkpoint { path: path.into(), reason: reason.to_string() }
 }
 
@@ -132,15 +132,8 @@ impl<W: Write> Write for HashingWriter<W> {
 
 /// Reads and checks a checkpoint (magic, checksum, sizes, and the layout it was made for).
 pub fn load(path: &Path, layout_hash: &str) -> Result<Checkpoint, TrainError> {
-    let mut bytes = Vec::new();
-    File::open(path).and_then(|mut f| f.read_to_end(&mut bytes)).map_err(|e| err(path, e))?;
-    if bytes.len() < 8 + 4 + 32 || &bytes[..8] != MAGIC {
-        return Err(err(path, "not a ringtune checkpoint, or truncated"));
-    }
-    let (body, digest) = bytes.split_at(bytes.len() - 32);
-    if Sha256::digest(body).as_slice() != digest {
-        return Err(err(path, "checksum mismatch: the file is truncated or corrupt"));
-    }
+    let bytes = read_checked(path, MAGIC, 4, "a ringtune checkpoint")?;
+    let body = bytes.as_slice();
     let json_len = u32::from_le_bytes([body[8], body[9], body[10], body[11]]) as usize;
     let json = body.get(12..12 + json_len).ok_or_else(|| err(path, "truncated metadata"))?;
     let meta: Meta = serde_json::from_slice(json).map_err(|e| err(path, format!("bad metadata: {e}")))?;
@@ -152,13 +145,29 @@ pub fn load(path: &Path, layout_hash: &str) -> Result<Checkpoint, TrainError> {
     if floats.len() != 3 * 4 * n {
         return Err(err(path, format!("{} bytes of tensors, expected {}", floats.len(), 12 * n)));
     }
-    let read = |k: usize| -> Vec<f32> {
-        floats[k * 4 * n..(k + 1) * 4 * n]
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
-    };
+    let read = |k: usize| f32s_le(&floats[k * 4 * n..(k + 1) * 4 * n]);
     Ok(Checkpoint { params: read(0), m: read(1), v: read(2), meta })
+}
+
+/// A file written as `magic`, a body and the sha256 of both: its bytes without the digest, or an
+/// error naming the file when it is not `what` (at least `header` bytes after the magic), is
+/// truncated or corrupt.
+pub(crate) fn read_checked(path: &Path, magic: &[u8; 8], header: usize, what: &str) -> Result<Vec<u8>, TrainError> {
+    let mut bytes = Vec::new();
+    File::open(path).and_then(|mut f| f.read_to_end(&mut bytes)).map_err(|e| err(path, e))?;
+    if bytes.len() < magic.len() + header + 32 || &bytes[..magic.len()] != magic {
+        return Err(err(path, format!("not {what}, or truncated")));
+    }
+    let digest = bytes.split_off(bytes.len() - 32);
+    if Sha256::digest(&bytes).as_slice() != digest.as_slice() {
+        return Err(err(path, "checksum mismatch: the file is truncated or corrupt"));
+    }
+    Ok(bytes)
+}
+
+/// Little-endian `f32`s.
+pub(crate) fn f32s_le(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
 
 /// Checkpoint files in `dir`, oldest first.

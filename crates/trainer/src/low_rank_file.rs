@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use ringtune_collective::LowRankState;
 use sha2::{Digest, Sha256};
 
+use crate::checkpoint::{err, f32s_le, read_checked};
 use crate::TrainError;
 
 const MAGIC: &[u8; 8] = b"RTLOWRK1";
@@ -21,10 +22,6 @@ const EXTENSION: &str = "lowrank";
 /// The file of `rank`'s state at `step`.
 pub fn file_name(step: u64, rank: usize) -> String {
     format!("step-{step:08}.rank-{rank}.{EXTENSION}")
-}
-
-fn err(path: &Path, reason: impl std::fmt::Display) -> TrainError {
-    TrainError::Checkpoint { path: path.into(), reason: reason.to_string() }
 }
 
 /// Writes `rank`'s state (of a run on `world` nodes) to `dir`'s file for `step`, and removes
@@ -74,14 +71,8 @@ pub fn save(
 /// truncated or corrupt one.
 pub fn load(dir: &Path, step: u64, (rank, world): (usize, usize)) -> Result<Vec<LowRankState>, TrainError> {
     let path = dir.join(file_name(step, rank));
-    let bytes = std::fs::read(&path).map_err(|e| err(&path, e))?;
-    if bytes.len() < 8 + 12 + 32 || &bytes[..8] != MAGIC {
-        return Err(err(&path, "not a ringtune compression state, or truncated"));
-    }
-    let (body, digest) = bytes.split_at(bytes.len() - 32);
-    if Sha256::digest(body).as_slice() != digest {
-        return Err(err(&path, "checksum mismatch: the file is truncated or corrupt"));
-    }
+    let bytes = read_checked(&path, MAGIC, 12, "a ringtune compression state")?;
+    let body = bytes.as_slice();
     let word = |at: usize| u32::from_le_bytes([body[at], body[at + 1], body[at + 2], body[at + 3]]) as usize;
     let (file_world, file_rank, buckets) = (word(8), word(12), word(16));
     if (file_world, file_rank) != (world, rank) {
@@ -103,10 +94,9 @@ pub fn load(dir: &Path, step: u64, (rank, world): (usize, usize)) -> Result<Vec<
     if body.len() - at != 4 * floats {
         return Err(err(&path, format!("{} bytes of floats, expected {}", body.len() - at, 4 * floats)));
     }
-    let mut read = |n: usize| -> Vec<f32> {
-        let out = body[at..at + 4 * n].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let mut read = |n: usize| {
         at += 4 * n;
-        out
+        f32s_le(&body[at - 4 * n..at])
     };
     Ok(lengths.into_iter().map(|(q, e)| LowRankState { q: read(q), error: read(e) }).collect())
 }

@@ -9,8 +9,8 @@ use crate::TrainConfig;
 /// PowerSGD's rank in the multi-node recipe.
 pub const MULTI_NODE_POWERSGD_RANK: usize = 8;
 
-/// What a run on several nodes trains with when the user sets no batch: one node's global batch (so one node's steps, learning rate and accuracy), split over
-/// the nodes, its gradients sent as low-rank factors (so the sync, whose bytes would not shrink
+/// What a run on several nodes trains with when the user sets no batch: one node's global
+/// batch (so one node's steps, learning rate and accuracy), split over the nodes, its gradients sent as low-rank factors (so the sync, whose bytes would not shrink
 /// with the nodes' share of the compute, hides behind it), and its batches grouped by length (so
 /// the nodes of a step wait less for the one with the longest batch). Measured in
 /// docs/cluster.md, "Choosing the batch".
@@ -20,8 +20,6 @@ pub struct MultiNodeRecipe {
     pub global_batch_size: usize,
     /// PowerSGD's rank (`None`: every float sent, as `--powersgd-rank 0` asks).
     pub powersgd_rank: Option<usize>,
-    /// `--group-by-length`.
-    pub group_by_length: bool,
 }
 
 impl MultiNodeRecipe {
@@ -40,14 +38,13 @@ impl MultiNodeRecipe {
         Some(MultiNodeRecipe {
             global_batch_size: per_node * world,
             powersgd_rank: powersgd_rank.or(Some(MULTI_NODE_POWERSGD_RANK)).filter(|&r| r > 0),
-            group_by_length: true,
         })
     }
 
-    /// Sets the recipe's batch and grouping in `config`.
+    /// Sets the recipe's batch and grouping by length in `config`.
     pub fn apply(&self, config: &mut TrainConfig) {
         config.global_batch_size = Some(self.global_batch_size);
-        config.group_by_length = self.group_by_length;
+        config.group_by_length = true;
     }
 
     /// What the log says of it.
@@ -101,14 +98,7 @@ mod tests {
     fn several_nodes_train_one_nodes_batch_compressed_and_grouped_unless_told_otherwise() {
         let config = TrainConfig::default();
         let recipe = MultiNodeRecipe::choose(&config, 4, false, None).expect("the recipe");
-        assert_eq!(
-            recipe,
-            MultiNodeRecipe {
-                global_batch_size: 32,
-                powersgd_rank: Some(MULTI_NODE_POWERSGD_RANK),
-                group_by_length: true
-            }
-        );
+        assert_eq!(recipe, MultiNodeRecipe { global_batch_size: 32, powersgd_rank: Some(MULTI_NODE_POWERSGD_RANK) });
         let mut applied = config.clone();
         recipe.apply(&mut applied);
         assert_eq!((applied.node_batch(4).expect("divides"), applied.learning_rate), (8, config.learning_rate));

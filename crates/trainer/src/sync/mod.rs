@@ -99,10 +99,9 @@ pub fn sync_plan(model: &ModelDir, world: usize, mode: &SyncMode) -> SyncPlan {
         let shape = &layout.entries()[i].shape;
         (shape.len() >= 2).then(|| (i, shape[1..].iter().product()))
     });
-    let sizes = BucketSizes::for_wire(mode.wire);
     match mode.low_rank {
         Some(_) => SyncPlan::whole_tensors(&tensors, layout.total_len(), table, world, LOW_RANK_BUCKET),
-        None => SyncPlan::new(&tensors, layout.total_len(), table, world, sizes),
+        None => SyncPlan::new(&tensors, layout.total_len(), table, world, BucketSizes::for_wire(mode.wire)),
     }
 }
 
