@@ -41,7 +41,7 @@ const GELU_LEAST_MAGNITUDE: f32 = 0.1701;
 const ZERO_POINT: u8 = 128;
 
 /// How the weights are rounded and stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum WeightRange {
     /// `[-127, 127]`: full precision, for CPUs with VNNI (their uint8 x int8 dot products

@@ -99,7 +99,7 @@ impl QuantizeOptions {
 }
 
 /// What [`TrainedModel::quantize`] wrote.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Quantized {
     /// The int8 model.
     pub path: PathBuf,

@@ -38,6 +38,28 @@ fn the_loss_falls_and_every_output_is_written() {
     assert_eq!(tokens.len(), 3 * 13);
     assert!(tokens.iter().all(|&t| t > 0.0 && t % 8.0 == 0.0 && t <= 16.0 * cfg.max_len as f64), "{tokens:?}");
     assert!(tokens.iter().any(|&t| t != tokens[0]), "dynamic padding: {tokens:?}");
+
+    // A requeued job resumes the finished run: it says so, trains nothing and writes nothing.
+    let before = folder_contents(&cfg.output);
+    let again = ringtune_trainer::train::train(&cfg, dir.path(), Start::Resume, None).expect("resume a finished run");
+    assert_eq!(folder_contents(&cfg.output), before, "resuming a finished run changed its folder");
+    assert_eq!((again.steps, again.dev, again.wall_s), (summary.steps, summary.dev, summary.wall_s));
+}
+
+/// Every file under `dir`: its path, bytes and modification time.
+fn folder_contents(dir: &std::path::Path) -> Vec<(std::path::PathBuf, Vec<u8>, std::time::SystemTime)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("read dir").flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(folder_contents(&path));
+        } else {
+            let modified = entry.metadata().and_then(|m| m.modified()).expect("mtime");
+            out.push((path.clone(), std::fs::read(&path).expect("read"), modified));
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
 }
 
 #[test]

@@ -12,7 +12,7 @@ use ringtune_bert::load_params;
 use ringtune_data::{epoch_order, group_by_length, shard, Batch, Example, Padding, ShardMode};
 use ringtune_optim::{AdamW, AdamWConfig};
 use ringtune_runtime::{FlatBuffer, SessionOptions};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::Progress;
 use crate::engine::{Engine, Evaluator};
@@ -34,8 +34,8 @@ use inputs::{plan, refuse_earlier_run, sessions, Plan};
 use outputs::write_outputs;
 use run_log::RunLog;
 
-/// How a run ended.
-#[derive(Debug, Clone, Serialize)]
+/// How a run ended (its `summary.json`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Summary {
     /// Optimizer steps taken in all.
     pub steps: u64,
@@ -59,7 +59,7 @@ pub struct Summary {
 
 /// How a run trained: the nodes, the global batch and what the multi-node recipe
 /// (`crate::recipe::MultiNodeRecipe`) may change, so that a summary and its plot say so.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrainingShape {
     /// Nodes.
     pub nodes: usize,
@@ -92,7 +92,7 @@ impl TrainingShape {
 }
 
 /// The int8 model a run wrote at its end, and how it scores.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Int8Summary {
     /// The model file and what it quantized.
     pub model: Quantized,
@@ -196,6 +196,9 @@ pub struct TrainingRun<'s> {
     adam: AdamW,
     progress: Progress,
     log: RunLog,
+    /// The summary of the run this one resumed when that run had already finished: nothing is
+    /// trained or written, and [`TrainingRun::finish`] returns it.
+    earlier_summary: Option<Summary>,
 }
 
 impl<'s> TrainingRun<'s> {
@@ -266,26 +269,21 @@ impl<'s> TrainingRun<'s> {
         let mut log = RunLog::new(rank == 0, &plan, started);
         log.wire = (world > 1).then(|| sync.mode().wire_name());
         let progress = Progress { step: 0, epoch: 0, batch_in_epoch: 0 };
-        let mut run =
-            TrainingRun { cfg: cfg.clone(), sync, rank, world, inputs, plan, engine, evaluator, adam, progress, log };
-        let resumed_at = match start {
-            Start::Fresh => None,
-            Start::Resume => {
-                let step = run.resume()?;
-                // Every node must go on from the same checkpoint (or all from the start).
-                run.check_params().map_err(|e| {
-                    TrainError::Resume(format!(
-                        "{e}: every node must read the same checkpoint (an --output folder on a file system they share)"
-                    ))
-                })?;
-                Some(step)
-            }
+        let mut run = TrainingRun {
+            cfg: cfg.clone(),
+            sync,
+            rank,
+            world,
+            inputs,
+            plan,
+            engine,
+            evaluator,
+            adam,
+            progress,
+            log,
+            earlier_summary: None,
         };
-        if rank == 0 {
-            run.log.open_metrics(&run.plan, resumed_at)?;
-        }
-        // Training time is counted from here: reading, building and resuming are setup.
-        run.log.train_started = Instant::now();
+        run.begin(start)?;
         Ok(run)
     }
 
@@ -458,6 +456,9 @@ impl<'s> TrainingRun<'s> {
     /// went.
     pub fn finish(mut self) -> Result<Summary, TrainError> {
         self.settle()?;
+        if let Some(summary) = self.earlier_summary.take() {
+            return Ok(summary);
+        }
         self.log.bar.finish_and_clear();
         let train_s = self.log.train_started.elapsed().as_secs_f64();
         let output = &self.plan.output;
@@ -487,6 +488,64 @@ impl<'s> TrainingRun<'s> {
 }
 
 impl TrainingRun<'_> {
+    /// Resumes as `start` says and opens the metrics; over a run that had finished it stops
+    /// there, the folder left as it is.
+    fn begin(&mut self, start: Start) -> Result<(), TrainError> {
+        let resumed_at = match start {
+            Start::Fresh => None,
+            Start::Resume => {
+                let step = self.resume()?;
+                // Every node must go on from the same checkpoint (or all from the start).
+                self.check_params().map_err(|e| {
+                    TrainError::Resume(format!(
+                        "{e}: every node must read the same checkpoint (an --output folder on a file system they share)"
+                    ))
+                })?;
+                Some(step)
+            }
+        };
+        if resumed_at.is_some() && self.next_epoch().is_none() {
+            // A requeued job over a finished run: its results stay as they are.
+            self.earlier_summary = self.finished_earlier()?;
+            if self.earlier_summary.is_some() {
+                return Ok(());
+            }
+        }
+        if self.rank == 0 {
+            self.log.open_metrics(&self.plan, resumed_at)?;
+        }
+        // Training time is counted from here: reading, building and resuming are setup.
+        self.log.train_started = Instant::now();
+        Ok(())
+    }
+
+    /// The summary of the finished run in the output folder, when it wrote one (a run whose
+    /// last checkpoint was saved but whose outputs were not goes on to write them).
+    fn finished_earlier(&self) -> Result<Option<Summary>, TrainError> {
+        let path = self.plan.output.join("summary.json");
+        let bytes = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(TrainError::Io { path, source }),
+        };
+        let summary: Summary = serde_json::from_slice(&bytes).map_err(|e| {
+            TrainError::Resume(format!(
+                "{} holds a finished run (step {}), but {} cannot be read ({e}); nothing was written",
+                self.plan.output.display(),
+                self.progress.step,
+                path.display()
+            ))
+        })?;
+        if self.rank == 0 {
+            tracing::info!(
+                step = self.progress.step,
+                "{} holds a finished run: nothing to train, nothing written",
+                self.plan.output.display()
+            );
+        }
+        Ok(Some(summary))
+    }
+
     /// How this run trains.
     fn shape(&self) -> TrainingShape {
         TrainingShape {
