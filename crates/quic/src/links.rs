@@ -41,7 +41,7 @@ pub(crate) async fn connect(o: &RingOptions) -> Result<Links, QuicError> {
     // Accepted links carry data towards this node and only acknowledgements back: the
     // server side needs the windows and deadlines, not a datagram plan for the path.
     let generic = plan_datagrams(PathMtu::Unknown, o.listen.is_ipv6(), o.tuning.mtu)?;
-    let transport = Arc::new(transport_config(&generic, window, o.deadline)?);
+    let transport = Arc::new(transport_config(&generic, window, o.silence())?);
     let mut server = quinn::ServerConfig::with_crypto(Arc::new(server_crypto(&o.identity)?));
     server.transport_config(transport.clone());
     let (endpoints, caps): (Vec<_>, Vec<_>) =
@@ -58,7 +58,7 @@ pub(crate) async fn connect(o: &RingOptions) -> Result<Links, QuicError> {
     tracing::debug!(peer = %addrs[next], datagram = plan.initial, window, "link to the next rank");
     caps.iter().for_each(|cap| cap.set(&plan));
     let mut client = quinn::ClientConfig::new(Arc::new(client_crypto(&o.identity, ALPN_RING)?));
-    client.transport_config(Arc::new(transport_config(&plan, window, o.deadline)?));
+    client.transport_config(Arc::new(transport_config(&plan, window, o.silence())?));
     let ((outgoing, mut conns), (incoming, accepted, prev_addr)) =
         tokio::try_join!(dial_next(o, &endpoints, &client, addrs[next]), accept_prev(o, ring_rxs))?;
     let from_prev = accepted.clone();

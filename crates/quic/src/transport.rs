@@ -66,13 +66,21 @@ pub struct RingOptions {
     pub listen: SocketAddr,
     /// How to find the others.
     pub peers: Peers,
-    /// Longest wait for any frame; a dead peer fails every rank within it. A peer that is
-    /// reachable but silent gets half of it more, time for its own verdict to arrive.
+    /// Longest wait for any frame: the bound for a peer that is alive but stuck (a dead one is
+    /// named sooner, at [`Tuning::peer_timeout`]). A peer that is reachable but silent gets half
+    /// of it more, time for its own verdict to arrive.
     pub deadline: Duration,
     /// Longest wait for all nodes to show up.
     pub rendezvous_deadline: Duration,
     /// Link settings.
     pub tuning: Tuning,
+}
+
+impl RingOptions {
+    /// How long a link may go without a packet before its peer counts as lost.
+    pub(crate) fn silence(&self) -> Duration {
+        self.tuning.peer_timeout.min(self.deadline)
+    }
 }
 
 /// This node's place in a QUIC ring. It implements the collective's [`Transport`]; use it
@@ -300,7 +308,7 @@ impl QuicRing {
             let read = read_frame(stream);
             tokio::pin!(read);
             // Waited in halves of the deadline, so that a peer whose packets (keep-alives
-            // every quarter deadline) still arrive can be told from one that is gone.
+            // every quarter of the peer timeout) still arrive can be told from one that is gone.
             let half = deadline / 2;
             let mut halves = 0u32;
             let mut heard = heard_from_prev();

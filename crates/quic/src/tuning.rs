@@ -32,11 +32,20 @@ pub struct Tuning {
     pub lanes: usize,
     /// Elements per pipeline segment.
     pub segment: usize,
+    /// A link that carries no packet for this long is lost (QUIC's idle timeout, with
+    /// keep-alives every quarter of it): a node killed or cut off is named in seconds, not at
+    /// the deadline. A peer that is alive but stuck keeps its links up, and the deadline
+    /// (`RingOptions::deadline`) bounds it. The shorter of the two is used.
+    pub peer_timeout: Duration,
 }
+
+/// The default [`Tuning::peer_timeout`]: keep-alives every second, so a link loses a few
+/// before it is given up even when the peer's cores are busy training.
+pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(4);
 
 impl Default for Tuning {
     fn default() -> Self {
-        Tuning { window: 64 << 20, mtu: None, lanes: 1, segment: 256 << 10 }
+        Tuning { window: 64 << 20, mtu: None, lanes: 1, segment: 256 << 10, peer_timeout: DEFAULT_PEER_TIMEOUT }
     }
 }
 
@@ -139,11 +148,11 @@ pub fn probe_path(peer: SocketAddr) -> PathMtu {
 }
 
 /// The transport configuration of a link: windows (fitted to the socket buffers), the
-/// datagram plan, and a dead peer noticed within `deadline`.
+/// datagram plan, and a peer lost once its link is `silence` without a packet.
 pub(crate) fn transport_config(
     plan: &DatagramPlan,
     window: u64,
-    deadline: Duration,
+    silence: Duration,
 ) -> Result<TransportConfig, QuicError> {
     let mut c = TransportConfig::default();
     let varint = VarInt::from_u64(window).map_err(|_| QuicError::Setup(format!("window {window} is too large")))?;
@@ -164,9 +173,9 @@ pub(crate) fn transport_config(
         .congestion_controller_factory(Arc::new(cubic))
         .max_concurrent_uni_streams(VarInt::from_u32(16))
         .max_concurrent_bidi_streams(VarInt::from_u32(4))
-        .keep_alive_interval(Some(deadline / 4))
+        .keep_alive_interval(Some(silence / 4))
         .max_idle_timeout(Some(
-            IdleTimeout::try_from(deadline).map_err(|_| QuicError::Setup("deadline too long".into()))?,
+            IdleTimeout::try_from(silence).map_err(|_| QuicError::Setup("peer timeout too long".into()))?,
         ))
         .initial_rtt(Duration::from_millis(1));
     Ok(c)

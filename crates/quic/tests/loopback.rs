@@ -116,6 +116,82 @@ fn a_vanished_rank_fails_every_other_rank_within_the_deadline() {
     }
 }
 
+/// The killed rank of [`a_killed_rank_is_named_at_the_peer_timeout_not_the_deadline`]: this test
+/// binary run again, told by this variable where the certificates and ports are.
+const VICTIM: &str = "RINGTUNE_LOOPBACK_VICTIM";
+
+/// Kills the child process when dropped, however the test ends.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_killed_rank_is_named_at_the_peer_timeout_not_the_deadline() {
+    let (world, victim, deadline, len) = (4, 2, Duration::from_secs(60), 50_000);
+    if let Ok(spec) = std::env::var(VICTIM) {
+        // The victim: joins, takes part in one all-reduce, then waits to be killed.
+        let (dir, ports) = spec.split_once(';').expect("dir;ports");
+        let ports: Vec<u16> = ports.split(',').map(|p| p.parse().expect("port")).collect();
+        let mut o = options(&generate(1).expect("placeholder"), 0, world, &ports, list(&ports), deadline);
+        o.rank = victim;
+        o.listen = SocketAddr::from(([127, 0, 0, 1], ports[victim]));
+        o.identity = NodeIdentity::load(std::path::Path::new(dir), victim).expect("identity");
+        let mut ring = QuicRing::join(o).expect("join");
+        all_reduce_mean(&mut ring, 1, &mut data(victim, len), 4096).expect("first all-reduce");
+        // Its last frames are queued, not yet delivered: time for them to go.
+        std::thread::sleep(Duration::from_millis(500));
+        println!("{VICTIM} ready");
+        std::thread::sleep(deadline);
+        return;
+    }
+    let certs = generate(world).expect("certs");
+    let dir = tempfile::tempdir().expect("dir");
+    ringtune_quic::certs::write_for_nodes(dir.path(), &certs).expect("write certs");
+    let ports = free_ports(world);
+    let spec = format!("{};{}", dir.path().display(), ports.iter().map(u16::to_string).collect::<Vec<_>>().join(","));
+    let exe = std::env::current_exe().expect("test binary");
+    let child = std::process::Command::new(exe)
+        .args(["--exact", "a_killed_rank_is_named_at_the_peer_timeout_not_the_deadline", "--nocapture"])
+        .env(VICTIM, spec)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("victim");
+    let mut child = Killed(child);
+    let handles: Vec<_> = (0..world)
+        .filter(|&rank| rank != victim)
+        .map(|rank| {
+            let o = options(&certs, rank, world, &ports, list(&ports), deadline);
+            std::thread::spawn(move || -> (String, Instant) {
+                let mut ring = QuicRing::join(o).expect("join");
+                let mut grads = data(rank, len);
+                all_reduce_mean(&mut ring, 1, &mut grads, 4096).expect("first all-reduce");
+                let err = all_reduce_mean(&mut ring, 2, &mut grads, 4096).expect_err("rank 2 was killed");
+                (err.to_string(), Instant::now())
+            })
+        })
+        .collect();
+    let stdout = child.0.stdout.take().expect("victim's stdout");
+    let ready = std::io::BufRead::lines(std::io::BufReader::new(stdout))
+        .map_while(Result::ok)
+        .any(|line| line == format!("{VICTIM} ready"));
+    assert!(ready, "the victim did not get through the first all-reduce");
+    // SIGKILL: no goodbye on its links.
+    child.0.kill().expect("kill -9");
+    let killed = Instant::now();
+    let peer_timeout = Tuning::default().peer_timeout;
+    for h in handles {
+        let (err, named) = h.join().expect("rank");
+        let took = named.saturating_duration_since(killed);
+        assert!(err.contains("rank 2"), "{err}");
+        assert!(took < peer_timeout + Duration::from_secs(3), "named after {took:?}: {err}");
+    }
+}
+
 #[test]
 fn a_stalled_rank_is_named_at_the_deadline() {
     let world = 3;

@@ -29,8 +29,10 @@ pub struct ClusterOptions {
     pub certs: PathBuf,
     /// Where to listen.
     pub listen: SocketAddr,
-    /// Longest wait for a neighbour.
+    /// Longest wait for a neighbour that is alive but sends nothing.
     pub deadline: Duration,
+    /// How long a link may carry no packet before its peer counts as lost.
+    pub peer_timeout: Duration,
     /// Connections per neighbour.
     pub lanes: usize,
     /// UDP payload size of every link (`None`: each path's).
@@ -69,7 +71,12 @@ impl RingSync<QuicRing> {
             peers: options.peers.clone(),
             deadline: options.deadline,
             rendezvous_deadline: options.deadline.max(Duration::from_secs(120)),
-            tuning: Tuning { lanes: options.lanes, mtu: options.mtu, ..Tuning::default() },
+            tuning: Tuning {
+                lanes: options.lanes,
+                mtu: options.mtu,
+                peer_timeout: options.peer_timeout,
+                ..Tuning::default()
+            },
         })?;
         RingSync::start(
             Collective::new(ring),

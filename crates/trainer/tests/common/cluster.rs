@@ -37,6 +37,7 @@ pub(crate) fn on_loopback(
         certs: certs.to_path_buf(),
         listen: std::net::SocketAddr::from(([127, 0, 0, 1], ports[rank])),
         deadline,
+        peer_timeout: ringtune_quic::DEFAULT_PEER_TIMEOUT,
         lanes: 1,
         mtu: None,
         mode,

@@ -206,9 +206,13 @@ pub(crate) struct ClusterArgs {
     /// Address to listen on (default: this rank's port from --peers or the coordinator's; else any).
     #[arg(long)]
     pub(crate) listen: Option<std::net::SocketAddr>,
-    /// Seconds to wait for a neighbour before failing.
+    /// Seconds to wait for a neighbour that is alive but sends nothing before failing.
     #[arg(long, default_value_t = 60)]
     pub(crate) deadline: u64,
+    /// Seconds a link may carry no packet (keep-alives go every quarter of it) before its peer
+    /// counts as lost: a node killed or cut off is named this soon, not at --deadline.
+    #[arg(long, default_value_t = ringtune_quic::DEFAULT_PEER_TIMEOUT.as_secs_f64())]
+    pub(crate) peer_timeout: f64,
     /// QUIC connections per neighbour.
     #[arg(long, default_value_t = 1)]
     pub(crate) lanes: usize,

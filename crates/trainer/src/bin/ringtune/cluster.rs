@@ -71,10 +71,19 @@ fn cluster_options_from(args: &ClusterArgs, var: impl Fn(&str) -> Option<String>
         certs,
         listen,
         deadline: std::time::Duration::from_secs(args.deadline.max(1)),
+        peer_timeout: peer_timeout(args.peer_timeout)?,
         lanes: args.lanes.max(1),
         mtu: args.mtu,
         mode: sync_mode(args, args.powersgd_rank),
     }))
+}
+
+/// `--peer-timeout`'s seconds, at least half a second (keep-alives then go every 125 ms).
+fn peer_timeout(seconds: f64) -> Result<std::time::Duration> {
+    if !(0.5..=3600.0).contains(&seconds) {
+        bail!("--peer-timeout {seconds}: give seconds between 0.5 and 3600");
+    }
+    Ok(std::time::Duration::from_secs_f64(seconds))
 }
 
 /// How a node of `args` syncs, its gradients compressed at `powersgd_rank` (0 or `None`: sent
@@ -137,6 +146,18 @@ mod tests {
         let c = cluster("--rank 1 --peers a:1,b:2,c:3", &[]).expect("ok").expect("cluster");
         assert_eq!((c.rank, c.world), (1, 3));
         assert_eq!(c.listen.port(), 2);
+    }
+
+    #[test]
+    fn a_peer_timeout_is_read_and_bounded() {
+        let c = cluster("--rank 1 --peers a:1,b:2 --peer-timeout 1.5", &[]).expect("ok").expect("cluster");
+        assert_eq!(c.peer_timeout, std::time::Duration::from_millis(1500));
+        let c = cluster("--rank 1 --peers a:1,b:2", &[]).expect("ok").expect("cluster");
+        assert_eq!(c.peer_timeout, ringtune_quic::DEFAULT_PEER_TIMEOUT);
+        for bad in ["0", "0.1", "NaN", "1e9"] {
+            let err = cluster(&format!("--rank 1 --peers a:1,b:2 --peer-timeout {bad}"), &[]).expect_err(bad);
+            assert!(err.to_string().contains("--peer-timeout"), "{err}");
+        }
     }
 
     #[test]
