@@ -6,8 +6,10 @@
 //! Owns: certificates (`ringtune certs`), rustls and quinn configuration, and the async shell
 //! that drives `ringtune-collective`'s state machines, in three parts: `transport` (the
 //! collective's [`Transport`](ringtune_collective::Transport) over the neighbour links, with
-//! deadlines), `links` (opening them, with a handshake of rank, world and layout), and
-//! `rendezvous` (how the nodes learn each other's addresses, with messages of its own).
+//! deadlines), `links` (binding the endpoints, which outlive a ring, and opening the links, with
+//! a handshake of rank, world and layout), and `rendezvous` (how the nodes learn each other's
+//! addresses, with messages of its own; and how the survivors of a ring that lost nodes form
+//! the next one, [`QuicRing::regroup`], only on a side holding more than half of the last one).
 //!
 //! Does not own: the all-reduce schedule or frame format (`ringtune-collective`), launcher
 //! variables (the `ringtune` command line) or training (`ringtune-trainer`).
@@ -29,6 +31,7 @@ mod wire;
 
 use std::net::SocketAddr;
 
+pub use links::Member;
 pub use rendezvous::{Message as RendezvousMessage, Peers};
 pub use transport::{LinkStats, QuicRing, RingOptions};
 pub use tuning::{plan_datagrams, probe_path, DatagramPlan, PathMtu, Tuning, DEFAULT_PEER_TIMEOUT};

@@ -12,14 +12,27 @@ use tokio::sync::mpsc;
 
 use crate::certs::node_name;
 use crate::tls::{alpn, client_crypto, peer_is, server_crypto, ALPN_RENDEZVOUS, ALPN_RING};
-use crate::tuning::{bind_udp, endpoint, plan_datagrams, probe_path, transport_config, PathMtu};
+use crate::tuning::{bind_udp, endpoint, plan_datagrams, probe_path, transport_config, PathMtu, SegmentCap};
 use crate::wire::{describe_connection, dial_until_up, read_frame, write_frame};
 use crate::{QuicError, RingOptions};
 
-/// Everything a ring node holds once linked.
-pub(crate) struct Links {
+/// A node's endpoints, bound and accepting, before and between rings: they outlive a ring that
+/// lost a node, so the survivors find each other where they were.
+pub(crate) struct Bound {
     /// One per lane: each its own socket and driver task, so lanes run on several cores.
     pub(crate) endpoints: Vec<Endpoint>,
+    caps: Vec<Arc<SegmentCap>>,
+    window: u64,
+    /// The transport settings of accepted links, and of rendezvous connections.
+    pub(crate) transport: Arc<quinn::TransportConfig>,
+    /// Ring links accepted, per lane.
+    ring_rxs: Vec<mpsc::UnboundedReceiver<Connection>>,
+    /// Rendezvous connections accepted (on lane 0's endpoint).
+    pub(crate) registrations: mpsc::UnboundedReceiver<Connection>,
+}
+
+/// Everything a ring node holds once linked.
+pub(crate) struct Links {
     pub(crate) prev_addr: Option<SocketAddr>,
     pub(crate) outgoing: Vec<SendStream>,
     pub(crate) incoming: Vec<RecvStream>,
@@ -32,10 +45,40 @@ pub(crate) fn prev_of(rank: usize, world: usize) -> usize {
     (rank + world - 1) % world
 }
 
-/// Binds one endpoint per lane, finds the peers, and opens every lane in both directions,
-/// each link's datagrams planned for its path. Lane `k` of a node listens on its lane-0 port
-/// plus `k`, so only lane 0's address is exchanged.
-pub(crate) async fn connect(o: &RingOptions) -> Result<Links, QuicError> {
+/// Who is in a ring, in rank order: each member's certificate id (`node-<id>`) and address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// The rank its certificate names, the one it was launched with.
+    pub id: usize,
+    /// Its lane-0 address.
+    pub addr: SocketAddr,
+}
+
+/// A ring as formed: this node's rank in it, and every member in rank order.
+#[derive(Debug, Clone)]
+pub(crate) struct Formed {
+    pub(crate) rank: usize,
+    pub(crate) members: Vec<Member>,
+}
+
+impl Formed {
+    pub(crate) fn world(&self) -> usize {
+        self.members.len()
+    }
+
+    fn next(&self) -> &Member {
+        &self.members[(self.rank + 1) % self.world()]
+    }
+
+    fn prev(&self) -> (usize, &Member) {
+        let prev = prev_of(self.rank, self.world());
+        (prev, &self.members[prev])
+    }
+}
+
+/// Binds one endpoint per lane and starts accepting. Lane `k` of a node listens on its lane-0
+/// port plus `k`, so only lane 0's address is exchanged.
+pub(crate) fn bind(o: &RingOptions) -> Result<Bound, QuicError> {
     let lanes = o.tuning.lanes.max(1);
     let (sockets, window) = bind_lanes(o.listen, lanes, o.tuning.window)?;
     // Accepted links carry data towards this node and only acknowledgements back: the
@@ -46,26 +89,50 @@ pub(crate) async fn connect(o: &RingOptions) -> Result<Links, QuicError> {
     server.transport_config(transport.clone());
     let (endpoints, caps): (Vec<_>, Vec<_>) =
         sockets.into_iter().map(|s| endpoint(s, server.clone())).collect::<Result<Vec<_>, _>>()?.into_iter().unzip();
-    let expected_prev = node_name(prev_of(o.rank, o.world));
-    let (ring_rxs, mut rdv_rxs): (Vec<_>, Vec<_>) =
-        endpoints.iter().map(|e| accept_loop(e, expected_prev.clone())).unzip();
-    let addrs = crate::rendezvous::addresses(o, &endpoints[0], &transport, rdv_rxs.swap_remove(0)).await?;
-    let next = (o.rank + 1) % o.world;
-    let plan = plan_datagrams(probe_path(addrs[next]), addrs[next].is_ipv6(), o.tuning.mtu)?;
-    for note in &plan.notes {
-        tracing::debug!(peer = %addrs[next], "{note}");
+    let (ring_rxs, mut rdv_rxs): (Vec<_>, Vec<_>) = endpoints.iter().map(accept_loop).unzip();
+    let registrations = rdv_rxs.swap_remove(0);
+    Ok(Bound { endpoints, caps, window, transport, ring_rxs, registrations })
+}
+
+impl Bound {
+    /// Closes the ring links and registrations accepted and not taken (a ring that failed
+    /// leaves them behind), so the next ring takes only links opened for it.
+    pub(crate) fn drop_stale(&mut self) {
+        for rx in self.ring_rxs.iter_mut().chain(std::iter::once(&mut self.registrations)) {
+            while let Ok(conn) = rx.try_recv() {
+                conn.close(VarInt::from_u32(1), b"from a ring that is gone");
+            }
+        }
     }
-    tracing::debug!(peer = %addrs[next], datagram = plan.initial, window, "link to the next rank");
-    caps.iter().for_each(|cap| cap.set(&plan));
+
+    /// Refuses new connections and closes every one still open.
+    pub(crate) fn close(&self, reason: &str) {
+        for endpoint in &self.endpoints {
+            endpoint.close(VarInt::from_u32(1), reason.as_bytes());
+        }
+    }
+}
+
+/// Opens every lane of the ring `formed` in both directions, each link's datagrams planned
+/// for its path.
+pub(crate) async fn link(o: &RingOptions, bound: &mut Bound, formed: &Formed) -> Result<Links, QuicError> {
+    let next = formed.next().addr;
+    let plan = plan_datagrams(probe_path(next), next.is_ipv6(), o.tuning.mtu)?;
+    for note in &plan.notes {
+        tracing::debug!(peer = %next, "{note}");
+    }
+    tracing::debug!(peer = %next, datagram = plan.initial, window = bound.window, "link to the next rank");
+    bound.caps.iter().for_each(|cap| cap.set(&plan));
     let mut client = quinn::ClientConfig::new(Arc::new(client_crypto(&o.identity, ALPN_RING)?));
-    client.transport_config(Arc::new(transport_config(&plan, window, o.silence())?));
+    client.transport_config(Arc::new(transport_config(&plan, bound.window, o.silence())?));
     let ((outgoing, mut conns), (incoming, accepted, prev_addr)) =
-        tokio::try_join!(dial_next(o, &endpoints, &client, addrs[next]), accept_prev(o, ring_rxs))?;
+        tokio::try_join!(dial_next(o, formed, &bound.endpoints, &client), accept_prev(o, formed, &mut bound.ring_rxs))?;
     let from_prev = accepted.clone();
     conns.extend(accepted);
-    let local = endpoints[0].local_addr().map_err(|e| QuicError::Io(e.to_string()))?;
-    tracing::info!(rank = o.rank, world = o.world, %local, lanes, "joined the ring");
-    Ok(Links { endpoints, prev_addr, outgoing, incoming, from_prev, conns })
+    let local = bound.endpoints[0].local_addr().map_err(|e| QuicError::Io(e.to_string()))?;
+    let lanes = bound.endpoints.len();
+    tracing::info!(rank = formed.rank, world = formed.world(), %local, lanes, "joined the ring");
+    Ok(Links { prev_addr, outgoing, incoming, from_prev, conns })
 }
 
 /// One socket per lane at consecutive ports from `listen` (an ephemeral first port is
@@ -105,19 +172,16 @@ fn lane_address(addr: SocketAddr, k: usize) -> Result<SocketAddr, QuicError> {
         .ok_or_else(|| QuicError::Setup(format!("lane {k} of {addr} would be past port 65535")))
 }
 
-/// Accepts every incoming connection and routes it: ring links from the previous rank (by
-/// certificate) to the first channel, registrations to the second; anything else is closed
-/// with the reason.
-fn accept_loop(
-    endpoint: &Endpoint,
-    expected_prev: String,
-) -> (mpsc::UnboundedReceiver<Connection>, mpsc::UnboundedReceiver<Connection>) {
+/// Accepts every incoming connection and routes it by protocol: ring links to the first
+/// channel (their certificates are checked against the ring being formed), registrations to
+/// the second; anything else is closed with the reason.
+fn accept_loop(endpoint: &Endpoint) -> (mpsc::UnboundedReceiver<Connection>, mpsc::UnboundedReceiver<Connection>) {
     let (ring_tx, ring_rx) = mpsc::unbounded_channel::<Connection>();
     let (rdv_tx, rdv_rx) = mpsc::unbounded_channel::<Connection>();
     let accepting = endpoint.clone();
     tokio::spawn(async move {
         while let Some(incoming) = accepting.accept().await {
-            let (ring_tx, rdv_tx, expected_prev) = (ring_tx.clone(), rdv_tx.clone(), expected_prev.clone());
+            let (ring_tx, rdv_tx) = (ring_tx.clone(), rdv_tx.clone());
             tokio::spawn(async move {
                 let remote = incoming.remote_address();
                 let conn = match incoming.await {
@@ -128,12 +192,8 @@ fn accept_loop(
                     }
                 };
                 match alpn(&conn).as_deref() {
-                    Some(ALPN_RING) if peer_is(&conn, &expected_prev) => {
-                        let _ = ring_tx.send(conn);
-                    }
                     Some(ALPN_RING) => {
-                        tracing::warn!(peer = %remote, "refused a ring link: its certificate is not for {expected_prev}");
-                        conn.close(VarInt::from_u32(2), format!("this link takes {expected_prev} only").as_bytes());
+                        let _ = ring_tx.send(conn);
                     }
                     Some(ALPN_RENDEZVOUS) => {
                         let _ = rdv_tx.send(conn);
@@ -158,17 +218,18 @@ pub(crate) fn hello_header(lane: usize, lanes: usize) -> Header {
 /// of that lane, each starting with this node's handshake.
 async fn dial_next(
     o: &RingOptions,
+    formed: &Formed,
     endpoints: &[Endpoint],
     client: &quinn::ClientConfig,
-    next_addr: SocketAddr,
 ) -> Result<(Vec<SendStream>, Vec<Connection>), QuicError> {
-    let next = (o.rank + 1) % o.world;
-    let hello = Hello { rank: o.rank as u32, world: o.world as u32, layout: o.layout };
+    let next = (formed.rank + 1) % formed.world();
+    let member = formed.next();
+    let hello = Hello { rank: formed.rank as u32, world: formed.world() as u32, layout: o.layout };
     let mut out = Vec::new();
     let mut conns = Vec::new();
     for (lane, endpoint) in endpoints.iter().enumerate() {
-        let addr = lane_address(next_addr, lane)?;
-        let conn = dial_until_up(endpoint, client, addr, &node_name(next)).await?;
+        let addr = lane_address(member.addr, lane)?;
+        let conn = dial_until_up(endpoint, client, addr, &node_name(member.id)).await?;
         let mut stream = conn.open_uni().await.map_err(|e| QuicError::peer(next, addr, describe_connection(&e)))?;
         write_frame(&mut stream, hello_header(lane, endpoints.len()), Bytes::copy_from_slice(&hello.encode()).into())
             .await
@@ -180,25 +241,38 @@ async fn dial_next(
 }
 
 /// Accepts every lane from the previous rank, one on each lane's endpoint, each checked by its
-/// handshake.
+/// certificate (a link from another node is refused with the reason, and the wait goes on) and
+/// its handshake.
 async fn accept_prev(
     o: &RingOptions,
-    ring_rxs: Vec<mpsc::UnboundedReceiver<Connection>>,
+    formed: &Formed,
+    ring_rxs: &mut [mpsc::UnboundedReceiver<Connection>],
 ) -> Result<(Vec<RecvStream>, Vec<Connection>, Option<SocketAddr>), QuicError> {
     let lanes = ring_rxs.len();
-    let prev = prev_of(o.rank, o.world);
+    let (prev, member) = formed.prev();
+    let expected = node_name(member.id);
     let mut incoming = Vec::with_capacity(lanes);
     let mut conns = Vec::new();
     let mut prev_addr = None;
-    for (lane, mut ring_rx) in ring_rxs.into_iter().enumerate() {
-        let conn = ring_rx.recv().await.ok_or_else(|| QuicError::Setup("the endpoint stopped accepting".into()))?;
+    for (lane, ring_rx) in ring_rxs.iter_mut().enumerate() {
+        let conn = loop {
+            let conn = ring_rx.recv().await.ok_or_else(|| QuicError::Setup("the endpoint stopped accepting".into()))?;
+            if conn.close_reason().is_some() {
+                continue;
+            }
+            if peer_is(&conn, &expected) {
+                break conn;
+            }
+            tracing::warn!(peer = %conn.remote_address(), "refused a ring link: its certificate is not for {expected}");
+            conn.close(VarInt::from_u32(2), format!("this link takes {expected} only").as_bytes());
+        };
         let addr = conn.remote_address();
         prev_addr = Some(addr);
         let mut stream = conn.accept_uni().await.map_err(|e| QuicError::peer(prev, addr, describe_connection(&e)))?;
         let (header, payload) =
             read_frame(&mut stream).await.map_err(|e| QuicError::peer(prev, addr, format!("{e:?}")))?;
         let theirs = Hello::decode(&payload.to_bytes()).map_err(|e| QuicError::peer(prev, addr, e.to_string()))?;
-        check_hello(o, prev, addr, header, &theirs)?;
+        check_hello(o, formed, prev, addr, header, &theirs)?;
         if usize::from(header.step) != lanes {
             return Err(QuicError::peer(
                 prev,
@@ -217,6 +291,7 @@ async fn accept_prev(
 
 fn check_hello(
     o: &RingOptions,
+    formed: &Formed,
     prev: usize,
     addr: SocketAddr,
     header: Header,
@@ -229,13 +304,15 @@ fn check_hello(
             format!("began with a {:?} frame instead of a handshake", header.kind),
         ));
     }
-    if theirs.world as usize != o.world || theirs.rank as usize != prev {
+    if theirs.world as usize != formed.world() || theirs.rank as usize != prev {
         return Err(QuicError::peer(
             prev,
             addr,
             format!(
                 "says it is rank {} of {}, but this link expects rank {prev} of {}",
-                theirs.rank, theirs.world, o.world
+                theirs.rank,
+                theirs.world,
+                formed.world()
             ),
         ));
     }

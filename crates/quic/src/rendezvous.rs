@@ -9,11 +9,13 @@
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
 
 use quinn::{Connection, Endpoint, VarInt};
 use tokio::sync::mpsc;
 
 use crate::certs::node_name;
+use crate::links::{Bound, Formed, Member};
 use crate::tls::{client_crypto, peer_is, ALPN_RENDEZVOUS};
 use crate::wire::{describe_connection, dial_until_up};
 use crate::{QuicError, RingOptions};
@@ -51,6 +53,18 @@ pub enum Message {
     Table(Vec<SocketAddr>),
     /// The coordinator refuses the job (or this registration), and why.
     Refused(String),
+    /// A survivor of a ring that lost nodes asks to be in the next one: its certificate id, what
+    /// it trains, and the members whose links to it went silent.
+    Survivor {
+        /// The id its certificate names.
+        id: u32,
+        /// Its parameter layout's hash.
+        layout: [u8; 32],
+        /// Members it found lost.
+        suspects: Vec<u32>,
+    },
+    /// The members of the ring the survivors form, in rank order.
+    Members(Vec<(u32, SocketAddr)>),
 }
 
 impl Message {
@@ -68,18 +82,24 @@ impl Message {
             }
             Message::Table(table) => {
                 out.push(2);
-                for a in table {
-                    let ip = match a.ip() {
-                        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
-                        IpAddr::V6(v6) => v6,
-                    };
-                    out.extend_from_slice(&ip.octets());
-                    out.extend_from_slice(&a.port().to_le_bytes());
-                }
+                table.iter().for_each(|a| encode_address(&mut out, *a));
             }
             Message::Refused(reason) => {
                 out.push(3);
                 out.extend_from_slice(reason.as_bytes());
+            }
+            Message::Survivor { id, layout, suspects } => {
+                out.push(4);
+                out.extend_from_slice(&id.to_le_bytes());
+                out.extend_from_slice(layout);
+                suspects.iter().for_each(|s| out.extend_from_slice(&s.to_le_bytes()));
+            }
+            Message::Members(members) => {
+                out.push(5);
+                for (id, addr) in members {
+                    out.extend_from_slice(&id.to_le_bytes());
+                    encode_address(&mut out, *addr);
+                }
             }
         }
         out
@@ -112,9 +132,32 @@ impl Message {
             }
             2 => Err(format!("an address table of {} bytes", body.len())),
             3 => Ok(Message::Refused(String::from_utf8_lossy(body).into_owned())),
+            4 if body.len() >= 36 && (body.len() - 36).is_multiple_of(4) => {
+                let word = |at: usize| u32::from_le_bytes([body[at], body[at + 1], body[at + 2], body[at + 3]]);
+                let mut layout = [0u8; 32];
+                layout.copy_from_slice(&body[4..36]);
+                let suspects = (36..body.len()).step_by(4).map(word).collect();
+                Ok(Message::Survivor { id: word(0), layout, suspects })
+            }
+            4 => Err(format!("a survivor's registration of {} bytes", body.len())),
+            5 if body.len().is_multiple_of(22) => Ok(Message::Members(
+                body.chunks_exact(22)
+                    .map(|c| (u32::from_le_bytes([c[0], c[1], c[2], c[3]]), decode_address(&c[4..])))
+                    .collect(),
+            )),
+            5 => Err(format!("a member list of {} bytes", body.len())),
             kind => Err(format!("unknown rendezvous kind {kind}")),
         }
     }
+}
+
+fn encode_address(out: &mut Vec<u8>, a: SocketAddr) {
+    let ip = match a.ip() {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
+    };
+    out.extend_from_slice(&ip.octets());
+    out.extend_from_slice(&a.port().to_le_bytes());
 }
 
 fn decode_address(c: &[u8]) -> SocketAddr {
@@ -125,23 +168,175 @@ fn decode_address(c: &[u8]) -> SocketAddr {
     SocketAddr::new(ip, u16::from_le_bytes([c[16], c[17]]))
 }
 
-/// Every rank's address, by the means `o.peers` names.
-pub(crate) async fn addresses(
-    o: &RingOptions,
-    endpoint: &Endpoint,
-    transport: &Arc<quinn::TransportConfig>,
-    registrations: mpsc::UnboundedReceiver<Connection>,
-) -> Result<Vec<SocketAddr>, QuicError> {
+/// The ring at launch: every rank's address, by the means `o.peers` names; each rank's
+/// certificate id is its rank.
+pub(crate) async fn launch(o: &RingOptions, bound: &mut Bound) -> Result<Formed, QuicError> {
+    let endpoint = &bound.endpoints[0];
     let local = endpoint.local_addr().map_err(|e| QuicError::Io(e.to_string()))?;
     let addrs = match &o.peers {
         Peers::List(list) => resolve_all(list).await?,
-        Peers::Coordinator(coordinator) if o.rank == 0 => coordinate(o, local, registrations, coordinator).await?,
-        Peers::Coordinator(coordinator) => register(o, endpoint, transport, local, coordinator).await?,
+        Peers::Coordinator(coordinator) if o.rank == 0 => {
+            coordinate(o, local, &mut bound.registrations, coordinator).await?
+        }
+        Peers::Coordinator(coordinator) => register(o, endpoint, &bound.transport, local, coordinator).await?,
     };
     if addrs.len() != o.world {
         return Err(QuicError::Rendezvous(format!("{} addresses for a world of {}", addrs.len(), o.world)));
     }
-    Ok(addrs)
+    let members = addrs.into_iter().enumerate().map(|(id, addr)| Member { id, addr }).collect();
+    Ok(Formed { rank: o.rank, members })
+}
+
+/// How long a survivor tries to reach a lower member before passing it over: a live one
+/// answers from its endpoint, which outlives the ring, within a handshake (a few round trips
+/// and some CPU, which training nodes and parallel tests may keep busy).
+const REACH_WAIT: Duration = Duration::from_secs(2);
+
+/// The survivors of `last` form the next ring. The lowest member this node can reach (itself
+/// when it reaches none below it; members in `suspects`, whose links went silent, are passed
+/// over) coordinates: it waits for every member it does not know lost, or for `o.silence()`,
+/// then answers the members who came, in order of id, when they are more than half of `last`
+/// and at least `min_nodes`; otherwise it refuses, so at most one side of a split goes on.
+pub(crate) async fn regroup(
+    o: &RingOptions,
+    bound: &mut Bound,
+    last: &Formed,
+    suspects: &[usize],
+    min_nodes: usize,
+) -> Result<Formed, QuicError> {
+    let me = last.members[last.rank].id;
+    let mut lower: Vec<&Member> = last.members.iter().filter(|m| m.id < me && !suspects.contains(&m.id)).collect();
+    lower.sort_by_key(|m| m.id);
+    let mut client = quinn::ClientConfig::new(Arc::new(client_crypto(&o.identity, ALPN_RENDEZVOUS)?));
+    client.transport_config(bound.transport.clone());
+    for member in lower {
+        let name = node_name(member.id);
+        let dial = dial_until_up(&bound.endpoints[0], &client, member.addr, &name);
+        let Ok(Ok(conn)) = tokio::time::timeout(REACH_WAIT, dial).await else {
+            tracing::info!(id = member.id, addr = %member.addr, "not reached: passed over as coordinator");
+            continue;
+        };
+        let survivor = Message::Survivor {
+            id: me as u32,
+            layout: o.layout,
+            suspects: suspects.iter().map(|&s| s as u32).collect(),
+        };
+        // The coordinator waits for the slowest survivor (up to the peer timeout) first.
+        let answer = tokio::time::timeout(o.silence() + o.deadline, exchange(&conn, &survivor)).await;
+        conn.close(VarInt::from_u32(0), b"answered");
+        let addr = member.addr;
+        return match answer {
+            // It left while this node registered: the next one may coordinate.
+            Err(_) | Ok(Err(_)) => {
+                tracing::info!(id = member.id, %addr, "left without answering: passed over as coordinator");
+                continue;
+            }
+            Ok(Ok(Message::Members(members))) => formed_with(me, members, member.id, addr),
+            Ok(Ok(Message::Refused(reason))) => Err(QuicError::Rendezvous(reason)),
+            Ok(Ok(other)) => Err(QuicError::peer(member.id, addr, format!("answered the regroup with {other:?}"))),
+        };
+    }
+    coordinate_survivors(o, bound, last, suspects, min_nodes).await
+}
+
+/// This node's place in the ring of `members` (from the coordinator `id` at `addr`, which is
+/// where this node reaches it, whatever address it knows itself by).
+fn formed_with(me: usize, members: Vec<(u32, SocketAddr)>, id: usize, addr: SocketAddr) -> Result<Formed, QuicError> {
+    let members: Vec<Member> = members
+        .into_iter()
+        .map(|(m, known)| Member { id: m as usize, addr: if m as usize == id { addr } else { known } })
+        .collect();
+    let rank = members
+        .iter()
+        .position(|m| m.id == me)
+        .ok_or_else(|| QuicError::peer(id, addr, "formed a ring without this node".into()))?;
+    Ok(Formed { rank, members })
+}
+
+/// The coordinator of a regroup: see [`regroup`].
+async fn coordinate_survivors(
+    o: &RingOptions,
+    bound: &mut Bound,
+    last: &Formed,
+    suspects: &[usize],
+    min_nodes: usize,
+) -> Result<Formed, QuicError> {
+    let me = last.members[last.rank].id;
+    let mut lost: Vec<usize> = suspects.to_vec();
+    let mut came: Vec<(Member, quinn::SendStream, Connection)> = Vec::new();
+    let until = tokio::time::Instant::now() + o.silence();
+    let awaited = |came: &[(Member, quinn::SendStream, Connection)], lost: &[usize]| {
+        last.members.iter().any(|m| m.id != me && !lost.contains(&m.id) && !came.iter().any(|(c, ..)| c.id == m.id))
+    };
+    while awaited(&came, &lost) {
+        let Ok(Some(conn)) = tokio::time::timeout_at(until, bound.registrations.recv()).await else { break };
+        let remote = conn.remote_address();
+        let Ok(Ok((send, mut recv))) = tokio::time::timeout_at(until, conn.accept_bi()).await else { continue };
+        let read = tokio::time::timeout_at(until, recv.read_to_end(MAX_MESSAGE)).await;
+        let message = match read {
+            Ok(Ok(bytes)) => Message::decode(&bytes),
+            _ => continue,
+        };
+        let (id, layout, theirs) = match message {
+            Ok(Message::Survivor { id, layout, suspects }) => (id as usize, layout, suspects),
+            Ok(other) => {
+                answer(send, &Message::Refused(format!("a regroup takes survivors' registrations, not {other:?}")))
+                    .await;
+                continue;
+            }
+            Err(reason) => {
+                answer(send, &Message::Refused(format!("unreadable registration: {reason}"))).await;
+                continue;
+            }
+        };
+        let known = last.members.iter().find(|m| m.id == id).filter(|_| peer_is(&conn, &node_name(id)));
+        let refusal = match known {
+            None => Some(format!("{remote} is not a member of the last ring, or its certificate is another node's")),
+            Some(_) if layout != o.layout => Some(format!("node {id} at {remote} trains another layout")),
+            Some(_) if came.iter().any(|(c, ..)| c.id == id) => Some(format!("node {id} registered twice")),
+            Some(_) => None,
+        };
+        match (refusal, known) {
+            (None, Some(member)) => {
+                lost.extend(theirs.iter().map(|&s| s as usize));
+                came.push((member.clone(), send, conn));
+            }
+            (reason, _) => {
+                let reason = reason.unwrap_or_default();
+                tracing::warn!(peer = %remote, "refused a survivor: {reason}");
+                answer(send, &Message::Refused(reason)).await;
+            }
+        }
+    }
+    let mut members: Vec<Member> = came.iter().map(|(m, ..)| m.clone()).collect();
+    members.push(last.members[last.rank].clone());
+    members.sort_by_key(|m| m.id);
+    let (size, before) = (members.len(), last.world());
+    let refusal = if 2 * size <= before {
+        Some(format!(
+            "only {size} of the {before} nodes of the last ring are together: not more than half, so this side \
+             stops (the other may go on)"
+        ))
+    } else if size < min_nodes {
+        Some(format!("{size} nodes are left, fewer than --min-nodes {min_nodes}"))
+    } else {
+        None
+    };
+    let reply = match &refusal {
+        Some(reason) => Message::Refused(reason.clone()),
+        None => Message::Members(members.iter().map(|m| (m.id as u32, m.addr)).collect()),
+    };
+    for (_, send, conn) in came {
+        answer(send, &reply).await;
+        drop(conn);
+    }
+    match refusal {
+        Some(reason) => Err(QuicError::Rendezvous(reason)),
+        None => {
+            let rank = members.iter().position(|m| m.id == me).unwrap_or_default();
+            Ok(Formed { rank, members })
+        }
+    }
 }
 
 async fn resolve(host_port: &str) -> Result<SocketAddr, QuicError> {
@@ -193,7 +388,7 @@ async fn register(
             Err(QuicError::peer(0, addr, format!("sent {} addresses for a world of {}", table.len(), o.world)))
         }
         Message::Refused(reason) => Err(QuicError::Rendezvous(format!("the coordinator refused this node: {reason}"))),
-        Message::Register { .. } => Err(QuicError::peer(0, addr, "answered with a registration".into())),
+        other => Err(QuicError::peer(0, addr, format!("answered with {other:?}"))),
     }
 }
 
@@ -209,7 +404,7 @@ async fn answer(mut send: quinn::SendStream, message: &Message) {
 async fn coordinate(
     o: &RingOptions,
     local: SocketAddr,
-    mut registrations: mpsc::UnboundedReceiver<Connection>,
+    registrations: &mut mpsc::UnboundedReceiver<Connection>,
     coordinator: &str,
 ) -> Result<Vec<SocketAddr>, QuicError> {
     let mut table: Vec<Option<SocketAddr>> = vec![None; o.world];
@@ -365,6 +560,9 @@ mod tests {
             Message::Table(vec!["127.0.0.1:5".parse().expect("v4"), "[::1]:7".parse().expect("v6")]),
             Message::Refused("rank 2 runs another model".into()),
             Message::Table(vec![]),
+            Message::Survivor { id: 2, layout: [4; 32], suspects: vec![0, 3] },
+            Message::Survivor { id: 1, layout: [4; 32], suspects: vec![] },
+            Message::Members(vec![(1, "127.0.0.1:5".parse().expect("v4")), (3, "[::1]:7".parse().expect("v6"))]),
         ];
         for m in messages {
             assert_eq!(Message::decode(&m.encode()), Ok(m));
@@ -379,5 +577,7 @@ mod tests {
         assert!(Message::decode(b"RV\x01\x07").expect_err("kind").contains("kind 7"));
         assert!(Message::decode(b"RV\x01\x01abc").expect_err("short registration").contains("3 bytes"));
         assert!(Message::decode(&[b'R', b'V', 1, 2, 0, 0, 0]).expect_err("table").contains("3 bytes"));
+        assert!(Message::decode(&[b'R', b'V', 1, 4, 0, 0, 0]).expect_err("survivor").contains("3 bytes"));
+        assert!(Message::decode(&[b'R', b'V', 1, 5, 0]).expect_err("members").contains("1 bytes"));
     }
 }

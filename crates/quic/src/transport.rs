@@ -6,12 +6,13 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use quinn::{Connection, Endpoint, RecvStream, VarInt};
+use quinn::{Connection, RecvStream, VarInt};
 use ringtune_collective::{CollectiveError, Header, Kind, Payload, Transport};
 use tokio::sync::mpsc;
 
 use crate::certs::NodeIdentity;
-use crate::links::{connect, prev_of};
+use crate::links::{bind, link, prev_of, Bound, Formed, Links, Member};
+use crate::rendezvous::{launch, regroup};
 use crate::tuning::Tuning;
 use crate::wire::{describe_connection, read_frame, write_frame, ReadFrameError};
 use crate::{Peers, QuicError};
@@ -76,6 +77,9 @@ pub struct RingOptions {
     pub tuning: Tuning,
 }
 
+/// The code a node closes its links with when it leaves the ring for good (not to regroup).
+const LEAVING: VarInt = VarInt::from_u32(3);
+
 impl RingOptions {
     /// How long a link may go without a packet before its peer counts as lost.
     pub(crate) fn silence(&self) -> Duration {
@@ -87,7 +91,11 @@ impl RingOptions {
 /// from a thread that is not inside a tokio runtime (it runs its own).
 pub struct QuicRing {
     rt: tokio::runtime::Runtime,
-    endpoints: Vec<Endpoint>,
+    /// The endpoints, kept from ring to ring (`None` alone in a world of one).
+    bound: Option<Bound>,
+    /// Who is in the ring, in rank order.
+    formed: Formed,
+    options: RingOptions,
     rank: usize,
     world: usize,
     prev_addr: Option<SocketAddr>,
@@ -120,9 +128,11 @@ impl QuicRing {
             .enable_all()
             .build()
             .map_err(|e| QuicError::Io(format!("tokio runtime: {e}")))?;
+        let solo = Formed { rank: 0, members: vec![Member { id: options.rank, addr: options.listen }] };
         let mut ring = QuicRing {
             rt,
-            endpoints: Vec::new(),
+            bound: None,
+            formed: solo,
             rank: options.rank,
             world: options.world,
             prev_addr: None,
@@ -136,25 +146,45 @@ impl QuicRing {
             received: 0,
             deadline: options.deadline,
             segment: options.tuning.segment.max(1),
+            options,
         };
-        if options.world == 1 {
+        if ring.world == 1 {
             return Ok(ring);
         }
-        let links = ring.rt.block_on(async {
-            tokio::time::timeout(options.rendezvous_deadline, connect(&options)).await.map_err(|_| {
-                QuicError::Rendezvous(format!("not every node joined within {:?}", options.rendezvous_deadline))
+        let o = &ring.options;
+        let (bound, formed, links) = ring.rt.block_on(async {
+            let formed = async {
+                let mut bound = bind(o)?;
+                let formed = launch(o, &mut bound).await?;
+                let links = link(o, &mut bound, &formed).await?;
+                Ok::<_, QuicError>((bound, formed, links))
+            };
+            tokio::time::timeout(o.rendezvous_deadline, formed).await.map_err(|_| {
+                QuicError::Rendezvous(format!("not every node joined within {:?}", o.rendezvous_deadline))
             })?
         })?;
-        ring.endpoints = links.endpoints;
-        ring.prev_addr = links.prev_addr;
-        ring.lanes_in = links.incoming;
-        ring.from_prev = links.from_prev;
-        ring.conns = links.conns;
+        ring.bound = Some(bound);
+        ring.install(formed, links);
+        Ok(ring)
+    }
+
+    /// Takes `links` as the ring `formed`: one sending task per lane.
+    fn install(&mut self, formed: Formed, links: Links) {
+        self.rank = formed.rank;
+        self.world = formed.world();
+        self.prev_addr = links.prev_addr;
+        self.lanes_in = links.incoming;
+        self.from_prev = links.from_prev;
+        self.conns = links.conns;
+        self.sent = 0;
+        self.received = 0;
+        self.send_failure = Arc::new(Mutex::new(None));
+        let next = formed.members[(formed.rank + 1) % formed.world()].id;
+        self.formed = formed;
         for (lane, mut stream) in links.outgoing.into_iter().enumerate() {
             let (tx, mut rx) = mpsc::unbounded_channel::<(Header, Payload)>();
-            let failure = ring.send_failure.clone();
-            let next = (options.rank + 1) % options.world;
-            let sender = ring.rt.spawn(async move {
+            let failure = self.send_failure.clone();
+            let sender = self.rt.spawn(async move {
                 while let Some((header, payload)) = rx.recv().await {
                     if let Err(e) = write_frame(&mut stream, header, payload).await {
                         let reason = match e {
@@ -169,10 +199,72 @@ impl QuicRing {
                 let _ = stream.finish();
                 let _ = stream.stopped().await;
             });
-            ring.senders.push(sender);
-            ring.lanes_out.push(tx);
+            self.senders.push(sender);
+            self.lanes_out.push(tx);
         }
-        Ok(ring)
+    }
+
+    /// The members of the ring, in rank order: each one's certificate id (its rank at launch)
+    /// and address.
+    pub fn members(&self) -> &[Member] {
+        &self.formed.members
+    }
+
+    /// After a failed operation: the survivors form a new ring without the nodes that are gone
+    /// (see the regroup in `rendezvous`), and this node takes its place in it; its rank and world
+    /// change. Fails, naming why, when this node is on the side of a split that must stop (half
+    /// or fewer of the last ring, or fewer than `min_nodes`), or cannot reach the others.
+    pub fn regroup(&mut self, min_nodes: usize) -> Result<(), QuicError> {
+        let suspects = self.suspects();
+        let reason = format!("rank {} regroups", self.formed.members[self.rank].id);
+        for conn in &self.conns {
+            conn.close(VarInt::from_u32(1), reason.as_bytes());
+        }
+        self.lanes_out.clear();
+        self.senders.drain(..).for_each(|sender| sender.abort());
+        self.lanes_in.clear();
+        self.from_prev.clear();
+        self.conns.clear();
+        let QuicRing { rt, bound, formed, options, .. } = self;
+        let bound =
+            bound.as_mut().ok_or_else(|| QuicError::Setup("a ring of one node has no one to regroup with".into()))?;
+        bound.drop_stale();
+        let (formed, links) = rt.block_on(async {
+            let next = async {
+                let next = regroup(options, bound, formed, &suspects, min_nodes).await?;
+                let links = link(options, bound, &next).await?;
+                Ok::<_, QuicError>((next, links))
+            };
+            tokio::time::timeout(options.rendezvous_deadline, next).await.map_err(|_| {
+                QuicError::Rendezvous(format!(
+                    "the survivors did not form a ring within {:?}",
+                    options.rendezvous_deadline
+                ))
+            })?
+        })?;
+        self.install(formed, links);
+        Ok(())
+    }
+
+    /// The members whose links to this node went silent (QUIC's idle timeout), or who said
+    /// they leave.
+    fn suspects(&self) -> Vec<usize> {
+        let timed_out = |c: &Connection| match c.close_reason() {
+            Some(quinn::ConnectionError::TimedOut) => true,
+            Some(quinn::ConnectionError::ApplicationClosed(close)) => close.error_code == LEAVING,
+            _ => false,
+        };
+        let prev = self.formed.members[prev_of(self.rank, self.world)].id;
+        let next = self.formed.members[(self.rank + 1) % self.world].id;
+        let mut out = Vec::new();
+        for conn in self.conns.iter().filter(|c| timed_out(c)) {
+            let from_prev = self.from_prev.iter().any(|p| p.stable_id() == conn.stable_id());
+            let id = if from_prev { prev } else { next };
+            if !out.contains(&id) {
+                out.push(id);
+            }
+        }
+        out
     }
 
     /// What this node's links have done so far, summed over them (counters only grow: take
@@ -196,7 +288,7 @@ impl QuicRing {
         self.lanes_out.clear();
         let senders = std::mem::take(&mut self.senders);
         let conns = std::mem::take(&mut self.conns);
-        let endpoints = std::mem::take(&mut self.endpoints);
+        let endpoints = self.bound.take().map(|b| b.endpoints).unwrap_or_default();
         let deadline = self.deadline;
         self.rt.block_on(async move {
             let flushed = async {
@@ -215,7 +307,7 @@ impl QuicRing {
     }
 
     fn prev(&self) -> String {
-        let prev = prev_of(self.rank, self.world);
+        let prev = self.formed.members[prev_of(self.rank, self.world)].id;
         match self.prev_addr {
             Some(a) => format!("rank {prev} ({a})"),
             None => format!("rank {prev}"),
@@ -227,14 +319,18 @@ impl Drop for QuicRing {
     /// Leaving without [`QuicRing::shutdown`] (an error, a panic): the neighbours are told at once
     /// rather than at their deadline.
     fn drop(&mut self) {
-        if self.conns.is_empty() {
+        if self.conns.is_empty() && self.bound.is_none() {
             return;
         }
-        let reason = format!("rank {} left the ring", self.rank);
+        let reason = format!("rank {} left the ring", self.formed.members[self.rank].id);
         for conn in &self.conns {
-            conn.close(VarInt::from_u32(1), reason.as_bytes());
+            conn.close(LEAVING, reason.as_bytes());
         }
-        let endpoints = std::mem::take(&mut self.endpoints);
+        // Nor does it take part in a regroup.
+        if let Some(bound) = &self.bound {
+            bound.close(&reason);
+        }
+        let endpoints = self.bound.take().map(|b| b.endpoints).unwrap_or_default();
         self.rt.block_on(async move {
             for endpoint in endpoints {
                 let _ = tokio::time::timeout(Duration::from_millis(200), endpoint.wait_idle()).await;
@@ -259,7 +355,7 @@ impl Transport for QuicRing {
     /// Closes every link with `reason`, so that the neighbours fail at once instead of at
     /// their deadline.
     fn abort(&mut self, reason: &str) {
-        let text = format!("rank {}: {reason}", self.rank);
+        let text = format!("rank {}: {reason}", self.formed.members[self.rank].id);
         for conn in &self.conns {
             conn.close(VarInt::from_u32(1), text.as_bytes());
         }
@@ -271,7 +367,7 @@ impl Transport for QuicRing {
         }
         let lane = self.sent % self.lanes_out.len().max(1);
         self.sent += 1;
-        let next = (self.rank + 1) % self.world;
+        let next = self.formed.members[(self.rank + 1) % self.world].id;
         self.lanes_out
             .get(lane)
             .ok_or_else(|| CollectiveError::Transport("no link to the next rank".into()))?
@@ -296,7 +392,7 @@ impl QuicRing {
         let lane = self.received % lanes;
         self.received += 1;
         let prev = self.prev();
-        let peer = prev_of(self.rank, self.world);
+        let peer = self.formed.members[prev_of(self.rank, self.world)].id;
         let deadline = self.deadline;
         let from_prev = &self.from_prev;
         let heard_from_prev = || from_prev.iter().map(|c| c.stats().udp_rx.datagrams).sum::<u64>();
@@ -353,6 +449,7 @@ impl QuicRing {
 #[cfg(test)]
 mod tests {
     use bytes::Bytes;
+    use quinn::Endpoint;
     use ringtune_collective::Hello;
 
     use super::*;

@@ -256,3 +256,104 @@ fn nodes_that_disagree_fail_before_the_first_step() {
         [ta, tb].into_iter().map(|t| t.join().expect("thread").expect_err("mismatch").to_string()).collect();
     assert!(errors.iter().any(|e| e.contains("another parameter layout")), "{errors:?}");
 }
+
+/// How a node of [`lose_and_regroup`] ended: the ids of its last ring and its last result, or
+/// why it stopped.
+type Outcome = Result<(Vec<usize>, Vec<f32>), String>;
+
+/// A ring of `world` on loopback takes an all-reduce; the ranks in `lost` then leave, one
+/// round of the list at a time; after each round the rest regroup (`min_nodes`) and take
+/// another. Returns each rank's outcome: the ids of its last ring and the last all-reduce's
+/// result, or why it stopped.
+fn lose_and_regroup(world: usize, rounds: &[&[usize]], min_nodes: usize) -> Vec<Outcome> {
+    let certs = generate(world).expect("certs");
+    let ports = free_ports(world);
+    let len = 30_011;
+    let rounds: Vec<Vec<usize>> = rounds.iter().map(|r| r.to_vec()).collect();
+    // Nobody leaves before every node of its ring has the last result (a node's last frames are
+    // still queued when its own all-reduce returns): a barrier per ring, for its members.
+    let mut members = world;
+    let mut barriers = vec![std::sync::Arc::new(std::sync::Barrier::new(members))];
+    for lost in &rounds {
+        members -= lost.len();
+        barriers.push(std::sync::Arc::new(std::sync::Barrier::new(members)));
+    }
+    let handles: Vec<_> = (0..world)
+        .map(|id| {
+            let o = options(&certs, id, world, &ports, list(&ports), Duration::from_secs(20));
+            let (rounds, barriers) = (rounds.clone(), barriers.clone());
+            std::thread::spawn(move || -> Outcome {
+                let mut ring = QuicRing::join(o).map_err(|e| e.to_string())?;
+                let mut step = 1;
+                let mut grads = data(id, len);
+                all_reduce_mean(&mut ring, step, &mut grads, 4096).map_err(|e| e.to_string())?;
+                barriers[0].wait();
+                for (round, lost) in rounds.iter().enumerate() {
+                    if lost.contains(&id) {
+                        drop(ring);
+                        return Err("lost".into());
+                    }
+                    step += 1;
+                    all_reduce_mean(&mut ring, step, &mut data(id, len), 4096).expect_err("a node left");
+                    ring.regroup(min_nodes).map_err(|e| e.to_string())?;
+                    step += 1;
+                    grads = data(id, len);
+                    all_reduce_mean(&mut ring, step, &mut grads, 4096).map_err(|e| e.to_string())?;
+                    barriers[round + 1].wait();
+                }
+                let ids = ring.members().iter().map(|m| m.id).collect();
+                ring.shutdown();
+                Ok((ids, grads))
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().expect("thread")).collect()
+}
+
+/// Every survivor in `results` ends in the ring of `ids` with the mean of their data.
+fn assert_regrouped(results: &[Outcome], ids: &[usize]) {
+    for &id in ids {
+        let (members, grads) = results[id].as_ref().unwrap_or_else(|e| panic!("rank {id}: {e}"));
+        assert_eq!(members, ids, "rank {id}'s ring");
+        for i in (0..grads.len()).step_by(499) {
+            let mean = ids.iter().map(|&r| data(r, grads.len())[i]).sum::<f32>() / ids.len() as f32;
+            assert!((grads[i] - mean).abs() < 1e-5, "rank {id}, element {i}: {} against {mean}", grads[i]);
+        }
+    }
+}
+
+#[test]
+fn survivors_of_a_lost_middle_rank_form_a_ring_of_three() {
+    let results = lose_and_regroup(4, &[&[2]], 2);
+    assert_regrouped(&results, &[0, 1, 3]);
+}
+
+#[test]
+fn survivors_of_a_lost_rank_0_form_a_ring_without_it() {
+    let results = lose_and_regroup(4, &[&[0]], 2);
+    assert_regrouped(&results, &[1, 2, 3]);
+}
+
+#[test]
+fn two_losses_in_a_row_leave_a_ring_of_two() {
+    let results = lose_and_regroup(4, &[&[1], &[3]], 2);
+    assert_regrouped(&results, &[0, 2]);
+}
+
+#[test]
+fn half_a_ring_stops_so_that_a_split_cannot_go_on_twice() {
+    let results = lose_and_regroup(4, &[&[2, 3]], 1);
+    for id in [0, 1] {
+        let err = results[id].as_ref().expect_err("half of the ring must stop");
+        assert!(err.contains("not more than half"), "rank {id}: {err}");
+    }
+}
+
+#[test]
+fn fewer_than_min_nodes_stop_naming_it() {
+    let results = lose_and_regroup(3, &[&[1]], 3);
+    for id in [0, 2] {
+        let err = results[id].as_ref().expect_err("below --min-nodes");
+        assert!(err.contains("--min-nodes 3"), "rank {id}: {err}");
+    }
+}
