@@ -39,6 +39,14 @@ impl<T: Transport> Collective<T> {
         self.transport
     }
 
+    /// After a failed operation: the transport forms a new ring of at least `min_nodes` (see
+    /// [`Transport::regroup`]) and operation ids start again, the same on every member.
+    pub fn regroup(&mut self, min_nodes: usize) -> Result<Vec<usize>, CollectiveError> {
+        let members = self.transport.regroup(min_nodes)?;
+        self.last_op = 1;
+        Ok(members)
+    }
+
     fn next_op(&mut self) -> u64 {
         self.last_op += 1;
         self.last_op

@@ -20,6 +20,13 @@ pub trait Transport {
     /// Leaves the ring because of `reason`: the neighbours' operations fail at once, naming
     /// this rank and the reason, rather than at their deadlines.
     fn abort(&mut self, reason: &str);
+    /// After a failed operation: forms a new ring with the nodes still there, of at least
+    /// `min_nodes` (this node's rank and the world may change), and returns its members' ids
+    /// (their ranks at launch) in rank order. A transport that cannot says so (the default).
+    fn regroup(&mut self, min_nodes: usize) -> Result<Vec<usize>, CollectiveError> {
+        let _ = min_nodes;
+        Err(CollectiveError::Transport("this transport cannot form a new ring".into()))
+    }
 }
 
 /// Replaces `grads` by its mean over all ranks (operation id `op`; segments of `segment`

@@ -361,6 +361,11 @@ impl Transport for QuicRing {
         }
     }
 
+    fn regroup(&mut self, min_nodes: usize) -> Result<Vec<usize>, CollectiveError> {
+        QuicRing::regroup(self, min_nodes).map_err(|e| CollectiveError::Transport(e.to_string()))?;
+        Ok(self.members().iter().map(|m| m.id).collect())
+    }
+
     fn send(&mut self, header: Header, payload: Payload) -> Result<(), CollectiveError> {
         if let Some(reason) = self.send_failure.lock().unwrap_or_else(|p| p.into_inner()).clone() {
             return Err(CollectiveError::Transport(reason));

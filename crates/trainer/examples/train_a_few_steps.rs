@@ -30,6 +30,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Record::Eval(e) => {
                 println!("{} after step {}: {}", e.split, e.step, e.scores.describe())
             }
+            Record::Membership(m) => println!("step {}: nodes {:?} went on without {:?}", m.step, m.nodes, m.left),
         }
     }
     Ok(())

@@ -104,6 +104,10 @@ pub struct TrainConfig {
     /// Stop once the run reaches this step, with a checkpoint, leaving the schedule as it is;
     /// `--resume` continues (for time-limited jobs). 0: never.
     pub stop_after: u64,
+    /// On several nodes, the fewest that go on when nodes are lost: the survivors form a new
+    /// ring and continue from the last completed step (0, or the launch's number: any loss
+    /// stops the run).
+    pub min_nodes: usize,
 }
 
 impl Default for TrainConfig {
@@ -146,6 +150,7 @@ impl Default for TrainConfig {
             max_train_samples: 0,
             stop_after: 0,
             param_check_every: 50,
+            min_nodes: 0,
         }
     }
 }

@@ -135,6 +135,16 @@ impl TrainError {
     pub(crate) fn params_lent() -> Self {
         TrainError::Sync { reason: "the parameters were reached while the last step's gather still held them".into() }
     }
+
+    /// Whether this ended an operation of the nodes' ring (a node lost, cut off, or failed),
+    /// after which the survivors may form a new one.
+    pub fn broke_the_ring(&self) -> bool {
+        match self {
+            TrainError::Sync { .. } | TrainError::Quic(_) => true,
+            TrainError::Step { source, .. } => source.broke_the_ring(),
+            _ => false,
+        }
+    }
 }
 
 fn not_finite(norm: f64, nodes: usize) -> String {

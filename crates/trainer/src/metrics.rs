@@ -20,6 +20,23 @@ pub enum Record {
     Step(StepRecord),
     /// An evaluation.
     Eval(EvalRecord),
+    /// The nodes changed: some were lost and the rest went on.
+    Membership(MembershipRecord),
+}
+
+/// A change of the nodes training: who left, who is left, and what it cost.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MembershipRecord {
+    /// Optimizer steps done when the nodes changed (the step in flight ran again).
+    pub step: u64,
+    /// The ids (ranks at launch) of the nodes that left.
+    pub left: Vec<usize>,
+    /// The ids of the nodes training after the change, in rank order.
+    pub nodes: Vec<usize>,
+    /// Seconds from the failure's discovery here to the next completed step.
+    pub recovery_s: f64,
+    /// Seconds since the run started.
+    pub elapsed_s: f64,
 }
 
 /// The training steps of one logging window, averaged.
@@ -112,6 +129,7 @@ impl Record {
         match self {
             Record::Step(r) => r.step,
             Record::Eval(r) => r.step,
+            Record::Membership(r) => r.step,
         }
     }
 }
@@ -130,6 +148,9 @@ pub struct EvalRecord {
     pub scores: Scores,
     /// Seconds since the run started.
     pub elapsed_s: f64,
+    /// Training examples the epoch took (over all nodes; absent in a run resumed within it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trained_examples: Option<u64>,
 }
 
 /// Every record of a metrics file; a line that is not one is an error naming file and line.

@@ -48,14 +48,14 @@ pub(crate) fn plot(path: &Path, records: &[Record], how: &str) -> Result<(), Tra
         .iter()
         .filter_map(|r| match r {
             Record::Step(s) => Some((s.step, s.loss)),
-            Record::Eval(_) => None,
+            _ => None,
         })
         .collect();
     let evals: Vec<&EvalRecord> = records
         .iter()
         .filter_map(|r| match r {
             Record::Eval(e) => Some(e),
-            Record::Step(_) => None,
+            _ => None,
         })
         .collect();
     let text = register_font();
@@ -144,7 +144,7 @@ mod tests {
 
     fn eval(step: u64, split: &str, accuracy: f64) -> EvalRecord {
         let scores = Scores { loss: 0.5, accuracy: Some(accuracy), ..Scores::default() };
-        EvalRecord { step, epoch: 1, split: split.into(), scores, elapsed_s: 0.0 }
+        EvalRecord { step, epoch: 1, split: split.into(), scores, elapsed_s: 0.0, trained_examples: None }
     }
 
     #[test]

@@ -7,10 +7,10 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
-use common::cluster::{certs, free_ports, l2, on_loopback, params, train_on_nodes};
+use common::cluster::{certs, free_ports, l2, latest_step, on_loopback, params, spawn_node, train_on_nodes};
 use common::{config, small_mrpc, tiny_model};
 use ringtune_collective::Wire;
 use ringtune_runtime::{FlatBuffer, LendableBuffer, SessionOptions};
@@ -220,7 +220,7 @@ fn a_node_lost_or_failing_mid_backward_stops_the_others_by_name() {
             .map(|mut sync| {
                 let layout = layout.clone();
                 std::thread::spawn(move || {
-                    sync.begin(&[101, 2023, 102]).expect("begin");
+                    sync.begin(&[101, 2023, 102], 1.0).expect("begin");
                     let half = layout.entries().len() / 2;
                     hand_over(&sync, &layout, 0, half);
                     std::thread::sleep(Duration::from_millis(300));
@@ -235,7 +235,7 @@ fn a_node_lost_or_failing_mid_backward_stops_the_others_by_name() {
         match failure {
             "vanishes" => drop(last),
             _ => {
-                last.begin(&[101, 102]).expect("begin");
+                last.begin(&[101, 102], 1.0).expect("begin");
                 last.abandon("its forward or backward pass failed: out of memory");
                 drop(last);
             }
@@ -269,7 +269,7 @@ fn gradients_that_are_not_finite_stop_every_node_before_the_step() {
             let layout = layout.clone();
             std::thread::spawn(move || {
                 let sink = sync.hooks().grads.expect("a gradient sink");
-                sync.begin(&[101, 2023, 102]).expect("begin");
+                sync.begin(&[101, 2023, 102], 1.0).expect("begin");
                 let last = layout.entries().len() - 1;
                 for (i, e) in layout.entries().iter().enumerate().rev() {
                     let mut grad = vec![0.25; e.len()];
@@ -307,33 +307,6 @@ fn gradients_that_are_not_finite_stop_every_node_before_the_step() {
         assert!(error.contains("not finite") && error.contains("no step"), "rank {rank}: {error}");
         assert!(untouched, "rank {rank} changed its parameters");
     }
-}
-
-fn spawn_node(rank: usize, world: usize, port: u16, certs: &Path, args: &[String], log: &Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_ringtune"))
-        .arg("train")
-        .args(args)
-        .arg("--certs")
-        .arg(certs)
-        .args(["--deadline", "5"])
-        .env("RANK", rank.to_string())
-        .env("WORLD_SIZE", world.to_string())
-        .env("MASTER_ADDR", "127.0.0.1")
-        .env("MASTER_PORT", port.to_string())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).expect("log"))
-        .spawn()
-        .expect("start ringtune")
-}
-
-fn latest_step(output: &Path) -> u64 {
-    std::fs::read_to_string(output.join("metrics.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|v| v["step"].as_u64())
-        .max()
-        .unwrap_or(0)
 }
 
 #[test]

@@ -64,7 +64,7 @@ fn evaluated_splits(output: &Path) -> Vec<String> {
         .into_iter()
         .filter_map(|r| match r {
             Record::Eval(e) => Some(e.split),
-            Record::Step(_) => None,
+            _ => None,
         })
         .collect();
     splits.dedup();

@@ -468,7 +468,7 @@ fn floor(args: &CurveArgs, (model, dir): (CurveModel, &Path), nodes: usize, shar
             .iter()
             .filter_map(|r| match r {
                 Record::Step(s) => Some(s.times.step_s()),
-                Record::Eval(_) => None,
+                _ => None,
             })
             .skip(warm_up)
             .collect();

@@ -71,7 +71,7 @@ pub(crate) fn phases_after(metrics: &Path, warm_up: usize) -> Result<Phases> {
         .iter()
         .filter_map(|r| match r {
             Record::Step(s) => Some(s),
-            Record::Eval(_) => None,
+            _ => None,
         })
         .skip(warm_up)
         .collect();

@@ -46,7 +46,7 @@ fn macro_f1_matthews_and_correlations_match_scikit_learn_and_scipy() {
 
 fn dev_scores(step: u64) -> EvalRecord {
     let scores = Scores { loss: 0.5, accuracy: Some(0.75), f1: Some(0.8), ..Scores::default() };
-    EvalRecord { step, epoch: 1, split: "dev".into(), scores, elapsed_s: 1.0 }
+    EvalRecord { step, epoch: 1, split: "dev".into(), scores, elapsed_s: 1.0, trained_examples: None }
 }
 
 #[test]

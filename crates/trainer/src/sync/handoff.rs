@@ -169,8 +169,11 @@ pub(crate) enum ToSync {
     /// Parameter `tensor`'s gradient is in these pieces (with their indices).
     Ready { tensor: usize, pieces: Vec<(usize, Piece)> },
     /// A step begins: reduce the buckets as they complete (the rows of the word-embedding table
-    /// this node's batch used).
-    Begin { used_rows: Vec<u32> },
+    /// this node's batch used), each scaled by `weight` first unless it is 1 (nodes whose
+    /// batches differ in rows weigh their mean gradients by them).
+    Begin { used_rows: Vec<u32>, weight: f32 },
+    /// A failed step will be run again: drop what it left, then say so.
+    Forget(std::sync::mpsc::Sender<()>),
     /// The step's forward or backward pass failed: stop, and tell the other nodes why.
     Abandon(String),
     /// The optimizer has stepped this node's shard: all-gather the parameters into this

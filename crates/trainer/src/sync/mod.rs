@@ -136,8 +136,10 @@ pub trait GradSync {
     /// The pieces of the flat buffer this node's optimizer steps (`None`: all of it).
     fn optimizer_pieces(&self) -> Option<Vec<Range<usize>>>;
     /// A step begins: buckets are reduced as their gradients arrive. `token_ids` are this
-    /// node's batch's input ids (the rows of the word-embedding table it touches).
-    fn begin(&mut self, token_ids: &[i64]) -> Result<(), TrainError>;
+    /// node's batch's input ids (the rows of the word-embedding table it touches); `weight`
+    /// scales its mean gradient and loss before they are averaged over the nodes (nodes × this
+    /// node's rows / the step's rows: 1 when every node has as many rows).
+    fn begin(&mut self, token_ids: &[i64], weight: f32) -> Result<(), TrainError>;
     /// The step's forward or backward pass failed: the other nodes are told `reason`.
     fn abandon(&mut self, reason: &str);
     /// Waits for every bucket, and returns the mean of `loss` over the nodes.
@@ -167,6 +169,11 @@ pub trait GradSync {
     fn restore_low_rank(&mut self, state: &[LowRankState]) -> Result<(), TrainError>;
     /// The compressors as they start: the first `Q`s, no error.
     fn reset_low_rank(&mut self);
+    /// After a step failed because nodes were lost: the survivors form a new ring of at least
+    /// `min_nodes` (on the side of a split that holds more than half of the last one), this
+    /// node's rank and the world change, what the failed step left is dropped and the
+    /// compressors start again. Returns the members' ids (their ranks at launch) in rank order.
+    fn regroup(&mut self, min_nodes: usize) -> Result<Vec<usize>, TrainError>;
     /// The run is over or left on an error path: a gather still under way is cut short (the
     /// ring is closed with the reason) and has ended when this returns, so the parameters'
     /// buffer is written no more.
@@ -215,7 +222,7 @@ impl GradSync for OneNode {
         None
     }
 
-    fn begin(&mut self, _token_ids: &[i64]) -> Result<(), TrainError> {
+    fn begin(&mut self, _token_ids: &[i64], _weight: f32) -> Result<(), TrainError> {
         Ok(())
     }
 
@@ -262,6 +269,10 @@ impl GradSync for OneNode {
     }
 
     fn reset_low_rank(&mut self) {}
+
+    fn regroup(&mut self, _min_nodes: usize) -> Result<Vec<usize>, TrainError> {
+        Err(TrainError::Sync { reason: "one node has no ring to form again".into() })
+    }
 
     fn release(&mut self) {}
 }

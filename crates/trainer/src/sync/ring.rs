@@ -90,6 +90,8 @@ pub struct RingSync<T: Transport> {
     low_rank: SharedLowRank,
     /// A step has begun and not yet finished.
     in_step: bool,
+    /// What this step's gradients and loss are scaled by before they are averaged.
+    weight: f32,
 }
 
 /// The optimizer step's exchanges over the ring, and the ring's other whole-buffer operations.
@@ -100,6 +102,8 @@ struct RingExchange<T: Transport> {
     gather: Option<Arc<ParamGather>>,
     mode: SyncMode,
     rank: usize,
+    /// Nodes in the ring now (the plan's world is the launch's, which shards and buckets keep).
+    world: usize,
     to_sync: Sender<ToSync>,
 }
 
@@ -147,11 +151,12 @@ impl<T: Transport + Send + 'static> RingSync<T> {
         Ok(RingSync {
             slots,
             table_rows: table_rows(&plan),
-            exchange: RingExchange { ring, plan, gather, mode, rank, to_sync: to_sync.clone() },
+            exchange: RingExchange { ring, world: plan.world(), plan, gather, mode, rank, to_sync: to_sync.clone() },
             worker: Worker { to_sync, thread: Some(thread) },
             reduced,
             low_rank,
             in_step: false,
+            weight: 1.0,
         })
     }
 }
@@ -209,7 +214,7 @@ fn sync_error(e: impl std::fmt::Display) -> TrainError {
 
 impl<T: Transport> Exchange for RingExchange<T> {
     fn nodes(&self) -> usize {
-        self.plan.world()
+        self.world
     }
 
     fn norm_pieces(&self, _len: usize) -> Vec<Range<usize>> {
@@ -299,7 +304,7 @@ impl<T: Transport> GradSync for RingSync<T> {
     }
 
     fn world(&self) -> usize {
-        self.exchange.plan.world()
+        self.exchange.world
     }
 
     fn mode(&self) -> SyncMode {
@@ -317,14 +322,15 @@ impl<T: Transport> GradSync for RingSync<T> {
         self.exchange.mode.shard_optimizer.then(|| self.exchange.plan.shard_of(self.exchange.rank))
     }
 
-    fn begin(&mut self, token_ids: &[i64]) -> Result<(), TrainError> {
+    fn begin(&mut self, token_ids: &[i64], weight: f32) -> Result<(), TrainError> {
         let used_rows = match self.table_rows {
             Some(rows) => used_rows(token_ids, rows).map_err(|e| self.exchange.abort_with(e))?,
             None => Vec::new(),
         };
+        self.weight = weight;
         self.worker
             .to_sync
-            .send(ToSync::Begin { used_rows })
+            .send(ToSync::Begin { used_rows, weight })
             .map_err(|_| self.exchange.abort_with("the sync thread has stopped"))?;
         self.in_step = true;
         Ok(())
@@ -353,7 +359,7 @@ impl<T: Transport> GradSync for RingSync<T> {
         let Reduced { floats, busy, pieces } = reduced;
         // The buffer's pieces are home: dropped, they leave the loop the whole buffer.
         drop(pieces);
-        let mut mean_loss = [loss];
+        let mut mean_loss = [loss * self.weight];
         lock(&self.exchange.ring).run(&mut mean_loss, RingMode::AllReduceMean, Wire::F32).map_err(sync_error)?;
         let bytes = floats * self.exchange.mode.wire.bytes_per_value();
         // The gather measured here is the one behind this step's forward pass (the last
@@ -403,6 +409,33 @@ impl<T: Transport> GradSync for RingSync<T> {
     fn reset_low_rank(&mut self) {
         let mut buckets = self.low_rank.lock().unwrap_or_else(|p| p.into_inner());
         buckets.iter_mut().flatten().for_each(LowRankBucket::reset);
+    }
+
+    fn regroup(&mut self, min_nodes: usize) -> Result<Vec<usize>, TrainError> {
+        if self.exchange.mode.shard_optimizer {
+            return Err(TrainError::Sync {
+                reason: "a node was lost, and with a sharded optimizer its share of the optimizer state with it: \
+                         train with --shard-optimizer false to go on without it"
+                    .into(),
+            });
+        }
+        if self.in_step {
+            self.abandon("the ring is being formed again");
+        }
+        // What the failed step left with the sync thread goes back before the step runs again.
+        let (done, forgotten) = mpsc::channel();
+        if self.worker.to_sync.send(ToSync::Forget(done)).is_ok() {
+            let _ = forgotten.recv();
+        }
+        self.slots.reclaim();
+        let mut ring = lock(&self.exchange.ring);
+        let members = ring.regroup(min_nodes).map_err(sync_error)?;
+        (self.exchange.rank, self.exchange.world) = (ring.rank(), ring.world());
+        drop(ring);
+        // Nodes may have left the step at different buckets: every compressor starts again, the
+        // same on every node.
+        self.reset_low_rank();
+        Ok(members)
     }
 
     fn release(&mut self) {
@@ -480,9 +513,13 @@ impl<T: Transport> SyncThread<T> {
                 ToSync::Abandon(_) => self.forget_step(),
                 ToSync::Stop => return,
                 ToSync::Gather(params) => self.gather_params(params),
-                ToSync::Begin { used_rows } => {
+                ToSync::Forget(done) => {
+                    self.forget_step();
+                    let _ = done.send(());
+                }
+                ToSync::Begin { used_rows, weight } => {
                     let _span = tracing::debug_span!("sync_buckets").entered();
-                    let result = self.reduce_step(&used_rows);
+                    let result = self.reduce_step(&used_rows, weight);
                     self.forget_step();
                     if self.report.send(result).is_err() || self.stopped {
                         return;
@@ -561,7 +598,7 @@ impl<T: Transport> SyncThread<T> {
     }
 
     /// Reduces every bucket in plan order, each as soon as all its gradients have arrived.
-    fn reduce_step(&mut self, used_rows: &[u32]) -> Result<Reduced, String> {
+    fn reduce_step(&mut self, used_rows: &[u32], weight: f32) -> Result<Reduced, String> {
         let plan = self.plan.clone();
         let low_rank = self.low_rank.clone();
         let mut low_rank = low_rank.lock().unwrap_or_else(|p| p.into_inner());
@@ -575,6 +612,10 @@ impl<T: Transport> SyncThread<T> {
                 match self.from_loop.recv() {
                     Ok(ToSync::Ready { tensor, pieces }) => self.mark(tensor, pieces),
                     Ok(ToSync::Abandon(reason)) => return Err(self.abort(&reason)),
+                    Ok(ToSync::Forget(done)) => {
+                        let _ = done.send(());
+                        return Err(self.abort("the step was given up"));
+                    }
                     Ok(ToSync::Begin { .. }) | Ok(ToSync::Gather(_)) | Ok(ToSync::Stop) | Err(_) => {
                         self.stopped = true;
                         return Err(self.abort("the training loop left a step unfinished"));
@@ -585,6 +626,9 @@ impl<T: Transport> SyncThread<T> {
             let mut piece = self.bucket_piece(index).map_err(|reason| self.abort(&reason))?;
             let mut ring = lock(&self.ring);
             let buffer = piece.floats();
+            if weight != 1.0 {
+                buffer.iter_mut().for_each(|g| *g *= weight);
+            }
             let wire = self.mode.wire;
             let done = match bucket.kind {
                 BucketKind::Dense => match low_rank.get_mut(index).and_then(Option::as_mut) {

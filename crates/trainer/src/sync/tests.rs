@@ -94,7 +94,7 @@ const PLAIN: SyncMode = SyncMode { wire: Wire::F32, overlap: true, shard_optimiz
 #[test]
 fn buckets_handed_over_mid_pass_reduce_to_every_ranks_mean() {
     let results = on_ranks(PLAIN, |rank, mut sync| {
-        sync.begin(&tokens(rank)).expect("begin");
+        sync.begin(&tokens(rank), 1.0).expect("begin");
         hand_over(&sync, rank, all_tensors());
         let averaged = sync.finish(rank as f32).expect("reduced");
         let grads = sync.optimizer_view(&mut []).expect("every piece back").0.floats().expect("whole").to_vec();
@@ -119,6 +119,33 @@ fn buckets_handed_over_mid_pass_reduce_to_every_ranks_mean() {
     }
 }
 
+#[test]
+fn weighted_nodes_average_to_the_mean_over_their_rows() {
+    // Ranks holding 2, 1 and 0 rows of a step of 3 (weights 2, 1 and 0): the mean over the rows
+    // is rank 0's gradient twice and rank 1's once, over 3.
+    let weights = [2.0f32, 1.0, 0.0];
+    let results = on_ranks(PLAIN, move |rank, mut sync| {
+        sync.begin(&tokens(rank), weights[rank]).expect("begin");
+        hand_over(&sync, rank, all_tensors());
+        let averaged = sync.finish(rank as f32 + 1.0).expect("reduced");
+        let grads = sync.optimizer_view(&mut []).expect("every piece back").0.floats().expect("whole").to_vec();
+        (averaged.loss, grads)
+    });
+    let layout = layout();
+    for (rank, (loss, _)) in results.iter().enumerate() {
+        assert!((loss - (2.0 * 1.0 + 2.0) / 3.0).abs() < 1e-6, "rank {rank}: the loss over the rows is {loss}");
+    }
+    for (t, entry) in layout.entries().iter().enumerate() {
+        if entry.name.contains("word_embeddings") {
+            continue;
+        }
+        let (g0, g1) = (grad(&layout, 0, t), grad(&layout, 1, t));
+        let got = &results[0].1[entry.range()];
+        let worst = (0..entry.len()).map(|i| (got[i] - (2.0 * g0[i] + g1[i]) / 3.0).abs()).fold(0.0, f32::max);
+        assert!(worst < 1e-5, "{}: off by {worst}", entry.name);
+    }
+}
+
 /// One optimizer step of every rank, through the loop's step; each rank's parameters after it.
 fn step_all(mode: SyncMode) -> Vec<Vec<f32>> {
     on_ranks(mode, move |rank, mut sync| {
@@ -130,7 +157,7 @@ fn step_all(mode: SyncMode) -> Vec<Vec<f32>> {
             adam = adam.owning(pieces).expect("pieces");
         }
         let mut params = LendableBuffer::new(FlatBuffer::from_slice(&vec![0.25f32; len]));
-        sync.begin(&tokens(rank)).expect("begin");
+        sync.begin(&tokens(rank), 1.0).expect("begin");
         hand_over(&sync, rank, all_tensors());
         sync.finish(0.0).expect("reduced");
         let (mut grads, exchange) = sync.optimizer_view(&mut []).expect("every piece back");
@@ -161,7 +188,7 @@ fn a_sharded_step_gathered_at_once_or_behind_changes_no_bit() {
 fn a_rank_that_abandons_its_step_stops_the_others_with_its_reason() {
     let started = Instant::now();
     let results = on_ranks(PLAIN, |rank, mut sync| {
-        sync.begin(&tokens(rank)).expect("begin");
+        sync.begin(&tokens(rank), 1.0).expect("begin");
         if rank == 2 {
             sync.abandon("its forward or backward pass failed: out of memory");
             return None;
@@ -183,7 +210,7 @@ fn a_rank_that_abandons_its_step_stops_the_others_with_its_reason() {
 fn a_rank_lost_mid_backward_is_named_by_every_other() {
     let started = Instant::now();
     let results = on_ranks(PLAIN, |rank, mut sync| {
-        sync.begin(&tokens(rank)).expect("begin");
+        sync.begin(&tokens(rank), 1.0).expect("begin");
         if rank == 1 {
             // Half its gradients, then its run is gone (the sync dropped mid-step).
             hand_over(&sync, rank, all_tensors().take(2));

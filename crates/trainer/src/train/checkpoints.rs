@@ -80,14 +80,14 @@ impl TrainingRun<'_> {
         self.engine.params_mut()?.copy_from_slice(&ckpt.params);
         self.adam.restore(AdamWState { step: ckpt.meta.adam_step, m: ckpt.m, v: ckpt.v })?;
         self.resume_low_rank(ckpt.meta.progress.step)?;
-        let batch_in_epoch = ckpt.meta.resume_batch(self.world, self.plan.batch_size);
+        let batch_in_epoch = ckpt.meta.resume_batch(self.launch_world, self.plan.batch_size);
         self.progress = ckpt.meta.progress.clone();
         if batch_in_epoch != self.progress.batch_in_epoch {
             // Another number of nodes, or another batch per node, cuts the epoch into other
             // batches.
             tracing::warn!(
                 from_nodes = ckpt.meta.world,
-                to_nodes = self.world,
+                to_nodes = self.launch_world,
                 from_node_batch = ckpt.meta.node_batch,
                 to_node_batch = self.plan.batch_size,
                 "resuming with another global batch split: epoch {} goes on at batch {batch_in_epoch}, not {}",
@@ -126,7 +126,7 @@ impl TrainingRun<'_> {
 
     /// The global batch the data's order is grouped by length for, if it is.
     pub(super) fn length_groups(&self) -> Option<usize> {
-        self.cfg.group_by_length.then_some(self.plan.batch_size * self.world)
+        self.cfg.group_by_length.then_some(self.plan.batch_size * self.launch_world)
     }
 
     /// Every node calls it at the same step (a sharded optimizer's moments are gathered
@@ -153,7 +153,7 @@ impl TrainingRun<'_> {
             layout_hash: self.plan.layout_hash.clone(),
             total_len: self.engine.params()?.len(),
             adam_step: state.step,
-            world: self.world,
+            world: self.launch_world,
             node_batch: Some(self.plan.batch_size),
             length_groups: self.length_groups(),
         };

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ringtune_bert::load_params;
-use ringtune_data::{epoch_order, group_by_length, shard, Batch, Example, Padding, ShardMode};
+use ringtune_data::{epoch_order, group_by_length, Batch, Example, Padding};
 use ringtune_optim::{AdamW, AdamWConfig};
 use ringtune_runtime::{FlatBuffer, SessionOptions};
 use serde::{Deserialize, Serialize};
@@ -17,18 +17,22 @@ use serde::{Deserialize, Serialize};
 use crate::checkpoint::Progress;
 use crate::engine::{Engine, Evaluator};
 use crate::evaluation::{evaluate, evaluate_shared, Scoring};
-use crate::metrics::{EvalRecord, Record, Scores, StepTimes};
+use crate::metrics::{EvalRecord, MembershipRecord, Record, Scores, StepTimes};
 use crate::optimizer::Stepped;
 use crate::quantize::{open_int8, Quantization, QuantizeOptions, Quantized, TrainedModel};
 use crate::recipe::param_groups;
 use crate::sync::{GradSync, OneNode};
 use crate::{TrainConfig, TrainError};
 
+mod batches;
 mod checkpoints;
+mod elastic;
 mod inputs;
 mod outputs;
 mod run_log;
 
+use batches::node_batches;
+pub use batches::NodeBatch;
 pub use inputs::Inputs;
 use inputs::{plan, refuse_earlier_run, sessions, Plan};
 use outputs::write_outputs;
@@ -55,6 +59,9 @@ pub struct Summary {
     pub int8: Option<Int8Summary>,
     /// How it trained: what the multi-node recipe sets.
     pub training: TrainingShape,
+    /// Every change of the nodes training (nodes lost, the rest going on), in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub membership: Vec<MembershipRecord>,
 }
 
 /// How a run trained: the nodes, the global batch and what the multi-node recipe
@@ -152,13 +159,10 @@ pub fn train_on(
         None => &mut one,
     };
     let mut run = TrainingRun::prepare(inputs, cfg, root, start, sync)?;
-    while let Some(epoch) = run.next_epoch() {
-        for (index, rows) in run.epoch_batches(epoch)? {
-            if run.step(epoch, index, &rows)?.next == Continue::Stop {
-                break;
-            }
-        }
-        run.end_epoch(epoch)?;
+    // A step or an epoch's end that fails because nodes were lost runs again once the rest have
+    // formed a new ring (`--min-nodes`); any other failure ends the run.
+    while let Err(error) = run.run_epochs() {
+        run.recover(error)?;
     }
     run.finish()
 }
@@ -196,6 +200,18 @@ pub struct TrainingRun<'s> {
     adam: AdamW,
     progress: Progress,
     log: RunLog,
+    /// Nodes at launch: the global batch is one node's batch times this, whoever is left.
+    launch_world: usize,
+    /// The ids (ranks at launch) of the nodes training, in rank order.
+    members: Vec<usize>,
+    /// Epochs whose end (checkpoint, evaluation) is done.
+    ended_epochs: u32,
+    /// Training examples this epoch has taken (`None` when it began before this process).
+    epoch_examples: Option<u64>,
+    /// The changes of nodes so far; the last one's recovery time is filled in at the next step.
+    membership: Vec<MembershipRecord>,
+    /// When the last change began, until the next completed step.
+    recovering_since: Option<Instant>,
     /// The summary of the run this one resumed when that run had already finished: nothing is
     /// trained or written, and [`TrainingRun::finish`] returns it.
     earlier_summary: Option<Summary>,
@@ -281,6 +297,12 @@ impl<'s> TrainingRun<'s> {
             adam,
             progress,
             log,
+            launch_world: world,
+            members: (0..world).collect(),
+            ended_epochs: 0,
+            epoch_examples: Some(0),
+            membership: Vec::new(),
+            recovering_since: None,
             earlier_summary: None,
         };
         run.begin(start)?;
@@ -296,21 +318,30 @@ impl<'s> TrainingRun<'s> {
         (!done).then_some(p.epoch)
     }
 
-    /// This node's batches of `epoch` still to run, by index in the epoch: its shard of the
-    /// epoch's order, in batches, past those a resumed run already took.
-    pub fn epoch_batches(&self, epoch: u32) -> Result<Vec<(usize, Vec<usize>)>, TrainError> {
-        let mut order = epoch_order(self.inputs.train.len(), self.cfg.seed, epoch as u64);
+    /// This node's batches of `epoch` still to run, by index in the epoch, past those a resumed
+    /// run already took. The epoch's order (padded to whole rows for every node at launch) is
+    /// cut into global batches of one node's batch times the nodes at launch; each is split
+    /// among the nodes training now, every `world`-th row from this node's rank (so after a node
+    /// is lost the rest take its share, each row once).
+    pub fn epoch_batches(&self, epoch: u32) -> Result<Vec<NodeBatch>, TrainError> {
+        let n = self.inputs.train.len();
+        if n == 0 {
+            return Err(ringtune_data::DataError::Settings("the training split is empty".into()).into());
+        }
+        let mut order = epoch_order(n, self.cfg.seed, epoch as u64);
         if let Some(global_batch) = self.length_groups() {
             let lengths: Vec<usize> = self.inputs.train.iter().map(Example::len).collect();
             order = group_by_length(&order, &lengths, global_batch, self.cfg.seed, epoch as u64);
         }
-        let mine = shard(&order, self.rank, self.world, ShardMode::Pad)?;
         let skip = if epoch == self.progress.epoch { self.progress.batch_in_epoch as usize } else { 0 };
-        Ok(mine.chunks(self.plan.batch_size).map(<[usize]>::to_vec).enumerate().skip(skip).collect())
+        let global = self.plan.batch_size * self.launch_world;
+        Ok(node_batches(&order, self.launch_world, global, skip, (self.rank, self.world)))
     }
 
-    /// One optimizer step on the batch of `rows` (batch `index` of `epoch`).
-    pub fn step(&mut self, epoch: u32, index: usize, rows: &[usize]) -> Result<StepDone, TrainError> {
+    /// One optimizer step on this node's share of a step of `epoch`.
+    pub fn step(&mut self, epoch: u32, share: &NodeBatch) -> Result<StepDone, TrainError> {
+        let (index, rows) = (share.index, share.rows.as_slice());
+        let weight = share.weight(self.world);
         let _step_span = tracing::debug_span!("step", step = self.progress.step).entered();
         let t0 = Instant::now();
         let batch = {
@@ -320,7 +351,7 @@ impl<'s> TrainingRun<'s> {
         let t1 = Instant::now();
         let overlap = self.sync.mode().overlap;
         if overlap {
-            self.sync.begin(&batch.input_ids)?;
+            self.sync.begin(&batch.input_ids, weight)?;
         }
         let out = {
             let _span = tracing::debug_span!("forward_backward").entered();
@@ -337,7 +368,7 @@ impl<'s> TrainingRun<'s> {
             }
         };
         if !overlap {
-            self.sync.begin(&batch.input_ids)?;
+            self.sync.begin(&batch.input_ids, weight)?;
         }
         let t2 = Instant::now();
         let averaged = {
@@ -360,8 +391,10 @@ impl<'s> TrainingRun<'s> {
         self.progress.step += 1;
         self.progress.batch_in_epoch = index as u64 + 1;
         let step = self.progress.step;
-        let samples = batch.rows as u64 * self.world as u64;
+        let samples = share.global_rows as u64;
         self.log.trained_samples += samples;
+        self.epoch_examples = self.epoch_examples.map(|e| e + samples);
+        self.recovered()?;
         // The optimizer's own exchanges (norms, parameters) are sync the backward pass cannot
         // hide, and so is the forward pass's wait for parameters still on their way.
         let params_wait = synced.map_or(Duration::ZERO, |s| s.params_wait.min(t2 - t1));
@@ -420,6 +453,7 @@ impl<'s> TrainingRun<'s> {
     /// compare parameters; the lead checkpoints; every node scores its share of dev and the
     /// lead logs the scores.
     pub fn end_epoch(&mut self, epoch: u32) -> Result<(), TrainError> {
+        let trained_examples = self.epoch_examples;
         if self.progress.batch_in_epoch >= self.plan.batches_per_epoch {
             self.progress.epoch = epoch + 1;
             self.progress.batch_in_epoch = 0;
@@ -445,10 +479,12 @@ impl<'s> TrainingRun<'s> {
                     split: split.clone(),
                     scores,
                     elapsed_s: self.log.started.elapsed().as_secs_f64(),
+                    trained_examples,
                 }))?;
             }
             self.log.last_scores.insert(split.clone(), scores);
         }
+        self.ended_epochs = self.progress.epoch;
         Ok(())
     }
 
@@ -478,6 +514,7 @@ impl<'s> TrainingRun<'s> {
             output: output.clone(),
             int8,
             training: self.shape(),
+            membership: self.membership.clone(),
         };
         if self.rank == 0 {
             let json = serde_json::to_string_pretty(&summary)?;
@@ -504,6 +541,8 @@ impl TrainingRun<'_> {
                 Some(step)
             }
         };
+        self.ended_epochs = self.progress.epoch;
+        self.epoch_examples = (self.progress.batch_in_epoch == 0).then_some(0);
         if resumed_at.is_some() && self.next_epoch().is_none() {
             // A requeued job over a finished run: its results stay as they are.
             self.earlier_summary = self.finished_earlier()?;
@@ -549,8 +588,8 @@ impl TrainingRun<'_> {
     /// How this run trains.
     fn shape(&self) -> TrainingShape {
         TrainingShape {
-            nodes: self.world,
-            global_batch: self.plan.batch_size * self.world,
+            nodes: self.launch_world,
+            global_batch: self.plan.batch_size * self.launch_world,
             learning_rate: self.cfg.learning_rate,
             group_by_length: self.cfg.group_by_length,
             powersgd_rank: self.sync.mode().low_rank,

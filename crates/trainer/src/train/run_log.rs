@@ -41,6 +41,14 @@ impl RunLog {
         }
     }
 
+    /// This node leads now that the lead was lost: it shows the progress bar and writes
+    /// `metrics.jsonl` from `step` on (what the lost lead wrote after it is dropped).
+    pub(super) fn take_the_lead(&mut self, plan: &Plan, step: u64) -> Result<(), TrainError> {
+        self.bar = progress_bar(plan.total);
+        self.bar.set_position(step);
+        self.open_metrics(plan, Some(step))
+    }
+
     /// Opens `metrics.jsonl`: a fresh run's new file, or a resumed run's without the records of
     /// the steps after `resumed_at`, which run again.
     pub(super) fn open_metrics(&mut self, plan: &Plan, resumed_at: Option<u64>) -> Result<(), TrainError> {

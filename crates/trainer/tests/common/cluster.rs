@@ -2,6 +2,7 @@
 
 use std::net::UdpSocket;
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use ringtune_quic::Peers;
@@ -86,4 +87,33 @@ pub(crate) fn params(output: &Path) -> Vec<f32> {
 /// The L2 distance of two parameter vectors.
 pub(crate) fn l2(a: &[f32], b: &[f32]) -> f64 {
     a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>().sqrt()
+}
+
+/// `ringtune train ARGS` as rank `rank` of `world`, torchrun-style, its log in `log`.
+pub(crate) fn spawn_node(rank: usize, world: usize, port: u16, certs: &Path, args: &[String], log: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_ringtune"))
+        .arg("train")
+        .args(args)
+        .arg("--certs")
+        .arg(certs)
+        .args(["--deadline", "5"])
+        .env("RANK", rank.to_string())
+        .env("WORLD_SIZE", world.to_string())
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).expect("log"))
+        .spawn()
+        .expect("start ringtune")
+}
+
+/// The highest step `output`'s metrics have reached.
+pub(crate) fn latest_step(output: &Path) -> u64 {
+    std::fs::read_to_string(output.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["step"].as_u64())
+        .max()
+        .unwrap_or(0)
 }

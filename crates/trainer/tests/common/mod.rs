@@ -88,7 +88,7 @@ fn step_field(output: &Path, field: fn(&StepRecord) -> f64) -> Vec<f64> {
         .iter()
         .filter_map(|r| match r {
             Record::Step(s) => Some(field(s)),
-            Record::Eval(_) => None,
+            _ => None,
         })
         .collect()
 }

@@ -180,6 +180,12 @@ pub(crate) struct TrainArgs {
     /// Steps between cross-node parameter checks.
     #[arg(long)]
     param_check_every: Option<u64>,
+    /// On several nodes, the fewest that go on when nodes are lost (killed, cut off): the rest
+    /// form a new ring within seconds and continue from the last completed step, taking the
+    /// lost nodes' share of each batch; only a side holding more than half of the nodes goes on
+    /// (default: the launch's number, so any loss stops the run).
+    #[arg(long)]
+    min_nodes: Option<usize>,
     #[command(flatten)]
     pub(crate) cluster: ClusterArgs,
 }
@@ -374,7 +380,8 @@ pub(crate) fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
             max_steps,
             max_train_samples,
             stop_after,
-            param_check_every
+            param_check_every,
+            min_nodes
         ],
         optional: [
             task,

@@ -78,6 +78,25 @@ fn cluster_options_from(args: &ClusterArgs, var: impl Fn(&str) -> Option<String>
     }))
 }
 
+/// A run that may lose nodes (`--min-nodes` below the world) keeps the whole optimizer state on
+/// every node, since a shard would be lost with its node.
+pub(crate) fn allow_losses(cluster: &mut ClusterOptions, args: &ClusterArgs, min_nodes: usize) -> Result<()> {
+    if min_nodes > cluster.world {
+        bail!("--min-nodes {min_nodes} is more than the {} nodes of the run", cluster.world);
+    }
+    if !(1..cluster.world).contains(&min_nodes) {
+        return Ok(());
+    }
+    if args.shard_optimizer == Some(true) {
+        bail!(
+            "--min-nodes {min_nodes} lets the run go on without lost nodes, and --shard-optimizer true would lose \
+             their share of the optimizer state with them: drop one of the two"
+        );
+    }
+    cluster.mode.shard_optimizer = false;
+    Ok(())
+}
+
 /// `--peer-timeout`'s seconds, at least half a second (keep-alives then go every 125 ms).
 fn peer_timeout(seconds: f64) -> Result<std::time::Duration> {
     if !(0.5..=3600.0).contains(&seconds) {
@@ -146,6 +165,27 @@ mod tests {
         let c = cluster("--rank 1 --peers a:1,b:2,c:3", &[]).expect("ok").expect("cluster");
         assert_eq!((c.rank, c.world), (1, 3));
         assert_eq!(c.listen.port(), 2);
+    }
+
+    #[test]
+    fn a_run_that_may_lose_nodes_keeps_its_optimizer_whole() {
+        let mut c = cluster("--world 4 --rank 0 --coordinator h0:1", &[]).expect("ok").expect("cluster");
+        assert!(c.mode.shard_optimizer, "fp32 shards by default");
+        let Command::Train(args) = Cli::parse_from("ringtune train".split_whitespace()).command else {
+            panic!("not a train command");
+        };
+        allow_losses(&mut c, &args.cluster, 4).expect("no loss allowed");
+        assert!(c.mode.shard_optimizer);
+        allow_losses(&mut c, &args.cluster, 2).expect("losses allowed");
+        assert!(!c.mode.shard_optimizer);
+        assert!(allow_losses(&mut c, &args.cluster, 5).expect_err("too many").to_string().contains("--min-nodes 5"));
+        let Command::Train(sharded) =
+            Cli::parse_from("ringtune train --shard-optimizer true".split_whitespace()).command
+        else {
+            panic!("not a train command");
+        };
+        let err = allow_losses(&mut c, &sharded.cluster, 2).expect_err("a shard would be lost").to_string();
+        assert!(err.contains("--shard-optimizer"), "{err}");
     }
 
     #[test]

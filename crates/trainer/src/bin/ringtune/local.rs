@@ -51,7 +51,18 @@ pub(crate) fn launch(nodes: usize, port: u16, train: &[String]) -> Result<()> {
             .env("MASTER_PORT", port.to_string());
         launched.ranks.push(cmd.spawn().with_context(|| format!("starting rank {rank}"))?);
     }
-    wait_for(&mut launched.ranks, || INTERRUPTED.load(Ordering::SeqCst))
+    let may_fail = min_nodes(train).map_or(0, |min| nodes.saturating_sub(min.max(1)));
+    wait_for(&mut launched.ranks, || INTERRUPTED.load(Ordering::SeqCst), may_fail)
+}
+
+/// The `--min-nodes` among the training arguments, when they have one.
+fn min_nodes(train: &[String]) -> Option<usize> {
+    let value = train.iter().enumerate().find_map(|(i, a)| match a.strip_prefix("--min-nodes") {
+        Some("") => train.get(i + 1).map(String::as_str),
+        Some(rest) => rest.strip_prefix('='),
+        None => None,
+    })?;
+    value.parse().ok()
 }
 
 /// Set by SIGINT or SIGTERM: the launch then stops its ranks and removes the certificates
@@ -75,11 +86,13 @@ pub(crate) enum Stopped {
     },
 }
 
-/// Waits for every rank. The first to fail ends the wait at once, since the others would only
-/// wait out their deadline for it (up to two minutes at the rendezvous); so does `interrupted`.
-/// The caller stops the ranks still running.
-fn wait_for(ranks: &mut [Child], interrupted: impl Fn() -> bool) -> Result<()> {
+/// Waits for every rank. A rank that fails beyond the `may_fail` the run goes on without
+/// (`--min-nodes`) ends the wait at once, since the others would only wait out their deadline
+/// for it (up to two minutes at the rendezvous); so does `interrupted`. The caller stops the
+/// ranks still running.
+fn wait_for(ranks: &mut [Child], interrupted: impl Fn() -> bool, may_fail: usize) -> Result<()> {
     let mut running: Vec<usize> = (0..ranks.len()).collect();
+    let mut failed = 0;
     while !running.is_empty() {
         if interrupted() {
             return Err(Stopped::Interrupted.into());
@@ -87,6 +100,10 @@ fn wait_for(ranks: &mut [Child], interrupted: impl Fn() -> bool) -> Result<()> {
         let mut still_running = Vec::with_capacity(running.len());
         for rank in running {
             match ranks[rank].try_wait().with_context(|| format!("waiting for rank {rank}"))? {
+                Some(status) if !status.success() && failed < may_fail => {
+                    failed += 1;
+                    tracing::warn!("rank {rank} failed ({status}); the others go on without it (--min-nodes)");
+                }
                 Some(status) if !status.success() => return Err(Stopped::RankFailed { rank, status }.into()),
                 Some(_) => {}
                 None => still_running.push(rank),
@@ -115,7 +132,7 @@ mod tests {
     fn the_first_rank_to_fail_ends_the_wait() {
         let mut ranks = vec![sh("sleep 600"), sh("exit 3")];
         let started = Instant::now();
-        let err = wait_for(&mut ranks, || false).expect_err("rank 1 failed");
+        let err = wait_for(&mut ranks, || false, 0).expect_err("rank 1 failed");
         assert!(started.elapsed() < Duration::from_secs(10), "waited {:?}", started.elapsed());
         assert!(matches!(err.downcast_ref(), Some(Stopped::RankFailed { rank: 1, .. })), "{err}");
         for rank in &mut ranks {
@@ -123,13 +140,30 @@ mod tests {
             let _ = rank.wait();
         }
         let mut ranks = vec![sh("exit 0"), sh("sleep 0.2")];
-        wait_for(&mut ranks, || false).expect("both succeed");
+        wait_for(&mut ranks, || false, 0).expect("both succeed");
+    }
+
+    #[test]
+    fn ranks_the_run_may_lose_do_not_end_the_wait() {
+        let mut ranks = vec![sh("sleep 0.3"), sh("exit 3"), sh("sleep 0.3")];
+        wait_for(&mut ranks, || false, 1).expect("one loss allowed");
+        let mut ranks = vec![sh("exit 4"), sh("exit 3"), sh("sleep 600")];
+        let err = wait_for(&mut ranks, || false, 1).expect_err("a second loss is one too many");
+        assert!(matches!(err.downcast_ref(), Some(Stopped::RankFailed { .. })), "{err}");
+        for rank in &mut ranks {
+            let _ = rank.kill();
+            let _ = rank.wait();
+        }
+        let args = |line: &str| line.split_whitespace().map(String::from).collect::<Vec<_>>();
+        assert_eq!(min_nodes(&args("--epochs 2 --min-nodes 3")), Some(3));
+        assert_eq!(min_nodes(&args("--min-nodes=2 --epochs 2")), Some(2));
+        assert_eq!(min_nodes(&args("--epochs 2")), None);
     }
 
     #[test]
     fn an_interruption_ends_the_wait() {
         let mut ranks = vec![sh("sleep 600")];
-        let err = wait_for(&mut ranks, || true).expect_err("interrupted");
+        let err = wait_for(&mut ranks, || true, 0).expect_err("interrupted");
         assert!(matches!(err.downcast_ref(), Some(Stopped::Interrupted)), "{err}");
         let _ = ranks[0].kill();
         let _ = ranks[0].wait();

@@ -117,6 +117,7 @@ fn train(args: &TrainArgs) -> Result<()> {
         cluster.mode = cluster::sync_mode(&args.cluster, recipe.powersgd_rank);
         tracing::info!("{}", recipe.describe(cluster.world));
     }
+    cluster::allow_losses(&mut cluster, &args.cluster, config.min_nodes)?;
     let inputs = ringtune_trainer::train::Inputs::read(&config, &root())?;
     let mut sync = QuicSync::join(&cluster, inputs.model())?;
     let summary = ringtune_trainer::train::train_on(inputs, &config, &root(), start(args.resume), Some(&mut sync))?;

@@ -1,0 +1,111 @@
+//! A node lost is a node fewer (`--min-nodes`): four `ringtune train` processes on loopback,
+//! torchrun-style; one is killed (SIGKILL) early in the second epoch, and the other three form a
+//! new ring, finish both epochs with every example trained on once per epoch, and write the run.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use common::cluster::{certs, free_ports, latest_step, spawn_node};
+use common::{small_mrpc, tiny_model};
+use ringtune_trainer::metrics::{read_records, Record};
+
+/// Kills every node still running when dropped, however the test ends.
+struct Nodes(Vec<Child>);
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        for node in &mut self.0 {
+            let _ = node.kill();
+            let _ = node.wait();
+        }
+    }
+}
+
+/// Trains on four nodes allowing two losses, kills `victim` once the run passes `kill_at`, and
+/// checks the rest finish the run; returns the run's folder and the logs' folder.
+fn lose_a_node(victim: usize, kill_at: u64) {
+    let dir = tempfile::tempdir().expect("dir");
+    let world = 4;
+    let certs = certs(dir.path(), world);
+    let model = tiny_model(dir.path());
+    let train_rows = 640;
+    let data = small_mrpc(dir.path(), train_rows, 40);
+    let output = dir.path().join("run");
+    let args: Vec<String> = [
+        "--model",
+        path(&model),
+        "--data",
+        path(&data),
+        "--output",
+        path(&output),
+        "--epochs",
+        "2",
+        "--min-nodes",
+        "2",
+        "--threads",
+        "1",
+        "--log-every",
+        "1",
+        "--dropout",
+        "0",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let port = free_ports(1)[0];
+    let logs: Vec<PathBuf> = (0..world).map(|r| dir.path().join(format!("rank{r}.log"))).collect();
+    let mut nodes = Nodes((0..world).map(|r| spawn_node(r, world, port, &certs, &args, &logs[r])).collect());
+    let started = Instant::now();
+    while latest_step(&output) < kill_at {
+        assert!(started.elapsed() < Duration::from_secs(300), "the run did not reach step {kill_at}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    nodes.0[victim].kill().expect("kill -9");
+    let killed_at = Instant::now();
+    for (rank, node) in nodes.0.iter_mut().enumerate() {
+        let status = node.wait().expect("wait");
+        if rank != victim {
+            let log = std::fs::read_to_string(&logs[rank]).expect("log");
+            assert!(status.success(), "rank {rank} failed after rank {victim} was lost:\n{log}");
+        }
+    }
+    assert!(killed_at.elapsed() < Duration::from_secs(300), "the survivors took {:?}", killed_at.elapsed());
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(output.join("summary.json")).expect("summary")).expect("json");
+    let change = &summary["membership"][0];
+    assert_eq!(change["left"], serde_json::json!([victim]), "{summary}");
+    let survivors: Vec<usize> = (0..world).filter(|&r| r != victim).collect();
+    assert_eq!(change["nodes"], serde_json::json!(survivors), "{summary}");
+    let recovery = change["recovery_s"].as_f64().expect("recovery_s");
+    eprintln!("rank {victim} lost: the next step completed {recovery:.2} s after the failure was found");
+    assert!(recovery > 0.0 && recovery <= 10.0, "from the failure to the next step: {recovery} s");
+    assert!(output.join("model.safetensors").exists(), "the survivors write the model");
+    let records = read_records(&output.join("metrics.jsonl")).expect("metrics");
+    let trained: Vec<Option<u64>> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Eval(e) => Some(e.trained_examples),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(trained, vec![Some(train_rows as u64); 2], "each epoch takes every example once");
+    assert!(records.iter().any(|r| matches!(r, Record::Membership(_))), "the change is in metrics.jsonl");
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().expect("utf8")
+}
+
+#[test]
+fn three_nodes_go_on_without_a_killed_middle_rank() {
+    // 640 rows in global batches of 32: 20 steps an epoch; rank 2 dies early in the second.
+    lose_a_node(2, 23);
+}
+
+#[test]
+fn three_nodes_go_on_without_a_killed_rank_0() {
+    lose_a_node(0, 12);
+}
