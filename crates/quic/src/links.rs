@@ -95,10 +95,11 @@ pub(crate) fn bind(o: &RingOptions) -> Result<Bound, QuicError> {
 }
 
 impl Bound {
-    /// Closes the ring links and registrations accepted and not taken (a ring that failed
-    /// leaves them behind), so the next ring takes only links opened for it.
+    /// Closes the ring links accepted and not taken (a ring that failed leaves them behind), so
+    /// the next ring takes only links opened for it. Registrations stay: survivors quicker than
+    /// this node may have registered with it already.
     pub(crate) fn drop_stale(&mut self) {
-        for rx in self.ring_rxs.iter_mut().chain(std::iter::once(&mut self.registrations)) {
+        for rx in &mut self.ring_rxs {
             while let Ok(conn) = rx.try_recv() {
                 conn.close(VarInt::from_u32(1), b"from a ring that is gone");
             }

@@ -80,6 +80,22 @@ pub struct RingOptions {
 /// The code a node closes its links with when it leaves the ring for good (not to regroup).
 const LEAVING: VarInt = VarInt::from_u32(3);
 
+/// How a closing reason names the members its sender knows lost: `[lost: 0, 3]`.
+const LOST_MARK: &str = "[lost: ";
+
+fn lost_note(ids: &[usize]) -> String {
+    let ids: Vec<String> = ids.iter().map(usize::to_string).collect();
+    format!(" {LOST_MARK}{}]", ids.join(", "))
+}
+
+/// The members every `[lost: …]` note in `text` names.
+fn lost_in(text: &str) -> Vec<usize> {
+    text.match_indices(LOST_MARK)
+        .filter_map(|(at, _)| text[at + LOST_MARK.len()..].split(']').next())
+        .flat_map(|list| list.split(',').filter_map(|id| id.trim().parse().ok()))
+        .collect()
+}
+
 impl RingOptions {
     /// How long a link may go without a packet before its peer counts as lost.
     pub(crate) fn silence(&self) -> Duration {
@@ -105,6 +121,8 @@ pub struct QuicRing {
     from_prev: Vec<Connection>,
     conns: Vec<Connection>,
     send_failure: Arc<Mutex<Option<String>>>,
+    /// Members this node knows lost since the ring formed (by id), for the next regroup.
+    lost: Vec<usize>,
     sent: usize,
     received: usize,
     deadline: Duration,
@@ -142,6 +160,7 @@ impl QuicRing {
             from_prev: Vec::new(),
             conns: Vec::new(),
             send_failure: Arc::new(Mutex::new(None)),
+            lost: Vec::new(),
             sent: 0,
             received: 0,
             deadline: options.deadline,
@@ -215,7 +234,8 @@ impl QuicRing {
     /// change. Fails, naming why, when this node is on the side of a split that must stop (half
     /// or fewer of the last ring, or fewer than `min_nodes`), or cannot reach the others.
     pub fn regroup(&mut self, min_nodes: usize) -> Result<(), QuicError> {
-        let suspects = self.suspects();
+        self.learn_losses("");
+        let suspects = std::mem::take(&mut self.lost);
         let reason = format!("rank {} regroups", self.formed.members[self.rank].id);
         for conn in &self.conns {
             conn.close(VarInt::from_u32(1), reason.as_bytes());
@@ -246,25 +266,35 @@ impl QuicRing {
         Ok(())
     }
 
-    /// The members whose links to this node went silent (QUIC's idle timeout), or who said
-    /// they leave.
-    fn suspects(&self) -> Vec<usize> {
-        let timed_out = |c: &Connection| match c.close_reason() {
-            Some(quinn::ConnectionError::TimedOut) => true,
-            Some(quinn::ConnectionError::ApplicationClosed(close)) => close.error_code == LEAVING,
-            _ => false,
-        };
+    /// Adds to what this node knows lost: neighbours whose links went silent (QUIC's idle
+    /// timeout) or who said they leave, and the members a failure's `reason` (a neighbour's
+    /// verdict, passed along) names lost. Read before this node closes its links, which
+    /// replaces their reasons.
+    fn learn_losses(&mut self, reason: &str) {
         let prev = self.formed.members[prev_of(self.rank, self.world)].id;
         let next = self.formed.members[(self.rank + 1) % self.world].id;
-        let mut out = Vec::new();
-        for conn in self.conns.iter().filter(|c| timed_out(c)) {
-            let from_prev = self.from_prev.iter().any(|p| p.stable_id() == conn.stable_id());
-            let id = if from_prev { prev } else { next };
-            if !out.contains(&id) {
-                out.push(id);
+        let mut found = lost_in(reason);
+        for conn in &self.conns {
+            let neighbour = match self.from_prev.iter().any(|p| p.stable_id() == conn.stable_id()) {
+                true => prev,
+                false => next,
+            };
+            match conn.close_reason() {
+                Some(quinn::ConnectionError::TimedOut) => found.push(neighbour),
+                Some(quinn::ConnectionError::ApplicationClosed(close)) if close.error_code == LEAVING => {
+                    found.push(neighbour)
+                }
+                Some(quinn::ConnectionError::ApplicationClosed(close)) => {
+                    found.extend(lost_in(&String::from_utf8_lossy(&close.reason)))
+                }
+                _ => {}
             }
         }
-        out
+        for id in found {
+            if !self.lost.contains(&id) && self.formed.members.iter().any(|m| m.id == id) {
+                self.lost.push(id);
+            }
+        }
     }
 
     /// What this node's links have done so far, summed over them (counters only grow: take
@@ -354,8 +384,14 @@ impl Transport for QuicRing {
 
     /// Closes every link with `reason`, so that the neighbours fail at once instead of at
     /// their deadline.
+    /// The members this node knows lost ride along, so that every survivor knows them when the
+    /// ring forms again.
     fn abort(&mut self, reason: &str) {
-        let text = format!("rank {}: {reason}", self.formed.members[self.rank].id);
+        self.learn_losses(reason);
+        let mut text = format!("rank {}: {reason}", self.formed.members[self.rank].id);
+        if !self.lost.is_empty() && !reason.contains(LOST_MARK) {
+            text.push_str(&lost_note(&self.lost));
+        }
         for conn in &self.conns {
             conn.close(VarInt::from_u32(1), text.as_bytes());
         }
@@ -460,6 +496,15 @@ mod tests {
     use super::*;
     use crate::certs::node_name;
     use crate::tls::{client_crypto, server_crypto, ALPN_RING};
+
+    #[test]
+    fn losses_ride_along_in_closing_reasons() {
+        let reason = format!("rank 1: rank 0 (127.0.0.1:9) stopped answering{}", super::lost_note(&[0, 3]));
+        assert_eq!(reason, "rank 1: rank 0 (127.0.0.1:9) stopped answering [lost: 0, 3]");
+        assert_eq!(super::lost_in(&format!("rank 2: {reason}")), vec![0, 3]);
+        assert_eq!(super::lost_in("rank 2 left the ring"), Vec::<usize>::new());
+        assert_eq!(super::lost_in("[lost: 1] and [lost: 4, x]"), vec![1, 4]);
+    }
 
     /// Rank 1 is played by hand: a correct certificate and handshake, then bytes that are not
     /// a frame. Rank 0's all-reduce must fail with an error naming rank 1, not hang or panic.
