@@ -68,6 +68,15 @@ pub(crate) fn plot(path: &Path, records: &[Record], how: &str) -> Result<(), Tra
     let mut chart =
         panel(&left, &format!("training loss ({how})"), max_step, 0.0..max_loss, text).map_err(|e| fail(&e))?;
     chart.draw_series(LineSeries::new(loss.iter().copied(), &BLUE)).map_err(|e| fail(&e))?;
+    // Each change of the nodes: a line at its step, and who left.
+    for (step, label) in membership_marks(records) {
+        let line = PathElement::new(vec![(step, 0.0), (step, max_loss)], RED.stroke_width(2));
+        chart.draw_series(std::iter::once(line)).map_err(|e| fail(&e))?;
+        if text {
+            let note = Text::new(label, (step, max_loss * 0.97), ("sans-serif", 14).into_font().color(&RED));
+            chart.draw_series(std::iter::once(note)).map_err(|e| fail(&e))?;
+        }
+    }
     // One line per evaluation set and metric: a correlation can be below 0.
     let lines = eval_lines(&evals);
     let lowest = lines.iter().flat_map(|(_, points)| points).map(|p| p.1).fold(0.5f64, f64::min);
@@ -108,6 +117,20 @@ fn eval_lines(evals: &[&EvalRecord]) -> Vec<(String, Vec<(u64, f64)>)> {
     lines
 }
 
+/// Where the nodes changed, and how: ` -2 -> 3 nodes` at the step the node with id 2 was lost.
+fn membership_marks(records: &[Record]) -> Vec<(u64, String)> {
+    records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Membership(m) => {
+                let left: Vec<String> = m.left.iter().map(|id| format!("-{id}")).collect();
+                Some((m.step, format!(" {} -> {} nodes", left.join(" "), m.nodes.len())))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
 /// The colours of the metric lines, taken in turn.
 const COLOURS: [RGBColor; 6] = [BLUE, RED, GREEN, MAGENTA, CYAN, BLACK];
 
@@ -140,7 +163,7 @@ fn panel<'a, 'b>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::Scores;
+    use crate::metrics::{MembershipRecord, Scores};
 
     fn eval(step: u64, split: &str, accuracy: f64) -> EvalRecord {
         let scores = Scores { loss: 0.5, accuracy: Some(accuracy), ..Scores::default() };
@@ -157,8 +180,16 @@ mod tests {
         assert_eq!(names, ["dev accuracy", "dev_mismatched accuracy", "test accuracy"]);
         assert_eq!(lines[0].1, [(10, 0.7), (20, 0.8)]);
         let dir = tempfile::tempdir().expect("dir");
-        let all: Vec<Record> = records.into_iter().map(Record::Eval).collect();
-        plot(&dir.path().join("training.png"), &all, "1 node, batch 32").expect("plot");
+        let mut all: Vec<Record> = records.into_iter().map(Record::Eval).collect();
+        all.push(Record::Membership(MembershipRecord {
+            step: 12,
+            left: vec![2],
+            nodes: vec![0, 1, 3],
+            recovery_s: 5.0,
+            elapsed_s: 30.0,
+        }));
+        assert_eq!(membership_marks(&all), [(12, " -2 -> 3 nodes".to_string())]);
+        plot(&dir.path().join("training.png"), &all, "4 nodes, batch 32").expect("plot");
         assert!(dir.path().join("training.png").exists());
     }
 }
