@@ -47,6 +47,11 @@ impl<T: Transport> Collective<T> {
         Ok(members)
     }
 
+    /// How many nodes wait to join at the next regroup (see [`Transport::joiners_waiting`]).
+    pub fn joiners_waiting(&mut self) -> usize {
+        self.transport.joiners_waiting()
+    }
+
     fn next_op(&mut self) -> u64 {
         self.last_op += 1;
         self.last_op

@@ -27,6 +27,10 @@ pub trait Transport {
         let _ = min_nodes;
         Err(CollectiveError::Transport("this transport cannot form a new ring".into()))
     }
+    /// How many nodes wait to join the ring at its next regroup (none, by default).
+    fn joiners_waiting(&mut self) -> usize {
+        0
+    }
 }
 
 /// Replaces `grads` by its mean over all ranks (operation id `op`; segments of `segment`

@@ -11,7 +11,7 @@ use ringtune_collective::{Header, Hello, Kind};
 use tokio::sync::mpsc;
 
 use crate::certs::node_name;
-use crate::tls::{alpn, client_crypto, peer_is, server_crypto, ALPN_RENDEZVOUS, ALPN_RING};
+use crate::tls::{alpn, client_crypto, peer_is, server_crypto, ALPN_JOIN, ALPN_RENDEZVOUS, ALPN_RING};
 use crate::tuning::{bind_udp, endpoint, plan_datagrams, probe_path, transport_config, PathMtu, SegmentCap};
 use crate::wire::{describe_connection, dial_until_up, read_frame, write_frame};
 use crate::{QuicError, RingOptions};
@@ -29,6 +29,8 @@ pub(crate) struct Bound {
     ring_rxs: Vec<mpsc::UnboundedReceiver<Connection>>,
     /// Rendezvous connections accepted (on lane 0's endpoint).
     pub(crate) registrations: mpsc::UnboundedReceiver<Connection>,
+    /// Nodes asking to join, accepted (on lane 0's endpoint).
+    pub(crate) joins: mpsc::UnboundedReceiver<Connection>,
 }
 
 /// Everything a ring node holds once linked.
@@ -89,9 +91,10 @@ pub(crate) fn bind(o: &RingOptions) -> Result<Bound, QuicError> {
     server.transport_config(transport.clone());
     let (endpoints, caps): (Vec<_>, Vec<_>) =
         sockets.into_iter().map(|s| endpoint(s, server.clone())).collect::<Result<Vec<_>, _>>()?.into_iter().unzip();
-    let (ring_rxs, mut rdv_rxs): (Vec<_>, Vec<_>) = endpoints.iter().map(accept_loop).unzip();
-    let registrations = rdv_rxs.swap_remove(0);
-    Ok(Bound { endpoints, caps, window, transport, ring_rxs, registrations })
+    let mut routes = endpoints.iter().map(accept_loop).collect::<Vec<_>>().into_iter();
+    let Routes { ring, registrations, joins } = routes.next().ok_or_else(|| QuicError::Setup("no lanes".into()))?;
+    let ring_rxs = std::iter::once(ring).chain(routes.map(|r| r.ring)).collect();
+    Ok(Bound { endpoints, caps, window, transport, ring_rxs, registrations, joins })
 }
 
 impl Bound {
@@ -173,16 +176,24 @@ fn lane_address(addr: SocketAddr, k: usize) -> Result<SocketAddr, QuicError> {
         .ok_or_else(|| QuicError::Setup(format!("lane {k} of {addr} would be past port 65535")))
 }
 
-/// Accepts every incoming connection and routes it by protocol: ring links to the first
-/// channel (their certificates are checked against the ring being formed), registrations to
-/// the second; anything else is closed with the reason.
-fn accept_loop(endpoint: &Endpoint) -> (mpsc::UnboundedReceiver<Connection>, mpsc::UnboundedReceiver<Connection>) {
-    let (ring_tx, ring_rx) = mpsc::unbounded_channel::<Connection>();
-    let (rdv_tx, rdv_rx) = mpsc::unbounded_channel::<Connection>();
+/// Where an endpoint's accept loop sends what it accepts, by protocol.
+struct Routes {
+    ring: mpsc::UnboundedReceiver<Connection>,
+    registrations: mpsc::UnboundedReceiver<Connection>,
+    joins: mpsc::UnboundedReceiver<Connection>,
+}
+
+/// Accepts every incoming connection and routes it by protocol: ring links (their certificates
+/// are checked against the ring being formed), registrations, and nodes asking to join;
+/// anything else is closed with the reason.
+fn accept_loop(endpoint: &Endpoint) -> Routes {
+    let (ring_tx, ring) = mpsc::unbounded_channel::<Connection>();
+    let (rdv_tx, registrations) = mpsc::unbounded_channel::<Connection>();
+    let (join_tx, joins) = mpsc::unbounded_channel::<Connection>();
     let accepting = endpoint.clone();
     tokio::spawn(async move {
         while let Some(incoming) = accepting.accept().await {
-            let (ring_tx, rdv_tx) = (ring_tx.clone(), rdv_tx.clone());
+            let (ring_tx, rdv_tx, join_tx) = (ring_tx.clone(), rdv_tx.clone(), join_tx.clone());
             tokio::spawn(async move {
                 let remote = incoming.remote_address();
                 let conn = match incoming.await {
@@ -192,19 +203,20 @@ fn accept_loop(endpoint: &Endpoint) -> (mpsc::UnboundedReceiver<Connection>, mps
                         return;
                     }
                 };
-                match alpn(&conn).as_deref() {
-                    Some(ALPN_RING) => {
-                        let _ = ring_tx.send(conn);
+                let route = match alpn(&conn).as_deref() {
+                    Some(ALPN_RING) => &ring_tx,
+                    Some(ALPN_RENDEZVOUS) => &rdv_tx,
+                    Some(ALPN_JOIN) => &join_tx,
+                    _ => {
+                        conn.close(VarInt::from_u32(2), b"unknown protocol");
+                        return;
                     }
-                    Some(ALPN_RENDEZVOUS) => {
-                        let _ = rdv_tx.send(conn);
-                    }
-                    _ => conn.close(VarInt::from_u32(2), b"unknown protocol"),
-                }
+                };
+                let _ = route.send(conn);
             });
         }
     });
-    (ring_rx, rdv_rx)
+    Routes { ring, registrations, joins }
 }
 
 /// A handshake's header: it says which lane this is and how many this node uses.

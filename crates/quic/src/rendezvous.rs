@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 
 use crate::certs::node_name;
 use crate::links::{Bound, Formed, Member};
-use crate::tls::{client_crypto, peer_is, ALPN_RENDEZVOUS};
+use crate::tls::{client_crypto, peer_is, ALPN_JOIN, ALPN_RENDEZVOUS};
 use crate::wire::{describe_connection, dial_until_up};
 use crate::{QuicError, RingOptions};
 
@@ -62,9 +62,20 @@ pub enum Message {
         layout: [u8; 32],
         /// Members it found lost.
         suspects: Vec<u32>,
+        /// Nodes that asked it to join, and where they listen.
+        joiners: Vec<(u32, SocketAddr)>,
     },
     /// The members of the ring the survivors form, in rank order.
     Members(Vec<(u32, SocketAddr)>),
+    /// A node asks to join a running ring: its certificate id, what it trains, where it listens.
+    Join {
+        /// The id its certificate names.
+        id: u32,
+        /// Its parameter layout's hash.
+        layout: [u8; 32],
+        /// The UDP port its endpoint listens on.
+        port: u16,
+    },
 }
 
 impl Message {
@@ -88,18 +99,23 @@ impl Message {
                 out.push(3);
                 out.extend_from_slice(reason.as_bytes());
             }
-            Message::Survivor { id, layout, suspects } => {
+            Message::Survivor { id, layout, suspects, joiners } => {
                 out.push(4);
                 out.extend_from_slice(&id.to_le_bytes());
                 out.extend_from_slice(layout);
+                out.extend_from_slice(&(suspects.len() as u32).to_le_bytes());
                 suspects.iter().for_each(|s| out.extend_from_slice(&s.to_le_bytes()));
+                encode_members(&mut out, joiners);
             }
             Message::Members(members) => {
                 out.push(5);
-                for (id, addr) in members {
-                    out.extend_from_slice(&id.to_le_bytes());
-                    encode_address(&mut out, *addr);
-                }
+                encode_members(&mut out, members);
+            }
+            Message::Join { id, layout, port } => {
+                out.push(6);
+                out.extend_from_slice(&id.to_le_bytes());
+                out.extend_from_slice(layout);
+                out.extend_from_slice(&port.to_le_bytes());
             }
         }
         out
@@ -132,23 +148,54 @@ impl Message {
             }
             2 => Err(format!("an address table of {} bytes", body.len())),
             3 => Ok(Message::Refused(String::from_utf8_lossy(body).into_owned())),
-            4 if body.len() >= 36 && (body.len() - 36).is_multiple_of(4) => {
-                let word = |at: usize| u32::from_le_bytes([body[at], body[at + 1], body[at + 2], body[at + 3]]);
+            4 => {
+                let bad = || format!("a survivor's registration of {} bytes", body.len());
+                let word = |at: usize| body.get(at..at + 4).map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]));
+                let count = word(36).ok_or_else(bad)? as usize;
+                let joiners_at = count.checked_mul(4).and_then(|n| n.checked_add(40)).filter(|&at| at <= body.len());
+                let joiners_at = joiners_at.ok_or_else(bad)?;
                 let mut layout = [0u8; 32];
                 layout.copy_from_slice(&body[4..36]);
-                let suspects = (36..body.len()).step_by(4).map(word).collect();
-                Ok(Message::Survivor { id: word(0), layout, suspects })
+                Ok(Message::Survivor {
+                    id: word(0).ok_or_else(bad)?,
+                    layout,
+                    suspects: (40..joiners_at).step_by(4).filter_map(word).collect(),
+                    joiners: decode_members(&body[joiners_at..]).ok_or_else(bad)?,
+                })
             }
-            4 => Err(format!("a survivor's registration of {} bytes", body.len())),
-            5 if body.len().is_multiple_of(22) => Ok(Message::Members(
-                body.chunks_exact(22)
-                    .map(|c| (u32::from_le_bytes([c[0], c[1], c[2], c[3]]), decode_address(&c[4..])))
-                    .collect(),
+            5 => Ok(Message::Members(
+                decode_members(body).ok_or_else(|| format!("a member list of {} bytes", body.len()))?,
             )),
-            5 => Err(format!("a member list of {} bytes", body.len())),
+            6 => {
+                let body: &[u8; 38] =
+                    body.try_into().map_err(|_| format!("a request to join of {} bytes", body.len()))?;
+                let mut layout = [0u8; 32];
+                layout.copy_from_slice(&body[4..36]);
+                Ok(Message::Join {
+                    id: u32::from_le_bytes([body[0], body[1], body[2], body[3]]),
+                    layout,
+                    port: u16::from_le_bytes([body[36], body[37]]),
+                })
+            }
             kind => Err(format!("unknown rendezvous kind {kind}")),
         }
     }
+}
+
+fn encode_members(out: &mut Vec<u8>, members: &[(u32, SocketAddr)]) {
+    for (id, addr) in members {
+        out.extend_from_slice(&id.to_le_bytes());
+        encode_address(out, *addr);
+    }
+}
+
+fn decode_members(bytes: &[u8]) -> Option<Vec<(u32, SocketAddr)>> {
+    bytes.len().is_multiple_of(22).then(|| {
+        bytes
+            .chunks_exact(22)
+            .map(|c| (u32::from_le_bytes([c[0], c[1], c[2], c[3]]), decode_address(&c[4..])))
+            .collect()
+    })
 }
 
 fn encode_address(out: &mut Vec<u8>, a: SocketAddr) {
@@ -202,6 +249,7 @@ pub(crate) async fn regroup(
     bound: &mut Bound,
     last: &Formed,
     suspects: &[usize],
+    joiners: &[Member],
     min_nodes: usize,
 ) -> Result<Formed, QuicError> {
     let me = last.members[last.rank].id;
@@ -220,6 +268,7 @@ pub(crate) async fn regroup(
             id: me as u32,
             layout: o.layout,
             suspects: suspects.iter().map(|&s| s as u32).collect(),
+            joiners: joiners.iter().map(|j| (j.id as u32, j.addr)).collect(),
         };
         // The coordinator waits for the slowest survivor (up to the peer timeout) first.
         let answer = tokio::time::timeout(o.silence() + o.deadline, exchange(&conn, &survivor)).await;
@@ -236,7 +285,47 @@ pub(crate) async fn regroup(
             Ok(Ok(other)) => Err(QuicError::peer(member.id, addr, format!("answered the regroup with {other:?}"))),
         };
     }
-    coordinate_survivors(o, bound, last, suspects, min_nodes).await
+    coordinate_survivors(o, bound, last, suspects, joiners, min_nodes).await
+}
+
+/// A node started to join a running ring: asks the nodes it knows of (the coordinator, or every
+/// address of the peer list but its own) in turn until one takes it in at its next step, and
+/// learns the ring it is in. Fails, naming why, when one refuses it (another model, an id that
+/// is in the ring) or none answers within the rendezvous deadline (the caller's bound).
+pub(crate) async fn ask_to_join(o: &RingOptions, bound: &Bound) -> Result<Formed, QuicError> {
+    // Each known node by the id its certificate names: rank 0 coordinates a launch.
+    let known: Vec<(usize, String)> = match &o.peers {
+        Peers::Coordinator(c) => vec![(0, c.clone())],
+        Peers::List(list) => list.iter().cloned().enumerate().filter(|(i, _)| *i != o.rank).collect(),
+    };
+    let endpoint = &bound.endpoints[0];
+    let port = endpoint.local_addr().map_err(|e| QuicError::Io(e.to_string()))?.port();
+    let mut client = quinn::ClientConfig::new(Arc::new(client_crypto(&o.identity, ALPN_JOIN)?));
+    client.transport_config(bound.transport.clone());
+    let request = Message::Join { id: o.rank as u32, layout: o.layout, port };
+    loop {
+        for (id, host_port) in &known {
+            let addr = resolve(host_port).await?;
+            let dial = endpoint.connect_with(client.clone(), addr, &node_name(*id));
+            let Ok(connecting) = dial else { continue };
+            let Ok(Ok(conn)) = tokio::time::timeout(REACH_WAIT, connecting).await else { continue };
+            tracing::info!(%addr, "asked to join; waiting for the ring's next step");
+            match exchange(&conn, &request).await {
+                Ok(Message::Members(members)) => {
+                    conn.close(VarInt::from_u32(0), b"joined");
+                    return formed_with(o.rank, members, *id, addr);
+                }
+                Ok(Message::Refused(reason)) => {
+                    return Err(QuicError::Rendezvous(format!("{addr} refused this node: {reason}")))
+                }
+                Ok(other) => {
+                    return Err(QuicError::peer(0, addr, format!("answered a request to join with {other:?}")))
+                }
+                Err(e) => tracing::info!(%addr, "no answer to the request to join ({e}): asking the next"),
+            }
+        }
+        tokio::time::sleep(REACH_WAIT).await;
+    }
 }
 
 /// This node's place in the ring of `members` (from the coordinator `id` at `addr`, which is
@@ -253,16 +342,44 @@ fn formed_with(me: usize, members: Vec<(u32, SocketAddr)>, id: usize, addr: Sock
     Ok(Formed { rank, members })
 }
 
+/// The one message a rendezvous connection sends, and the stream for the answer, unless it
+/// does not come by `until`.
+pub(crate) async fn read_request(
+    conn: &Connection,
+    until: tokio::time::Instant,
+) -> Option<(quinn::SendStream, Result<Message, String>)> {
+    let (send, mut recv) = tokio::time::timeout_at(until, conn.accept_bi()).await.ok()?.ok()?;
+    let bytes = tokio::time::timeout_at(until, recv.read_to_end(MAX_MESSAGE)).await.ok()?.ok()?;
+    Some((send, Message::decode(&bytes)))
+}
+
+/// Why `survivors` of the `before` nodes of the last ring, `nodes` with those taken in, may not
+/// go on: half of a split or less, or fewer than `min_nodes`.
+fn refusal((survivors, before): (usize, usize), nodes: usize, min_nodes: usize) -> Option<String> {
+    if 2 * survivors <= before {
+        Some(format!(
+            "only {survivors} of the {before} nodes of the last ring are together: not more than half, so this side \
+             stops (the other may go on)"
+        ))
+    } else if nodes < min_nodes {
+        Some(format!("{nodes} nodes are left, fewer than --min-nodes {min_nodes}"))
+    } else {
+        None
+    }
+}
+
 /// The coordinator of a regroup: see [`regroup`].
 async fn coordinate_survivors(
     o: &RingOptions,
     bound: &mut Bound,
     last: &Formed,
     suspects: &[usize],
+    joiners: &[Member],
     min_nodes: usize,
 ) -> Result<Formed, QuicError> {
     let me = last.members[last.rank].id;
     let mut lost: Vec<usize> = suspects.to_vec();
+    let mut joining: Vec<Member> = joiners.to_vec();
     let mut came: Vec<(Member, quinn::SendStream, Connection)> = Vec::new();
     let until = tokio::time::Instant::now() + o.silence();
     let awaited = |came: &[(Member, quinn::SendStream, Connection)], lost: &[usize]| {
@@ -271,14 +388,9 @@ async fn coordinate_survivors(
     while awaited(&came, &lost) {
         let Ok(Some(conn)) = tokio::time::timeout_at(until, bound.registrations.recv()).await else { break };
         let remote = conn.remote_address();
-        let Ok(Ok((send, mut recv))) = tokio::time::timeout_at(until, conn.accept_bi()).await else { continue };
-        let read = tokio::time::timeout_at(until, recv.read_to_end(MAX_MESSAGE)).await;
-        let message = match read {
-            Ok(Ok(bytes)) => Message::decode(&bytes),
-            _ => continue,
-        };
-        let (id, layout, theirs) = match message {
-            Ok(Message::Survivor { id, layout, suspects }) => (id as usize, layout, suspects),
+        let Some((send, message)) = read_request(&conn, until).await else { continue };
+        let (id, layout, theirs, their_joiners) = match message {
+            Ok(Message::Survivor { id, layout, suspects, joiners }) => (id as usize, layout, suspects, joiners),
             Ok(other) => {
                 answer(send, &Message::Refused(format!("a regroup takes survivors' registrations, not {other:?}")))
                     .await;
@@ -299,6 +411,7 @@ async fn coordinate_survivors(
         match (refusal, known) {
             (None, Some(member)) => {
                 lost.extend(theirs.iter().map(|&s| s as usize));
+                joining.extend(their_joiners.iter().map(|&(id, addr)| Member { id: id as usize, addr }));
                 came.push((member.clone(), send, conn));
             }
             (reason, _) => {
@@ -310,18 +423,14 @@ async fn coordinate_survivors(
     }
     let mut members: Vec<Member> = came.iter().map(|(m, ..)| m.clone()).collect();
     members.push(last.members[last.rank].clone());
-    members.sort_by_key(|m| m.id);
     let (size, before) = (members.len(), last.world());
-    let refusal = if 2 * size <= before {
-        Some(format!(
-            "only {size} of the {before} nodes of the last ring are together: not more than half, so this side \
-             stops (the other may go on)"
-        ))
-    } else if size < min_nodes {
-        Some(format!("{size} nodes are left, fewer than --min-nodes {min_nodes}"))
-    } else {
-        None
-    };
+    for joiner in joining {
+        if !members.iter().any(|m| m.id == joiner.id) {
+            members.push(joiner);
+        }
+    }
+    members.sort_by_key(|m| m.id);
+    let refusal = refusal((size, before), members.len(), min_nodes);
     let reply = match &refusal {
         Some(reason) => Message::Refused(reason.clone()),
         None => Message::Members(members.iter().map(|m| (m.id as u32, m.addr)).collect()),
@@ -392,7 +501,7 @@ async fn register(
     }
 }
 
-async fn answer(mut send: quinn::SendStream, message: &Message) {
+pub(crate) async fn answer(mut send: quinn::SendStream, message: &Message) {
     let _ = send.write_all(&message.encode()).await;
     let _ = send.finish();
     let _ = send.stopped().await;
@@ -560,8 +669,14 @@ mod tests {
             Message::Table(vec!["127.0.0.1:5".parse().expect("v4"), "[::1]:7".parse().expect("v6")]),
             Message::Refused("rank 2 runs another model".into()),
             Message::Table(vec![]),
-            Message::Survivor { id: 2, layout: [4; 32], suspects: vec![0, 3] },
-            Message::Survivor { id: 1, layout: [4; 32], suspects: vec![] },
+            Message::Survivor { id: 2, layout: [4; 32], suspects: vec![0, 3], joiners: vec![] },
+            Message::Survivor {
+                id: 1,
+                layout: [4; 32],
+                suspects: vec![],
+                joiners: vec![(2, "10.0.0.2:29500".parse().expect("v4"))],
+            },
+            Message::Join { id: 3, layout: [6; 32], port: 29501 },
             Message::Members(vec![(1, "127.0.0.1:5".parse().expect("v4")), (3, "[::1]:7".parse().expect("v6"))]),
         ];
         for m in messages {
@@ -578,6 +693,7 @@ mod tests {
         assert!(Message::decode(b"RV\x01\x01abc").expect_err("short registration").contains("3 bytes"));
         assert!(Message::decode(&[b'R', b'V', 1, 2, 0, 0, 0]).expect_err("table").contains("3 bytes"));
         assert!(Message::decode(&[b'R', b'V', 1, 4, 0, 0, 0]).expect_err("survivor").contains("3 bytes"));
+        assert!(Message::decode(&[b'R', b'V', 1, 6, 0]).expect_err("join").contains("1 bytes"));
         assert!(Message::decode(&[b'R', b'V', 1, 5, 0]).expect_err("members").contains("1 bytes"));
     }
 }

@@ -10,9 +10,11 @@ use quinn::{Connection, RecvStream, VarInt};
 use ringtune_collective::{CollectiveError, Header, Kind, Payload, Transport};
 use tokio::sync::mpsc;
 
+use crate::certs::node_name;
 use crate::certs::NodeIdentity;
 use crate::links::{bind, link, prev_of, Bound, Formed, Links, Member};
-use crate::rendezvous::{launch, regroup};
+use crate::rendezvous::{answer, ask_to_join, launch, read_request, regroup, Message};
+use crate::tls::peer_is;
 use crate::tuning::Tuning;
 use crate::wire::{describe_connection, read_frame, write_frame, ReadFrameError};
 use crate::{Peers, QuicError};
@@ -123,6 +125,9 @@ pub struct QuicRing {
     send_failure: Arc<Mutex<Option<String>>>,
     /// Members this node knows lost since the ring formed (by id), for the next regroup.
     lost: Vec<usize>,
+    /// Nodes that asked this node to join, waiting for the next regroup: each one's id and
+    /// address, and the stream its answer goes on.
+    joiners: Vec<(Member, quinn::SendStream, Connection)>,
     sent: usize,
     received: usize,
     deadline: Duration,
@@ -136,37 +141,7 @@ impl QuicRing {
         if options.world == 0 || options.rank >= options.world {
             return Err(QuicError::Setup(format!("rank {} of world {}", options.rank, options.world)));
         }
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            // A worker per lane, up to the cores: each lane's endpoint and links can run on a
-            // core of their own.
-            .worker_threads(
-                options.tuning.lanes.max(2).min(std::thread::available_parallelism().map_or(2, |n| n.get()).max(2)),
-            )
-            .thread_name("ringtune-quic")
-            .enable_all()
-            .build()
-            .map_err(|e| QuicError::Io(format!("tokio runtime: {e}")))?;
-        let solo = Formed { rank: 0, members: vec![Member { id: options.rank, addr: options.listen }] };
-        let mut ring = QuicRing {
-            rt,
-            bound: None,
-            formed: solo,
-            rank: options.rank,
-            world: options.world,
-            prev_addr: None,
-            lanes_out: Vec::new(),
-            senders: Vec::new(),
-            lanes_in: Vec::new(),
-            from_prev: Vec::new(),
-            conns: Vec::new(),
-            send_failure: Arc::new(Mutex::new(None)),
-            lost: Vec::new(),
-            sent: 0,
-            received: 0,
-            deadline: options.deadline,
-            segment: options.tuning.segment.max(1),
-            options,
-        };
+        let mut ring = QuicRing::unlinked(options)?;
         if ring.world == 1 {
             return Ok(ring);
         }
@@ -185,6 +160,42 @@ impl QuicRing {
         ring.bound = Some(bound);
         ring.install(formed, links);
         Ok(ring)
+    }
+
+    /// A node with its runtime and settings, in no ring yet.
+    fn unlinked(options: RingOptions) -> Result<Self, QuicError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            // A worker per lane, up to the cores: each lane's endpoint and links can run on a
+            // core of their own.
+            .worker_threads(
+                options.tuning.lanes.max(2).min(std::thread::available_parallelism().map_or(2, |n| n.get()).max(2)),
+            )
+            .thread_name("ringtune-quic")
+            .enable_all()
+            .build()
+            .map_err(|e| QuicError::Io(format!("tokio runtime: {e}")))?;
+        let solo = Formed { rank: 0, members: vec![Member { id: options.rank, addr: options.listen }] };
+        Ok(QuicRing {
+            rt,
+            bound: None,
+            formed: solo,
+            rank: options.rank,
+            world: options.world,
+            prev_addr: None,
+            lanes_out: Vec::new(),
+            senders: Vec::new(),
+            lanes_in: Vec::new(),
+            from_prev: Vec::new(),
+            conns: Vec::new(),
+            send_failure: Arc::new(Mutex::new(None)),
+            lost: Vec::new(),
+            joiners: Vec::new(),
+            sent: 0,
+            received: 0,
+            deadline: options.deadline,
+            segment: options.tuning.segment.max(1),
+            options,
+        })
     }
 
     /// Takes `links` as the ring `formed`: one sending task per lane.
@@ -229,9 +240,73 @@ impl QuicRing {
         &self.formed.members
     }
 
-    /// After a failed operation: the survivors form a new ring without the nodes that are gone
-    /// (see the regroup in `rendezvous`), and this node takes its place in it; its rank and world
-    /// change. Fails, naming why, when this node is on the side of a split that must stop (half
+    /// Joins a ring that is running (a replacement for a lost node, started with `--join`):
+    /// asks the nodes `options.peers` names until one takes it in at its next step; this node
+    /// then has its place in the grown ring.
+    pub fn join_running(options: RingOptions) -> Result<Self, QuicError> {
+        if options.rank >= options.world {
+            return Err(QuicError::Setup(format!("rank {} of world {}", options.rank, options.world)));
+        }
+        let mut ring = QuicRing::unlinked(options)?;
+        let o = &ring.options;
+        let (bound, formed, links) = ring.rt.block_on(async {
+            let joined = async {
+                let mut bound = bind(o)?;
+                let formed = ask_to_join(o, &bound).await?;
+                let links = link(o, &mut bound, &formed).await?;
+                Ok::<_, QuicError>((bound, formed, links))
+            };
+            tokio::time::timeout(o.rendezvous_deadline, joined).await.map_err(|_| {
+                QuicError::Rendezvous(format!(
+                    "no node of the running ring took this one in within {:?}",
+                    o.rendezvous_deadline
+                ))
+            })?
+        })?;
+        ring.bound = Some(bound);
+        ring.install(formed, links);
+        Ok(ring)
+    }
+
+    /// How many nodes have asked to join and wait for the next regroup (the new requests are
+    /// read now: each one checked, and refused with the reason when it cannot be taken in).
+    pub fn joiners_waiting(&mut self) -> usize {
+        let QuicRing { rt, bound, formed, options, joiners, .. } = self;
+        let Some(bound) = bound.as_mut() else { return 0 };
+        while let Ok(conn) = bound.joins.try_recv() {
+            let remote = conn.remote_address();
+            let request = rt.block_on(read_request(&conn, tokio::time::Instant::now() + options.deadline));
+            let Some((send, message)) = request else { continue };
+            let refusal = match message {
+                Ok(Message::Join { id, .. }) if !peer_is(&conn, &node_name(id as usize)) => {
+                    format!("{remote} asked to join as node {id} with another node's certificate")
+                }
+                Ok(Message::Join { id, .. }) if formed.members.iter().any(|m| m.id == id as usize) => {
+                    format!("node {id} is in the ring already")
+                }
+                Ok(Message::Join { layout, .. }) if layout != options.layout => {
+                    "it trains another model, or with settings every node must share (--wire, --powersgd-rank)".into()
+                }
+                Ok(Message::Join { id, port, .. }) => {
+                    let member = Member { id: id as usize, addr: SocketAddr::new(remote.ip(), port) };
+                    tracing::info!(id, %remote, "a node asks to join: it is taken in at the next step");
+                    joiners.retain(|(m, ..)| m.id != member.id);
+                    joiners.push((member, send, conn));
+                    continue;
+                }
+                Ok(other) => format!("{other:?} is not a request to join"),
+                Err(e) => format!("an unreadable request to join: {e}"),
+            };
+            tracing::warn!(peer = %remote, "refused a node asking to join: {refusal}");
+            rt.block_on(answer(send, &Message::Refused(refusal)));
+        }
+        joiners.len()
+    }
+
+    /// After a failed operation, or at a step where nodes wait to join (every member calls it):
+    /// the members form a new ring without the nodes that are gone and with those waiting to
+    /// join (see the regroup in `rendezvous`), and this node takes its place in it; its rank and
+    /// world change. Fails, naming why, when this node is on the side of a split that must stop (half
     /// or fewer of the last ring, or fewer than `min_nodes`), or cannot reach the others.
     pub fn regroup(&mut self, min_nodes: usize) -> Result<(), QuicError> {
         self.learn_losses("");
@@ -249,20 +324,34 @@ impl QuicRing {
         let bound =
             bound.as_mut().ok_or_else(|| QuicError::Setup("a ring of one node has no one to regroup with".into()))?;
         bound.drop_stale();
-        let (formed, links) = rt.block_on(async {
-            let next = async {
-                let next = regroup(options, bound, formed, &suspects, min_nodes).await?;
-                let links = link(options, bound, &next).await?;
-                Ok::<_, QuicError>((next, links))
-            };
+        let joining: Vec<Member> = self.joiners.iter().map(|(m, ..)| m.clone()).collect();
+        let formed_next = rt.block_on(async {
+            let next = regroup(options, bound, formed, &suspects, &joining, min_nodes);
             tokio::time::timeout(options.rendezvous_deadline, next).await.map_err(|_| {
                 QuicError::Rendezvous(format!(
                     "the survivors did not form a ring within {:?}",
                     options.rendezvous_deadline
                 ))
             })?
+        });
+        // Those who asked this node to join hear the outcome from it.
+        let reply = match &formed_next {
+            Ok(next) => Message::Members(next.members.iter().map(|m| (m.id as u32, m.addr)).collect()),
+            Err(e) => Message::Refused(format!("the ring could not take this node in: {e}")),
+        };
+        for (_, send, conn) in self.joiners.drain(..) {
+            self.rt.block_on(answer(send, &reply));
+            drop(conn);
+        }
+        let next = formed_next?;
+        let QuicRing { rt, bound, options, .. } = self;
+        let bound = bound.as_mut().ok_or_else(|| QuicError::Setup("the endpoints are gone".into()))?;
+        let links = rt.block_on(async {
+            tokio::time::timeout(options.rendezvous_deadline, link(options, bound, &next)).await.map_err(|_| {
+                QuicError::Rendezvous(format!("the new ring did not link within {:?}", options.rendezvous_deadline))
+            })?
         })?;
-        self.install(formed, links);
+        self.install(next, links);
         Ok(())
     }
 
@@ -400,6 +489,10 @@ impl Transport for QuicRing {
     fn regroup(&mut self, min_nodes: usize) -> Result<Vec<usize>, CollectiveError> {
         QuicRing::regroup(self, min_nodes).map_err(|e| CollectiveError::Transport(e.to_string()))?;
         Ok(self.members().iter().map(|m| m.id).collect())
+    }
+
+    fn joiners_waiting(&mut self) -> usize {
+        QuicRing::joiners_waiting(self)
     }
 
     fn send(&mut self, header: Header, payload: Payload) -> Result<(), CollectiveError> {

@@ -94,23 +94,36 @@ pub fn file_name(step: u64) -> String {
 /// Writes a checkpoint atomically: a crash leaves the previous files intact.
 pub fn save(path: &Path, meta: &Meta, params: &[f32], m: &[f32], v: &[f32]) -> Result<(), TrainError> {
     ringtune_files::write_atomically_with(path, |file| {
-        let mut out = HashingWriter { inner: BufWriter::with_capacity(1 << 22, file), hasher: Sha256::new() };
-        let json = serde_json::to_vec(meta).map_err(std::io::Error::other)?;
-        out.write_all(MAGIC)?;
-        out.write_all(&(json.len() as u32).to_le_bytes())?;
-        out.write_all(&json)?;
-        for buffer in [params, m, v] {
-            for chunk in buffer.chunks(1 << 16) {
-                let bytes: Vec<u8> = chunk.iter().flat_map(|x| x.to_le_bytes()).collect();
-                out.write_all(&bytes)?;
-            }
-        }
-        let digest = out.hasher.finalize();
-        let mut inner = out.inner;
-        inner.write_all(&digest)?;
-        inner.flush()
+        write(BufWriter::with_capacity(1 << 22, file), meta, params, m, v)
     })
     .map_err(|e| err(path, e.source))
+}
+
+/// A checkpoint's bytes, as [`save`] writes them (to hand a run's state to a node over the
+/// network).
+pub fn encode(meta: &Meta, params: &[f32], m: &[f32], v: &[f32]) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(12 * params.len() + 4096);
+    // Writing to memory cannot fail.
+    let _ = write(&mut bytes, meta, params, m, v);
+    bytes
+}
+
+fn write(inner: impl Write, meta: &Meta, params: &[f32], m: &[f32], v: &[f32]) -> std::io::Result<()> {
+    let mut out = HashingWriter { inner, hasher: Sha256::new() };
+    let json = serde_json::to_vec(meta).map_err(std::io::Error::other)?;
+    out.write_all(MAGIC)?;
+    out.write_all(&(json.len() as u32).to_le_bytes())?;
+    out.write_all(&json)?;
+    for buffer in [params, m, v] {
+        for chunk in buffer.chunks(1 << 16) {
+            let bytes: Vec<u8> = chunk.iter().flat_map(|x| x.to_le_bytes()).collect();
+            out.write_all(&bytes)?;
+        }
+    }
+    let digest = out.hasher.finalize();
+    let mut inner = out.inner;
+    inner.write_all(&digest)?;
+    inner.flush()
 }
 
 struct HashingWriter<W: Write> {
@@ -132,7 +145,14 @@ impl<W: Write> Write for HashingWriter<W> {
 
 /// Reads and checks a checkpoint (magic, checksum, sizes, and the layout it was made for).
 pub fn load(path: &Path, layout_hash: &str) -> Result<Checkpoint, TrainError> {
-    let bytes = read_checked(path, MAGIC, 4, "a ringtune checkpoint")?;
+    let mut bytes = Vec::new();
+    File::open(path).and_then(|mut f| f.read_to_end(&mut bytes)).map_err(|e| err(path, e))?;
+    decode(bytes, path, layout_hash)
+}
+
+/// A checkpoint from its bytes (read from `path`, or named so), checked as [`load`] checks it.
+pub fn decode(bytes: Vec<u8>, path: &Path, layout_hash: &str) -> Result<Checkpoint, TrainError> {
+    let bytes = checked(bytes, path, MAGIC, 4, "a ringtune checkpoint")?;
     let body = bytes.as_slice();
     let json_len = u32::from_le_bytes([body[8], body[9], body[10], body[11]]) as usize;
     let json = body.get(12..12 + json_len).ok_or_else(|| err(path, "truncated metadata"))?;
@@ -155,6 +175,11 @@ pub fn load(path: &Path, layout_hash: &str) -> Result<Checkpoint, TrainError> {
 pub(crate) fn read_checked(path: &Path, magic: &[u8; 8], header: usize, what: &str) -> Result<Vec<u8>, TrainError> {
     let mut bytes = Vec::new();
     File::open(path).and_then(|mut f| f.read_to_end(&mut bytes)).map_err(|e| err(path, e))?;
+    checked(bytes, path, magic, header, what)
+}
+
+/// [`read_checked`] on bytes already read.
+fn checked(mut bytes: Vec<u8>, path: &Path, magic: &[u8; 8], header: usize, what: &str) -> Result<Vec<u8>, TrainError> {
     if bytes.len() < magic.len() + header + 32 || &bytes[..magic.len()] != magic {
         return Err(err(path, format!("not {what}, or truncated")));
     }

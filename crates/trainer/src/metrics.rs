@@ -20,7 +20,7 @@ pub enum Record {
     Step(StepRecord),
     /// An evaluation.
     Eval(EvalRecord),
-    /// The nodes changed: some were lost and the rest went on.
+    /// The nodes changed: some were lost and the rest went on, or some were taken in.
     Membership(MembershipRecord),
 }
 
@@ -31,6 +31,9 @@ pub struct MembershipRecord {
     pub step: u64,
     /// The ids (ranks at launch) of the nodes that left.
     pub left: Vec<usize>,
+    /// The ids of the nodes taken in.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub joined: Vec<usize>,
     /// The ids of the nodes training after the change, in rank order.
     pub nodes: Vec<usize>,
     /// Seconds from the failure's discovery here to the next completed step.

@@ -117,14 +117,16 @@ fn eval_lines(evals: &[&EvalRecord]) -> Vec<(String, Vec<(u64, f64)>)> {
     lines
 }
 
-/// Where the nodes changed, and how: ` -2 -> 3 nodes` at the step the node with id 2 was lost.
+/// Where the nodes changed, and how: ` -2 -> 3 nodes` at the step the node with id 2 was lost,
+/// ` +2 -> 4 nodes` where it was taken in again.
 fn membership_marks(records: &[Record]) -> Vec<(u64, String)> {
     records
         .iter()
         .filter_map(|r| match r {
             Record::Membership(m) => {
-                let left: Vec<String> = m.left.iter().map(|id| format!("-{id}")).collect();
-                Some((m.step, format!(" {} -> {} nodes", left.join(" "), m.nodes.len())))
+                let change: Vec<String> =
+                    m.left.iter().map(|id| format!("-{id}")).chain(m.joined.iter().map(|id| format!("+{id}"))).collect();
+                Some((m.step, format!(" {} -> {} nodes", change.join(" "), m.nodes.len())))
             }
             _ => None,
         })
@@ -184,6 +186,7 @@ mod tests {
         all.push(Record::Membership(MembershipRecord {
             step: 12,
             left: vec![2],
+            joined: vec![],
             nodes: vec![0, 1, 3],
             recovery_s: 5.0,
             elapsed_s: 30.0,

@@ -25,8 +25,9 @@ impl Drop for Nodes {
 }
 
 /// Trains on four nodes allowing two losses, kills `victim` once the run passes `kill_at`, and
-/// checks the rest finish the run; returns the run's folder and the logs' folder.
-fn lose_a_node(victim: usize, kill_at: u64) {
+/// checks the rest finish the run; with `replace`, a node started with `--join` as the victim's
+/// rank once the rest go on is taken in, and the run ends on four nodes.
+fn lose_a_node(victim: usize, kill_at: u64, replace: bool) {
     let dir = tempfile::tempdir().expect("dir");
     let world = 4;
     let certs = certs(dir.path(), world);
@@ -72,11 +73,18 @@ fn lose_a_node(victim: usize, kill_at: u64) {
         std::thread::sleep(Duration::from_millis(10));
     }
     let kill_to_step = killed_at.elapsed();
-    for (rank, node) in nodes.0.iter_mut().enumerate() {
+    if replace {
+        let mut join = args.clone();
+        join.push("--join".into());
+        let log = dir.path().join("replacement.log");
+        nodes.0.push(spawn_node(victim, world, port, &certs, &join, &log));
+    }
+    for (index, node) in nodes.0.iter_mut().enumerate() {
         let status = node.wait().expect("wait");
-        if rank != victim {
-            let log = std::fs::read_to_string(&logs[rank]).expect("log");
-            assert!(status.success(), "rank {rank} failed after rank {victim} was lost:\n{log}");
+        if index != victim {
+            let log = logs.get(index).cloned().unwrap_or_else(|| dir.path().join("replacement.log"));
+            let log = std::fs::read_to_string(log).expect("log");
+            assert!(status.success(), "node {index} failed after rank {victim} was lost:\n{log}");
         }
     }
     assert!(killed_at.elapsed() < Duration::from_secs(300), "the survivors took {:?}", killed_at.elapsed());
@@ -106,6 +114,13 @@ fn lose_a_node(victim: usize, kill_at: u64) {
         .collect();
     assert_eq!(trained, vec![Some(train_rows as u64); 2], "each epoch takes every example once");
     assert!(records.iter().any(|r| matches!(r, Record::Membership(_))), "the change is in metrics.jsonl");
+    if replace {
+        let back = &summary["membership"][1];
+        assert_eq!(back["joined"], serde_json::json!([victim]), "{summary}");
+        assert_eq!(back["nodes"], serde_json::json!([0, 1, 2, 3]), "{summary}");
+        let joins = records.iter().filter(|r| matches!(r, Record::Membership(m) if m.joined == [victim])).count();
+        assert_eq!(joins, 1, "the join is in metrics.jsonl once");
+    }
 }
 
 fn path(p: &Path) -> &str {
@@ -115,10 +130,15 @@ fn path(p: &Path) -> &str {
 #[test]
 fn three_nodes_go_on_without_a_killed_middle_rank() {
     // 640 rows in global batches of 32: 20 steps an epoch; rank 2 dies early in the second.
-    lose_a_node(2, 23);
+    lose_a_node(2, 23, false);
 }
 
 #[test]
 fn three_nodes_go_on_without_a_killed_rank_0() {
-    lose_a_node(0, 12);
+    lose_a_node(0, 12, false);
+}
+
+#[test]
+fn a_replacement_started_with_join_is_taken_in_and_the_run_ends_on_four_nodes() {
+    lose_a_node(1, 6, true);
 }

@@ -169,11 +169,14 @@ pub trait GradSync {
     fn restore_low_rank(&mut self, state: &[LowRankState]) -> Result<(), TrainError>;
     /// The compressors as they start: the first `Q`s, no error.
     fn reset_low_rank(&mut self);
-    /// After a step failed because nodes were lost: the survivors form a new ring of at least
-    /// `min_nodes` (on the side of a split that holds more than half of the last one), this
-    /// node's rank and the world change, what the failed step left is dropped and the
-    /// compressors start again. Returns the members' ids (their ranks at launch) in rank order.
+    /// After a step failed because nodes were lost, or between steps when nodes wait to join
+    /// (every node calls it): the nodes form a new ring of at least `min_nodes` (on the side of
+    /// a split that holds more than half of the last one) with those waiting, this node's rank
+    /// and the world change, what a failed step left is dropped and the compressors start
+    /// again. Returns the members' ids (their ranks at launch) in rank order.
     fn regroup(&mut self, min_nodes: usize) -> Result<Vec<usize>, TrainError>;
+    /// Nodes at launch: what the batches and the plan are cut for, whoever is in the ring now.
+    fn launch_world(&self) -> usize;
     /// The run is over or left on an error path: a gather still under way is cut short (the
     /// ring is closed with the reason) and has ended when this returns, so the parameters'
     /// buffer is written no more.
@@ -229,7 +232,7 @@ impl GradSync for OneNode {
     fn abandon(&mut self, _reason: &str) {}
 
     fn finish(&mut self, loss: f32) -> Result<Averaged, TrainError> {
-        Ok(Averaged { loss, bytes: 0, busy: Duration::ZERO, params_wait: Duration::ZERO })
+        Ok(Averaged { loss, bytes: 0, busy: Duration::ZERO, params_wait: Duration::ZERO, joiners_waiting: false })
     }
 
     fn optimizer_view<'a>(
@@ -274,6 +277,10 @@ impl GradSync for OneNode {
         Err(TrainError::Sync { reason: "one node has no ring to form again".into() })
     }
 
+    fn launch_world(&self) -> usize {
+        1
+    }
+
     fn release(&mut self) {}
 }
 
@@ -310,4 +317,6 @@ pub struct Averaged {
     pub busy: Duration,
     /// Time the forward pass waited for parameters still being gathered (exposed sync).
     pub params_wait: Duration,
+    /// Some node holds requests to join: the nodes take them in after this step.
+    pub joiners_waiting: bool,
 }

@@ -61,23 +61,17 @@ impl RingSync<QuicRing> {
     /// Joins the ring of `options` for training `model` (whose parameter layout, wire format
     /// and optimizer sharding must agree on every node), and starts the sync thread.
     pub fn join(options: &ClusterOptions, model: &ModelDir) -> Result<Self, TrainError> {
-        let identity = NodeIdentity::load(&options.certs, options.rank)?;
-        let ring = QuicRing::join(RingOptions {
-            rank: options.rank,
-            world: options.world,
-            layout: handshake_hash(model.layout.hash(), &options.mode),
-            identity,
-            listen: options.listen,
-            peers: options.peers.clone(),
-            deadline: options.deadline,
-            rendezvous_deadline: options.deadline.max(Duration::from_secs(120)),
-            tuning: Tuning {
-                lanes: options.lanes,
-                mtu: options.mtu,
-                peer_timeout: options.peer_timeout,
-                ..Tuning::default()
-            },
-        })?;
+        Self::over(QuicRing::join(ring_options(options, model)?)?, options, model)
+    }
+
+    /// Joins a running job (a replacement for a lost node, `--join`): the job takes this node in
+    /// at its next step.
+    pub fn join_running(options: &ClusterOptions, model: &ModelDir) -> Result<Self, TrainError> {
+        Self::over(QuicRing::join_running(ring_options(options, model)?)?, options, model)
+    }
+
+    /// The sync over `ring`, for `model` as `options` say.
+    fn over(ring: QuicRing, options: &ClusterOptions, model: &ModelDir) -> Result<Self, TrainError> {
         RingSync::start(
             Collective::new(ring),
             sync_plan(model, options.world, &options.mode),
@@ -92,4 +86,25 @@ impl RingSync<QuicRing> {
             ring.shutdown();
         }
     }
+}
+
+/// The ring settings of `options` for training `model`.
+fn ring_options(options: &ClusterOptions, model: &ModelDir) -> Result<RingOptions, TrainError> {
+    let identity = NodeIdentity::load(&options.certs, options.rank)?;
+    Ok(RingOptions {
+        rank: options.rank,
+        world: options.world,
+        layout: handshake_hash(model.layout.hash(), &options.mode),
+        identity,
+        listen: options.listen,
+        peers: options.peers.clone(),
+        deadline: options.deadline,
+        rendezvous_deadline: options.deadline.max(Duration::from_secs(120)),
+        tuning: Tuning {
+            lanes: options.lanes,
+            mtu: options.mtu,
+            peer_timeout: options.peer_timeout,
+            ..Tuning::default()
+        },
+    })
 }

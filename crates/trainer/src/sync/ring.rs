@@ -359,13 +359,17 @@ impl<T: Transport> GradSync for RingSync<T> {
         let Reduced { floats, busy, pieces } = reduced;
         // The buffer's pieces are home: dropped, they leave the loop the whole buffer.
         drop(pieces);
-        let mut mean_loss = [loss * self.weight];
-        lock(&self.exchange.ring).run(&mut mean_loss, RingMode::AllReduceMean, Wire::F32).map_err(sync_error)?;
+        // Whether any node holds requests to join rides with the loss, so all take them in at
+        // the same step.
+        let mut ring = lock(&self.exchange.ring);
+        let mut mean = [loss * self.weight, ring.joiners_waiting() as f32];
+        ring.run(&mut mean, RingMode::AllReduceMean, Wire::F32).map_err(sync_error)?;
+        drop(ring);
         let bytes = floats * self.exchange.mode.wire.bytes_per_value();
         // The gather measured here is the one behind this step's forward pass (the last
         // step's parameters).
         let (params_wait, gathering) = self.exchange.gather.as_ref().map(|g| g.take_times()).unwrap_or_default();
-        Ok(Averaged { loss: mean_loss[0], bytes, busy: busy + gathering, params_wait })
+        Ok(Averaged { loss: mean[0], bytes, busy: busy + gathering, params_wait, joiners_waiting: mean[1] > 0.0 })
     }
 
     fn optimizer_view<'a>(
@@ -436,6 +440,10 @@ impl<T: Transport> GradSync for RingSync<T> {
         // same on every node.
         self.reset_low_rank();
         Ok(members)
+    }
+
+    fn launch_world(&self) -> usize {
+        self.exchange.plan.world()
     }
 
     fn release(&mut self) {

@@ -147,18 +147,23 @@ impl TrainingRun<'_> {
             Some(full) => (full.m.as_slice(), full.v.as_slice()),
             None => (state.m.as_slice(), state.v.as_slice()),
         };
-        let meta = Meta {
+        let meta = self.checkpoint_meta()?;
+        let path = self.plan.checkpoints.join(checkpoint::file_name(self.progress.step));
+        checkpoint::save(&path, &meta, self.engine.params()?, m, v)?;
+        checkpoint::prune(&self.plan.checkpoints, self.cfg.keep_checkpoints)
+    }
+
+    /// What a checkpoint of this point of the run says about it.
+    pub(super) fn checkpoint_meta(&self) -> Result<Meta, TrainError> {
+        Ok(Meta {
             progress: self.progress.clone(),
             seed: self.cfg.seed,
             layout_hash: self.plan.layout_hash.clone(),
             total_len: self.engine.params()?.len(),
-            adam_step: state.step,
+            adam_step: self.adam.state().step,
             world: self.launch_world,
             node_batch: Some(self.plan.batch_size),
             length_groups: self.length_groups(),
-        };
-        let path = self.plan.checkpoints.join(checkpoint::file_name(self.progress.step));
-        checkpoint::save(&path, &meta, self.engine.params()?, m, v)?;
-        checkpoint::prune(&self.plan.checkpoints, self.cfg.keep_checkpoints)
+        })
     }
 }

@@ -5,9 +5,15 @@
 //! the lost nodes' rows taken by the rest. Each change is logged, written to `metrics.jsonl` and
 //! kept for `summary.json`.
 
-use std::time::Instant;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ringtune_optim::AdamWState;
+use serde::{Deserialize, Serialize};
 
 use super::{Continue, TrainingRun};
+use crate::checkpoint::{self, Checkpoint};
 use crate::metrics::{MembershipRecord, Record};
 use crate::TrainError;
 
@@ -33,17 +39,21 @@ impl TrainingRun<'_> {
         }
     }
 
+    /// Whether this run goes on when nodes are lost, and takes nodes in (`--min-nodes`).
+    pub(super) fn elastic(&self) -> bool {
+        self.launch_world > 1 && (1..self.launch_world).contains(&self.cfg.min_nodes)
+    }
+
     /// After `error` ended [`TrainingRun::run_epochs`]: when it broke the ring and the run may
     /// go on with fewer nodes (`--min-nodes`), the survivors form a new one and this returns;
     /// otherwise (or when they cannot) the error, after the lead has saved the last completed
     /// step.
     pub fn recover(&mut self, error: TrainError) -> Result<(), TrainError> {
-        let min_nodes = self.cfg.min_nodes;
-        let elastic = self.launch_world > 1 && (1..self.launch_world).contains(&min_nodes);
-        if !elastic || !error.broke_the_ring() {
+        if !self.elastic() || !error.broke_the_ring() {
             return Err(error);
         }
         let since = Instant::now();
+        let min_nodes = self.cfg.min_nodes;
         self.log.bar.suspend(|| tracing::warn!("{error}: the nodes left form a new ring (--min-nodes {min_nodes})"));
         let members = match self.sync.regroup(min_nodes) {
             Ok(members) => members,
@@ -52,38 +62,112 @@ impl TrainingRun<'_> {
                 return Err(TrainError::Sync { reason: format!("{error}; the run cannot go on: {regroup}") });
             }
         };
-        let left: Vec<usize> = self.members.iter().copied().filter(|id| !members.contains(id)).collect();
-        let was_lead = self.rank == 0;
-        (self.rank, self.world) = (self.sync.rank(), self.sync.world());
-        self.members = members.clone();
+        self.regrouped(members, since)?;
         // A node that was lost as the step completed elsewhere leaves the survivors a step apart:
         // nothing can put them back together but a checkpoint.
         self.check_params().map_err(|e| TrainError::Sync {
             reason: format!(
                 "{e}: the survivors were a step apart when nodes were lost; resume from the last checkpoint"
             ),
-        })?;
+        })
+    }
+
+    /// Between steps, when nodes ask to join: every node forms the grown ring, the first node of
+    /// the old one hands the run's state to the new ones (all nodes take part in one gather),
+    /// and the nodes check they hold the same parameters.
+    pub(super) fn admit(&mut self) -> Result<(), TrainError> {
+        let since = Instant::now();
+        let before = self.members.clone();
+        let members = self.sync.regroup(self.cfg.min_nodes)?;
+        self.regrouped(members.clone(), since)?;
+        let sender = members.iter().position(|id| before.contains(id)) == Some(self.rank);
+        let state = if sender { Bytes::from(self.handover()?) } else { Bytes::new() };
+        self.sync.gather(state)?;
+        self.check_params()
+    }
+
+    /// A node started with `--join`, in the ring now: takes the run's state from the node that
+    /// hands it over (see [`TrainingRun::admit`]); returns the step it goes on from.
+    pub(super) fn take_over(&mut self) -> Result<u64, TrainError> {
+        let since = Instant::now();
+        let parts = self.sync.gather(Bytes::new())?;
+        let state = parts
+            .into_iter()
+            .find(|p| !p.is_empty())
+            .ok_or_else(|| TrainError::Sync { reason: "the nodes that took this one in sent no state".into() })?;
+        let handover = Handover::decode(&state, &self.plan.layout_hash)?;
+        let ckpt = handover.checkpoint;
+        self.engine.params_mut()?.copy_from_slice(&ckpt.params);
+        self.adam.restore(AdamWState { step: ckpt.meta.adam_step, m: ckpt.m, v: ckpt.v })?;
+        self.progress = ckpt.meta.progress;
+        self.members = handover.info.members;
+        self.membership = handover.info.membership;
+        self.ended_epochs = handover.info.ended_epochs;
+        self.epoch_examples = handover.info.epoch_examples;
+        self.log.trained_samples = handover.info.trained_samples;
+        self.log.started = since.checked_sub(Duration::from_secs_f64(handover.info.elapsed_s)).unwrap_or(since);
+        self.recovering_since = Some(since);
+        self.check_params()?;
+        self.log.bar.set_position(self.progress.step);
+        tracing::info!(step = self.progress.step, nodes = ?self.members, "joined the run");
+        Ok(self.progress.step)
+    }
+
+    /// After a regroup into `members` (begun at `since`): this node's place, who left and who
+    /// joined, the lead's role where it moved, and the change recorded.
+    fn regrouped(&mut self, members: Vec<usize>, since: Instant) -> Result<(), TrainError> {
+        let left: Vec<usize> = self.members.iter().copied().filter(|id| !members.contains(id)).collect();
+        let joined: Vec<usize> = members.iter().copied().filter(|id| !self.members.contains(id)).collect();
+        let was_lead = self.rank == 0;
+        (self.rank, self.world) = (self.sync.rank(), self.sync.world());
+        self.members = members.clone();
         if self.rank == 0 && !was_lead {
             self.log.take_the_lead(&self.plan, self.progress.step)?;
+        } else if was_lead && self.rank != 0 {
+            self.log.hand_over_the_lead();
         }
         self.log.bar.suspend(|| {
             tracing::warn!(
                 step = self.progress.step,
                 left = ?left,
+                joined = ?joined,
                 nodes = ?members,
-                "{} node(s) go on without {left:?}: the step in flight runs again",
-                members.len()
+                "{} node(s) go on{}{}",
+                members.len(),
+                if left.is_empty() { String::new() } else { format!(" without {left:?}: the step in flight runs again") },
+                if joined.is_empty() { String::new() } else { format!(" with {joined:?} taken in") },
             )
         });
         self.membership.push(MembershipRecord {
             step: self.progress.step,
             left,
+            joined,
             nodes: members,
             recovery_s: 0.0,
             elapsed_s: self.log.started.elapsed().as_secs_f64(),
         });
         self.recovering_since = Some(since);
         Ok(())
+    }
+
+    /// The run's state for a node taken in: a checkpoint of the last step and what the log and
+    /// the loop keep.
+    fn handover(&mut self) -> Result<Vec<u8>, TrainError> {
+        let state = self.adam.state();
+        let meta = self.checkpoint_meta()?;
+        let info = HandoverInfo {
+            members: self.members.clone(),
+            membership: self.membership.clone(),
+            ended_epochs: self.ended_epochs,
+            epoch_examples: self.epoch_examples,
+            trained_samples: self.log.trained_samples,
+            elapsed_s: self.log.started.elapsed().as_secs_f64(),
+        };
+        let info = serde_json::to_vec(&info)?;
+        let mut bytes = (info.len() as u32).to_le_bytes().to_vec();
+        bytes.extend_from_slice(&info);
+        bytes.extend(checkpoint::encode(&meta, self.engine.params()?, &state.m, &state.v));
+        Ok(bytes)
     }
 
     /// A step completed: after a change of nodes, how long the change took, written down.
@@ -109,5 +193,38 @@ impl TrainingRun<'_> {
         if let Err(e) = self.save_checkpoint() {
             tracing::warn!("could not save the last completed step: {e}");
         }
+    }
+}
+
+/// What a node taken in learns beside the checkpoint.
+#[derive(Debug, Serialize, Deserialize)]
+struct HandoverInfo {
+    members: Vec<usize>,
+    membership: Vec<MembershipRecord>,
+    ended_epochs: u32,
+    epoch_examples: Option<u64>,
+    trained_samples: u64,
+    elapsed_s: f64,
+}
+
+/// The state a running job hands a node it takes in.
+struct Handover {
+    info: HandoverInfo,
+    checkpoint: Checkpoint,
+}
+
+impl Handover {
+    /// Reads what [`TrainingRun::handover`] wrote, checked like a checkpoint file.
+    fn decode(bytes: &[u8], layout_hash: &str) -> Result<Self, TrainError> {
+        let what = Path::new("the state handed over");
+        let bad = |reason: &str| checkpoint::err(what, reason);
+        let len = bytes
+            .get(..4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+            .ok_or_else(|| bad("empty"))?;
+        let info = bytes.get(4..4 + len).ok_or_else(|| bad("truncated"))?;
+        let info: HandoverInfo = serde_json::from_slice(info).map_err(|e| bad(&e.to_string()))?;
+        let checkpoint = checkpoint::decode(bytes[4 + len..].to_vec(), what, layout_hash)?;
+        Ok(Handover { info, checkpoint })
     }
 }

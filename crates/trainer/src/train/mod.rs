@@ -131,6 +131,8 @@ pub enum Start {
     Fresh,
     /// From the newest usable checkpoint of an earlier run with the same output folder.
     Resume,
+    /// Into a running job, which hands this node its state (a node started with `--join`).
+    Join,
 }
 
 /// Trains as `cfg` says; `sync` joins other nodes (every node scores its share of dev, rank 0
@@ -230,9 +232,9 @@ impl<'s> TrainingRun<'s> {
     ) -> Result<Self, TrainError> {
         cfg.validate()?;
         let started = Instant::now();
-        let (rank, world) = (sync.rank(), sync.world());
+        let (rank, world, launch_world) = (sync.rank(), sync.world(), sync.launch_world());
         let layout = inputs.model.layout.clone();
-        let plan = plan(cfg, root, &inputs, world)?;
+        let plan = plan(cfg, root, &inputs, launch_world)?;
         if rank == 0 && start == Start::Fresh {
             refuse_earlier_run(&plan.output, &plan.checkpoints)?;
         }
@@ -266,7 +268,7 @@ impl<'s> TrainingRun<'s> {
                 per_epoch = plan.batches_per_epoch,
                 warmup = plan.schedule.warmup,
                 nodes = world,
-                global_batch = plan.batch_size * world,
+                global_batch = plan.batch_size * launch_world,
                 params = layout.num_params(),
                 "training {}",
                 inputs.model.dir.display()
@@ -297,7 +299,7 @@ impl<'s> TrainingRun<'s> {
             adam,
             progress,
             log,
-            launch_world: world,
+            launch_world,
             members: (0..world).collect(),
             ended_epochs: 0,
             epoch_examples: Some(0),
@@ -416,6 +418,16 @@ impl<'s> TrainingRun<'s> {
         if step >= self.plan.total || step == self.cfg.stop_after {
             return Ok(StepDone { next: Continue::Stop, loss, times });
         }
+        self.between_steps(step, synced.is_some_and(|s| s.joiners_waiting))?;
+        Ok(StepDone { next: Continue::Next, loss, times })
+    }
+
+    /// After `step`, when another follows: nodes waiting to join are taken in, then the
+    /// parameter check and the checkpoint fall due.
+    fn between_steps(&mut self, step: u64, joiners_waiting: bool) -> Result<(), TrainError> {
+        if joiners_waiting && self.elastic() {
+            self.admit()?;
+        }
         let checkpoint_now = self.cfg.checkpoint_every > 0 && step.is_multiple_of(self.cfg.checkpoint_every);
         let check_now = self.cfg.param_check_every > 0 && step.is_multiple_of(self.cfg.param_check_every);
         if checkpoint_now || check_now {
@@ -424,7 +436,7 @@ impl<'s> TrainingRun<'s> {
         if checkpoint_now {
             self.save_checkpoint()?;
         }
-        Ok(StepDone { next: Continue::Next, loss, times })
+        Ok(())
     }
 
     /// Clips and steps the optimizer over the averaged gradients; on several nodes the sync
@@ -530,6 +542,7 @@ impl TrainingRun<'_> {
     fn begin(&mut self, start: Start) -> Result<(), TrainError> {
         let resumed_at = match start {
             Start::Fresh => None,
+            Start::Join => Some(self.take_over()?),
             Start::Resume => {
                 let step = self.resume()?;
                 // Every node must go on from the same checkpoint (or all from the start).
@@ -541,9 +554,11 @@ impl TrainingRun<'_> {
                 Some(step)
             }
         };
-        self.ended_epochs = self.progress.epoch;
-        self.epoch_examples = (self.progress.batch_in_epoch == 0).then_some(0);
-        if resumed_at.is_some() && self.next_epoch().is_none() {
+        if start == Start::Resume {
+            self.ended_epochs = self.progress.epoch;
+            self.epoch_examples = (self.progress.batch_in_epoch == 0).then_some(0);
+        }
+        if start == Start::Resume && self.next_epoch().is_none() {
             // A requeued job over a finished run: its results stay as they are.
             self.earlier_summary = self.finished_earlier()?;
             if self.earlier_summary.is_some() {

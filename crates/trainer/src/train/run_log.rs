@@ -49,6 +49,13 @@ impl RunLog {
         self.open_metrics(plan, Some(step))
     }
 
+    /// Another node leads now: this one stops showing progress and writing metrics.
+    pub(super) fn hand_over_the_lead(&mut self) {
+        self.bar.finish_and_clear();
+        self.bar = ProgressBar::hidden();
+        self.metrics = None;
+    }
+
     /// Opens `metrics.jsonl`: a fresh run's new file, or a resumed run's without the records of
     /// the steps after `resumed_at`, which run again.
     pub(super) fn open_metrics(&mut self, plan: &Plan, resumed_at: Option<u64>) -> Result<(), TrainError> {

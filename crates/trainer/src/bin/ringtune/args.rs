@@ -242,6 +242,11 @@ pub(crate) struct ClusterArgs {
     /// would make 1.5x the bytes); every node must use the same.
     #[arg(long, action = clap::ArgAction::Set)]
     pub(crate) shard_optimizer: Option<bool>,
+    /// Join a job that is running (a replacement for a lost node, started with the others'
+    /// settings and this node's rank): the job takes it in at its next step and hands it the
+    /// run's state. The job must allow losses (`--min-nodes`).
+    #[arg(long)]
+    pub(crate) join: bool,
     /// Send each gradient matrix as two factors of this rank (PowerSGD with error feedback:
     /// what a step leaves out is added to the next), vectors whole; 0 sends every float.
     /// Every node must use the same; the optimizer is then not sharded.

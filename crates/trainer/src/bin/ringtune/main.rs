@@ -104,6 +104,9 @@ fn train(args: &TrainArgs) -> Result<()> {
         return Ok(());
     }
     let Some(mut cluster) = cluster::cluster_options(&args.cluster)? else {
+        if args.cluster.join {
+            bail!("--join takes a node into a running job of several: give it the job's world and rank");
+        }
         if args.cluster.powersgd_rank.is_some_and(|rank| rank > 0) {
             bail!("--powersgd-rank compresses what nodes send each other, and one node sends nothing: drop it, or give the run a world");
         }
@@ -118,9 +121,15 @@ fn train(args: &TrainArgs) -> Result<()> {
         tracing::info!("{}", recipe.describe(cluster.world));
     }
     cluster::allow_losses(&mut cluster, &args.cluster, config.min_nodes)?;
+    if args.cluster.join && args.resume {
+        bail!("--join takes the running job's state, --resume a checkpoint's: give one of them");
+    }
     let inputs = ringtune_trainer::train::Inputs::read(&config, &root())?;
-    let mut sync = QuicSync::join(&cluster, inputs.model())?;
-    let summary = ringtune_trainer::train::train_on(inputs, &config, &root(), start(args.resume), Some(&mut sync))?;
+    let (mut sync, start) = match args.cluster.join {
+        true => (QuicSync::join_running(&cluster, inputs.model())?, Start::Join),
+        false => (QuicSync::join(&cluster, inputs.model())?, start(args.resume)),
+    };
+    let summary = ringtune_trainer::train::train_on(inputs, &config, &root(), start, Some(&mut sync))?;
     sync.shutdown();
     if cluster.rank == 0 {
         print_summary(&summary);
