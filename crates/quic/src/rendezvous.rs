@@ -298,6 +298,13 @@ pub(crate) async fn ask_to_join(o: &RingOptions, bound: &Bound) -> Result<Formed
         Peers::Coordinator(c) => vec![(0, c.clone())],
         Peers::List(list) => list.iter().cloned().enumerate().filter(|(i, _)| *i != o.rank).collect(),
     };
+    if known.is_empty() || matches!(o.peers, Peers::Coordinator(_)) && o.rank == 0 {
+        return Err(QuicError::Setup(
+            "rank 0 coordinates a launch, so a node joining as rank 0 has no one to ask: give it the others' \
+             addresses with --peers"
+                .into(),
+        ));
+    }
     let endpoint = &bound.endpoints[0];
     let port = endpoint.local_addr().map_err(|e| QuicError::Io(e.to_string()))?.port();
     let mut client = quinn::ClientConfig::new(Arc::new(client_crypto(&o.identity, ALPN_JOIN)?));

@@ -82,6 +82,9 @@ pub struct RingOptions {
 /// The code a node closes its links with when it leaves the ring for good (not to regroup).
 const LEAVING: VarInt = VarInt::from_u32(3);
 
+/// How long a step waits for the request of a node that connected to join.
+const JOIN_REQUEST_WAIT: Duration = Duration::from_secs(1);
+
 /// How a closing reason names the members its sender knows lost: `[lost: 0, 3]`.
 const LOST_MARK: &str = "[lost: ";
 
@@ -142,7 +145,7 @@ impl QuicRing {
             return Err(QuicError::Setup(format!("rank {} of world {}", options.rank, options.world)));
         }
         let mut ring = QuicRing::unlinked(options)?;
-        if ring.world == 1 {
+        if ring.options.world == 1 {
             return Ok(ring);
         }
         let o = &ring.options;
@@ -179,8 +182,8 @@ impl QuicRing {
             rt,
             bound: None,
             formed: solo,
-            rank: options.rank,
-            world: options.world,
+            rank: 0,
+            world: 1,
             prev_addr: None,
             lanes_out: Vec::new(),
             senders: Vec::new(),
@@ -275,7 +278,10 @@ impl QuicRing {
         let Some(bound) = bound.as_mut() else { return 0 };
         while let Ok(conn) = bound.joins.try_recv() {
             let remote = conn.remote_address();
-            let request = rt.block_on(read_request(&conn, tokio::time::Instant::now() + options.deadline));
+            // A node asking to join sends its request as it connects: one that does not is not
+            // waited for long, since the step waits with it.
+            let until = tokio::time::Instant::now() + JOIN_REQUEST_WAIT.min(options.deadline);
+            let request = rt.block_on(read_request(&conn, until));
             let Some((send, message)) = request else { continue };
             let refusal = match message {
                 Ok(Message::Join { id, .. }) if !peer_is(&conn, &node_name(id as usize)) => {
@@ -283,6 +289,9 @@ impl QuicRing {
                 }
                 Ok(Message::Join { id, .. }) if formed.members.iter().any(|m| m.id == id as usize) => {
                     format!("node {id} is in the ring already")
+                }
+                Ok(Message::Join { id, .. }) if id as usize >= options.world => {
+                    format!("node {id} is past the {} nodes the job was launched with", options.world)
                 }
                 Ok(Message::Join { layout, .. }) if layout != options.layout => {
                     "it trains another model, or with settings every node must share (--wire, --powersgd-rank)".into()

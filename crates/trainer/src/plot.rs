@@ -124,8 +124,12 @@ fn membership_marks(records: &[Record]) -> Vec<(u64, String)> {
         .iter()
         .filter_map(|r| match r {
             Record::Membership(m) => {
-                let change: Vec<String> =
-                    m.left.iter().map(|id| format!("-{id}")).chain(m.joined.iter().map(|id| format!("+{id}"))).collect();
+                let change: Vec<String> = m
+                    .left
+                    .iter()
+                    .map(|id| format!("-{id}"))
+                    .chain(m.joined.iter().map(|id| format!("+{id}")))
+                    .collect();
                 Some((m.step, format!(" {} -> {} nodes", change.join(" "), m.nodes.len())))
             }
             _ => None,

@@ -12,6 +12,8 @@ use common::cluster::{certs, free_ports, latest_step, spawn_node};
 use common::{small_mrpc, tiny_model};
 use ringtune_trainer::metrics::{read_records, Record};
 
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Kills every node still running when dropped, however the test ends.
 struct Nodes(Vec<Child>);
 
@@ -28,6 +30,9 @@ impl Drop for Nodes {
 /// checks the rest finish the run; with `replace`, a node started with `--join` as the victim's
 /// rank once the rest go on is taken in, and the run ends on four nodes.
 fn lose_a_node(victim: usize, kill_at: u64, replace: bool) {
+    // One run at a time: four processes each already share this machine's cores, and the
+    // time to the next step is asserted.
+    let _one_at_a_time = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tempfile::tempdir().expect("dir");
     let world = 4;
     let certs = certs(dir.path(), world);
@@ -88,11 +93,17 @@ fn lose_a_node(victim: usize, kill_at: u64, replace: bool) {
         }
     }
     assert!(killed_at.elapsed() < Duration::from_secs(300), "the survivors took {:?}", killed_at.elapsed());
+    check_the_run(&output, victim, kill_to_step, replace, train_rows);
+}
+
+/// The finished run of [`lose_a_node`] in `output`: who left (and joined), how long the change
+/// took, every example of `train_rows` trained on once per epoch.
+fn check_the_run(output: &Path, victim: usize, kill_to_step: Duration, replace: bool, train_rows: usize) {
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(output.join("summary.json")).expect("summary")).expect("json");
     let change = &summary["membership"][0];
     assert_eq!(change["left"], serde_json::json!([victim]), "{summary}");
-    let survivors: Vec<usize> = (0..world).filter(|&r| r != victim).collect();
+    let survivors: Vec<usize> = (0..4).filter(|&r| r != victim).collect();
     assert_eq!(change["nodes"], serde_json::json!(survivors), "{summary}");
     let recovery = change["recovery_s"].as_f64().expect("recovery_s");
     eprintln!(
