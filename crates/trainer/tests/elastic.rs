@@ -1,6 +1,8 @@
-//! A node lost is a node fewer (`--min-nodes`): four `ringtune train` processes on loopback,
-//! torchrun-style; one is killed (SIGKILL) early in the second epoch, and the other three form a
-//! new ring, finish both epochs with every example trained on once per epoch, and write the run.
+//! A node lost is a node fewer (`--min-nodes`): `ringtune train` processes on loopback,
+//! torchrun-style, some killed (SIGKILL). Of four, the other three form a new ring (rank 0 lost
+//! or not), finish both epochs with every example trained on once per epoch and write the run; a
+//! replacement started with `--join` is taken in. Of three, a node left alone stops, naming why,
+//! after saving its last completed step.
 
 mod common;
 
@@ -40,27 +42,7 @@ fn lose_a_node(victim: usize, kill_at: u64, replace: bool) {
     let train_rows = 640;
     let data = small_mrpc(dir.path(), train_rows, 40);
     let output = dir.path().join("run");
-    let args: Vec<String> = [
-        "--model",
-        path(&model),
-        "--data",
-        path(&data),
-        "--output",
-        path(&output),
-        "--epochs",
-        "2",
-        "--min-nodes",
-        "2",
-        "--threads",
-        "1",
-        "--log-every",
-        "1",
-        "--dropout",
-        "0",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let args = train_args(&model, &data, &output);
     let port = free_ports(1)[0];
     let logs: Vec<PathBuf> = (0..world).map(|r| dir.path().join(format!("rank{r}.log"))).collect();
     let mut nodes = Nodes((0..world).map(|r| spawn_node(r, world, port, &certs, &args, &logs[r])).collect());
@@ -134,6 +116,31 @@ fn check_the_run(output: &Path, victim: usize, kill_to_step: Duration, replace: 
     }
 }
 
+/// Two epochs on the nodes of `output`'s run, going on with two of them.
+fn train_args(model: &Path, data: &Path, output: &Path) -> Vec<String> {
+    [
+        "--model",
+        path(model),
+        "--data",
+        path(data),
+        "--output",
+        path(output),
+        "--epochs",
+        "2",
+        "--min-nodes",
+        "2",
+        "--threads",
+        "1",
+        "--log-every",
+        "1",
+        "--dropout",
+        "0",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
 fn path(p: &Path) -> &str {
     p.to_str().expect("utf8")
 }
@@ -152,4 +159,37 @@ fn three_nodes_go_on_without_a_killed_rank_0() {
 #[test]
 fn a_replacement_started_with_join_is_taken_in_and_the_run_ends_on_four_nodes() {
     lose_a_node(1, 6, true);
+}
+
+#[test]
+fn a_node_left_alone_stops_naming_why_after_saving_the_last_step() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().expect("dir");
+    let world = 3;
+    let certs = certs(dir.path(), world);
+    let (model, data) = (tiny_model(dir.path()), small_mrpc(dir.path(), 640, 40));
+    let output = dir.path().join("run");
+    let args = train_args(&model, &data, &output);
+    let port = free_ports(1)[0];
+    let logs: Vec<PathBuf> = (0..world).map(|r| dir.path().join(format!("rank{r}.log"))).collect();
+    let mut nodes = Nodes((0..world).map(|r| spawn_node(r, world, port, &certs, &args, &logs[r])).collect());
+    let started = Instant::now();
+    while latest_step(&output) < 6 {
+        assert!(started.elapsed() < Duration::from_secs(300), "the run did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Two of three gone: rank 0 is not more than half of the ring, and stops.
+    for victim in [1, 2] {
+        nodes.0[victim].kill().expect("kill -9");
+    }
+    let status = nodes.0[0].wait().expect("wait");
+    let log = std::fs::read_to_string(&logs[0]).expect("log");
+    assert!(!status.success(), "rank 0 went on alone:\n{log}");
+    assert!(log.contains("not more than half"), "rank 0 does not say why it stopped:\n{log}");
+    // Its last completed step is saved: --resume loses at most the step in flight.
+    let saved = ringtune_trainer::checkpoint::list(&output.join("checkpoints"));
+    let newest = saved.last().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned());
+    let last = latest_step(&output);
+    assert_eq!(newest, Some(ringtune_trainer::checkpoint::file_name(last)), "the last completed step, {last}");
+    assert!(!output.join("summary.json").exists(), "a node that stopped wrote the run's outputs");
 }
