@@ -136,6 +136,15 @@ impl TrainError {
         TrainError::Sync { reason: "the parameters were reached while the last step's gather still held them".into() }
     }
 
+    /// What went wrong, without the words every error of its kind begins with (a sync error's
+    /// reason alone, to be put in another).
+    pub fn reason(&self) -> String {
+        match self {
+            TrainError::Sync { reason } => reason.clone(),
+            other => other.to_string(),
+        }
+    }
+
     /// Whether this ended an operation of the nodes' ring (a node lost, cut off, or failed),
     /// after which the survivors may form a new one.
     pub fn broke_the_ring(&self) -> bool {

@@ -298,12 +298,14 @@ const LAUNCHER_VARIABLES: [&str; 5] = ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MAS
 
 /// Runs `command` on every host of `net` as one rank of a job (or, `alone`, as a job of its
 /// own), each in its CPU share when there are shares, and waits for all of them; shows every
-/// host's standard error after it when `host_logs`.
+/// host's standard error after it when `host_logs`; with `cut` (host, start and seconds), takes
+/// that host's link down meanwhile.
 fn exec_on_hosts(
     command: &[String],
     net: &cluster::Cluster,
     shares: Option<&CpuShares>,
     (alone, host_logs): (bool, bool),
+    cut: Option<(usize, f64, f64)>,
 ) -> Result<()> {
     let certs = tempfile::tempdir()?;
     write(certs.path(), &generate(net.hosts())?)?;
@@ -330,7 +332,14 @@ fn exec_on_hosts(
             shares.admit(h, pid)?;
         }
     }
-    let outputs = ranks.wait_all()?;
+    let (ended, end) = std::sync::mpsc::channel::<()>();
+    let cut = cut.map(|(host, start, seconds)| cut_later(net, host, start, seconds, end));
+    let outputs = ranks.wait_all();
+    drop(ended);
+    if let Some(cut) = cut {
+        cut.join().map_err(|_| anyhow::anyhow!("the link cut panicked"))??;
+    }
+    let outputs = outputs?;
     if host_logs {
         for (h, out) in outputs.iter().enumerate().skip(1) {
             for line in String::from_utf8_lossy(&out.stderr).lines() {
@@ -409,7 +418,11 @@ fn on_cluster(args: &Args) -> Result<()> {
         println!("{}", node.describe(share, link.delay.as_deref()));
     }
     if !args.exec.is_empty() {
-        return exec_on_hosts(&args.exec, &net, shares.as_ref(), (args.alone, args.host_logs));
+        let cut = match c.cut.as_slice() {
+            [host, start, seconds] => Some((*host as usize, *start, *seconds)),
+            _ => None,
+        };
+        return exec_on_hosts(&args.exec, &net, shares.as_ref(), (args.alone, args.host_logs), cut);
     }
     let addrs: Vec<SocketAddr> = (0..net.hosts()).map(|h| SocketAddr::new(net.addr(h).into(), 4000)).collect();
     let relays = match c.impair.as_slice() {

@@ -1,7 +1,8 @@
 //! Faults on the emulated cluster (`ring-bench --cluster netns`): loss and reordering on every
 //! link leave the all-reduce bit-identical to a clean run; a cut shorter than the deadline is
 //! ridden out with the same result; a longer one makes every rank exit non-zero within the
-//! deadline + 10 s, naming the unreachable peer. `ip netns list` is the same before and after
+//! deadline + 10 s, naming the unreachable peer; a cut reaches the ranks of a command run on the
+//! hosts (`ring-bench ... -- ringtune train`). `ip netns list` is the same before and after
 //! every run, failed and interrupted ones included. Skipped, saying why, where namespaces cannot be made.
 
 use std::process::{Command, Output};
@@ -98,6 +99,40 @@ fn a_cut_longer_than_the_deadline_fails_every_rank_naming_the_peer() {
     // The cut came 1 s in; every rank was gone within the deadline + 10 s of it (the link
     // comes back only when the run ends).
     assert!(took.as_secs_f64() < 1.0 + deadline + 10.0 + 3.0, "took {took:?}: {stderr}");
+}
+
+/// Runs `command` on a 2-host cluster with `extra` ring-bench flags, checking that it leaves no
+/// namespace.
+fn on_two_hosts(extra: &[&str], command: &[&str]) -> Option<Output> {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(why) = cannot_make_namespaces() {
+        eprintln!("skipped: {why}");
+        return None;
+    }
+    let before = namespaces();
+    let out = Command::new(env!("CARGO_BIN_EXE_ringtune-ring-bench"))
+        .args(["--cluster", "netns", "--ranks", "2"])
+        .args(extra)
+        .arg("--")
+        .args(command)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("run ring-bench");
+    assert_eq!(namespaces(), before, "ring-bench left namespaces behind");
+    Some(out)
+}
+
+#[test]
+fn a_cut_reaches_the_ranks_of_a_command() {
+    // Host 1 dials host 0 while its link is down: the attempt times out (124) where, up, it
+    // would be refused at once (nothing listens there).
+    let script = r#"sleep 1.5; if [ "$RANK" = 1 ]; then timeout 1 bash -c "</dev/tcp/$MASTER_ADDR/9" 2>/dev/null; [ $? = 124 ]; fi"#;
+    let Some(cut) = on_two_hosts(&["--cut", "1,0.5,3"], &["/bin/bash", "-c", script]) else { return };
+    let (stdout, stderr) = (String::from_utf8_lossy(&cut.stdout), String::from_utf8_lossy(&cut.stderr));
+    assert!(cut.status.success(), "host 1 reached host 0 through a cut link:\n{stdout}\n{stderr}");
+    assert!(stderr.contains("host 1's link down for 3 s"), "{stderr}");
+    let Some(up) = on_two_hosts(&[], &["/bin/bash", "-c", script]) else { return };
+    assert!(!up.status.success(), "without the cut, host 1's dial must be refused, not time out");
 }
 
 #[test]

@@ -59,7 +59,8 @@ impl TrainingRun<'_> {
             Ok(members) => members,
             Err(regroup) => {
                 self.save_after_failure();
-                return Err(TrainError::Sync { reason: format!("{error}; the run cannot go on: {regroup}") });
+                let reason = format!("{}; the run cannot go on: {}", error.reason(), regroup.reason());
+                return Err(TrainError::Sync { reason });
             }
         };
         self.regrouped(members, since)?;
