@@ -7,6 +7,7 @@
 
 use ringtune_onnx_ir::{shape, DType, Dim, Graph, Tensor, Value};
 
+use crate::layer_names::LayerNames;
 use crate::{Family, ModelConfig, ModelError, ParamLayout, ProblemType};
 
 /// Graph input names of a batch.
@@ -146,33 +147,6 @@ impl<'a> Tokens<'a> {
     }
 }
 
-/// The names of one encoder layer's parameters (prefixes of Hugging Face linear and
-/// LayerNorm modules), which differ between families.
-pub(crate) struct LayerNames {
-    pub query: String,
-    pub key: String,
-    pub value: String,
-    pub attention_out: String,
-    pub attention_norm: String,
-    pub intermediate: String,
-    pub output: String,
-    pub output_norm: String,
-}
-
-fn bert_layer(l: usize) -> LayerNames {
-    let p = format!("bert.encoder.layer.{l}.");
-    LayerNames {
-        query: format!("{p}attention.self.query"),
-        key: format!("{p}attention.self.key"),
-        value: format!("{p}attention.self.value"),
-        attention_out: format!("{p}attention.output.dense"),
-        attention_norm: format!("{p}attention.output.LayerNorm"),
-        intermediate: format!("{p}intermediate.dense"),
-        output: format!("{p}output.dense"),
-        output_norm: format!("{p}output.LayerNorm"),
-    }
-}
-
 impl Builder<'_> {
     fn build(&mut self) -> Result<(Value, Option<Value>), ModelError> {
         let c = self.config;
@@ -224,10 +198,7 @@ impl Builder<'_> {
         let split_heads = self.g.concat(&[&dims, &heads], 0)?;
         for layer in 0..c.num_layers {
             self.g.push_scope(&layer_scope(layer));
-            let names = match c.family {
-                Family::Bert => bert_layer(layer),
-                Family::MPNet => crate::mpnet::layer_names(layer),
-            };
+            let names = LayerNames::of(c.family, layer);
             let tokens = match &real {
                 None => Tokens::Padded,
                 Some(real) if layer + 1 == c.num_layers => Tokens::RealThenFirst(real),

@@ -28,6 +28,7 @@ mod config;
 mod error;
 mod forward;
 mod int8;
+mod layer_names;
 mod layout;
 mod mpnet;
 mod params;

@@ -6,27 +6,13 @@
 
 use ringtune_onnx_ir::{DType, Tensor, Value};
 
-use crate::forward::{Builder, LayerNames};
+use crate::forward::Builder;
 use crate::ModelError;
 
 /// Buckets of the relative positions, whatever the config says (as Hugging Face computes them).
 const BUCKETS: i64 = 32;
 /// Distances at and beyond this share the last bucket.
 const MAX_DISTANCE: f64 = 128.0;
-
-pub(crate) fn layer_names(l: usize) -> LayerNames {
-    let p = format!("mpnet.encoder.layer.{l}.");
-    LayerNames {
-        query: format!("{p}attention.attn.q"),
-        key: format!("{p}attention.attn.k"),
-        value: format!("{p}attention.attn.v"),
-        attention_out: format!("{p}attention.attn.o"),
-        attention_norm: format!("{p}attention.LayerNorm"),
-        intermediate: format!("{p}intermediate.dense"),
-        output: format!("{p}output.dense"),
-        output_norm: format!("{p}output.LayerNorm"),
-    }
-}
 
 impl Builder<'_> {
     /// word + position embeddings, LayerNorm, dropout; a token's position is

@@ -239,19 +239,26 @@ pub(crate) async fn launch(o: &RingOptions, bound: &mut Bound) -> Result<Formed,
 /// and some CPU, which training nodes and parallel tests may keep busy).
 const REACH_WAIT: Duration = Duration::from_secs(2);
 
+/// What a regroup starts from.
+#[derive(Clone, Copy)]
+pub(crate) struct Regroup<'a> {
+    /// The last ring, this node's place in it.
+    pub(crate) last: &'a Formed,
+    /// The members this node knows lost.
+    pub(crate) suspects: &'a [usize],
+    /// The nodes that asked this node to join.
+    pub(crate) joiners: &'a [Member],
+    /// The fewest nodes that may go on.
+    pub(crate) min_nodes: usize,
+}
+
 /// The survivors of `last` form the next ring. The lowest member this node can reach (itself
 /// when it reaches none below it; members in `suspects`, whose links went silent, are passed
 /// over) coordinates: it waits for every member it does not know lost, or for `o.silence()`,
 /// then answers the members who came, in order of id, when they are more than half of `last`
 /// and at least `min_nodes`; otherwise it refuses, so at most one side of a split goes on.
-pub(crate) async fn regroup(
-    o: &RingOptions,
-    bound: &mut Bound,
-    last: &Formed,
-    suspects: &[usize],
-    joiners: &[Member],
-    min_nodes: usize,
-) -> Result<Formed, QuicError> {
+pub(crate) async fn regroup(o: &RingOptions, bound: &mut Bound, ask: &Regroup<'_>) -> Result<Formed, QuicError> {
+    let Regroup { last, suspects, joiners, .. } = *ask;
     let me = last.members[last.rank].id;
     let mut lower: Vec<&Member> = last.members.iter().filter(|m| m.id < me && !suspects.contains(&m.id)).collect();
     lower.sort_by_key(|m| m.id);
@@ -285,7 +292,7 @@ pub(crate) async fn regroup(
             Ok(Ok(other)) => Err(QuicError::peer(member.id, addr, format!("answered the regroup with {other:?}"))),
         };
     }
-    coordinate_survivors(o, bound, last, suspects, joiners, min_nodes).await
+    coordinate_survivors(o, bound, ask).await
 }
 
 /// A node started to join a running ring: asks the nodes it knows of (the coordinator, or every
@@ -376,14 +383,8 @@ fn refusal((survivors, before): (usize, usize), nodes: usize, min_nodes: usize) 
 }
 
 /// The coordinator of a regroup: see [`regroup`].
-async fn coordinate_survivors(
-    o: &RingOptions,
-    bound: &mut Bound,
-    last: &Formed,
-    suspects: &[usize],
-    joiners: &[Member],
-    min_nodes: usize,
-) -> Result<Formed, QuicError> {
+async fn coordinate_survivors(o: &RingOptions, bound: &mut Bound, ask: &Regroup<'_>) -> Result<Formed, QuicError> {
+    let Regroup { last, suspects, joiners, min_nodes } = *ask;
     let me = last.members[last.rank].id;
     let mut lost: Vec<usize> = suspects.to_vec();
     let mut joining: Vec<Member> = joiners.to_vec();

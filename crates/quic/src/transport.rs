@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use crate::certs::node_name;
 use crate::certs::NodeIdentity;
 use crate::links::{bind, link, prev_of, Bound, Formed, Links, Member};
-use crate::rendezvous::{answer, ask_to_join, launch, read_request, regroup, Message};
+use crate::rendezvous::{answer, ask_to_join, launch, read_request, regroup, Message, Regroup};
 use crate::tls::peer_is;
 use crate::tuning::Tuning;
 use crate::wire::{describe_connection, read_frame, write_frame, ReadFrameError};
@@ -335,7 +335,8 @@ impl QuicRing {
         bound.drop_stale();
         let joining: Vec<Member> = self.joiners.iter().map(|(m, ..)| m.clone()).collect();
         let formed_next = rt.block_on(async {
-            let next = regroup(options, bound, formed, &suspects, &joining, min_nodes);
+            let ask = Regroup { last: formed, suspects: &suspects, joiners: &joining, min_nodes };
+            let next = regroup(options, bound, &ask);
             tokio::time::timeout(options.rendezvous_deadline, next).await.map_err(|_| {
                 QuicError::Rendezvous(format!(
                     "the survivors did not form a ring within {:?}",

@@ -86,6 +86,14 @@ pub enum TrainError {
     /// `--resume` cannot go on: no usable checkpoint, or one of another run.
     #[error("--resume: {0}")]
     Resume(String),
+    /// The end-of-run plot could not be drawn.
+    #[error("plotting {}: {reason}", .path.display())]
+    Plot {
+        /// The image.
+        path: std::path::PathBuf,
+        /// What the plotting library said.
+        reason: String,
+    },
     /// A file that holds nothing this command can use.
     #[error("{} has {reason}", .path.display())]
     Unusable {

@@ -7,7 +7,7 @@ use std::path::Path;
 use bytes::Bytes;
 
 use ringtune_bert::{ModelConfig, ProblemType};
-use ringtune_data::{Example, FileLayout, GlueTask, LabelSet, Padding, Quoting};
+use ringtune_data::{Example, FileLayout, GlueTask, LabelSet, Padding, Quoting, TextRows};
 use serde::{Deserialize, Serialize};
 
 use crate::engine::Evaluator;
@@ -169,6 +169,24 @@ pub struct TaskFile {
 pub const TASK_FILE: &str = "task.json";
 
 impl TaskFile {
+    /// Every row of `file` (read as this task reads its files), its label if any unread; a row
+    /// without its text is an error naming it, as it could not be `used` (predicted, calibrated on).
+    pub(crate) fn read_unlabelled(&self, file: &Path, used: &str) -> Result<TextRows, TrainError> {
+        let layout = self.layout(file)?;
+        let mut rows = ringtune_data::read_rows(file, &layout)?;
+        if let Some(bad) = rows.bad.first() {
+            return Err(TrainError::Unusable {
+                path: file.into(),
+                reason: format!(
+                    "{} bad row(s), the first {bad}: every row needs its text to be {used}",
+                    rows.bad.len()
+                ),
+            });
+        }
+        rows.rows.iter_mut().for_each(|r| r.label = None);
+        Ok(rows)
+    }
+
     /// Writes `dir/task.json`.
     pub fn write(&self, dir: &Path) -> Result<(), TrainError> {
         let json = serde_json::to_string_pretty(self)?;

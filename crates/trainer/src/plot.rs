@@ -59,7 +59,7 @@ pub(crate) fn plot(path: &Path, records: &[Record], how: &str) -> Result<(), Tra
         })
         .collect();
     let text = register_font();
-    let fail = |e: &dyn std::fmt::Display| TrainError::Other(format!("plotting {}: {e}", path.display()));
+    let fail = |e: &dyn std::fmt::Display| TrainError::Plot { path: path.to_path_buf(), reason: e.to_string() };
     let root = BitMapBackend::new(path, (1200, 480)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| fail(&e))?;
     let (left, right) = root.split_horizontally(600);

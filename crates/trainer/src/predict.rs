@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use ringtune_bert::{load_params, ProblemType};
-use ringtune_data::{load_file, LabelSet, PairTokenizer, ReadOptions, TextRows};
+use ringtune_data::{load_file, LabelSet, PairTokenizer, ReadOptions};
 use ringtune_ops::Kernels;
 use ringtune_runtime::{FlatBuffer, Runtime, SessionOptions};
 
@@ -87,7 +87,7 @@ impl Predictor {
     /// GLUE-format predictions (`index<TAB>prediction`: the row's id, and the label's name or
     /// the score) for a file, written to `out`; labels the file has are not read.
     pub fn predict(&mut self, file: &Path, batch: usize, out: &Path) -> Result<usize, TrainError> {
-        let rows = read_unlabelled(file, &self.task, "predicted")?;
+        let rows = self.task.read_unlabelled(file, "predicted")?;
         let (examples, _) = ringtune_data::examples(&rows, &self.labels, &self.tokenizer)?;
         let c = &self.model.config;
         let predicted = predict_logits(&mut self.evaluator, &self.params, &examples, batch, c.pad_token_id)?;
@@ -107,21 +107,6 @@ impl Predictor {
         ringtune_files::write_atomically(out, text.as_bytes())?;
         Ok(examples.len())
     }
-}
-
-/// Every row of `file` (read as `task` reads its files), its label if any unread; a row without
-/// its text is an error naming it, as it could not be `used` (predicted, calibrated on).
-pub(crate) fn read_unlabelled(file: &Path, task: &TaskFile, used: &str) -> Result<TextRows, TrainError> {
-    let layout = task.layout(file)?;
-    let mut rows = ringtune_data::read_rows(file, &layout)?;
-    if let Some(bad) = rows.bad.first() {
-        return Err(TrainError::Unusable {
-            path: file.into(),
-            reason: format!("{} bad row(s), the first {bad}: every row needs its text to be {used}", rows.bad.len()),
-        });
-    }
-    rows.rows.iter_mut().for_each(|r| r.label = None);
-    Ok(rows)
 }
 
 /// A class as a prediction file writes it: its name, or its id where the head never named it

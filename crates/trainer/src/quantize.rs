@@ -15,7 +15,6 @@ use serde::{Deserialize, Serialize};
 use crate::engine::Evaluator;
 use crate::evaluation::{label_set, TaskFile};
 use crate::model::ModelDir;
-use crate::predict::read_unlabelled;
 use crate::TrainError;
 
 /// The int8 model's file name in a run's folder.
@@ -166,7 +165,7 @@ impl TrainedModel {
     pub fn read_calibration(&self, file: &Path, max_len: usize, rows: usize) -> Result<Vec<Example>, TrainError> {
         self.model.check_max_len(max_len)?;
         let tokenizer = PairTokenizer::from_model_dir(&self.dir, max_len)?;
-        let mut text = read_unlabelled(file, &TaskFile::read(&self.dir)?, "calibrated on")?;
+        let mut text = TaskFile::read(&self.dir)?.read_unlabelled(file, "calibrated on")?;
         let total = text.rows.len();
         let picked = spread(total, rows);
         text.rows = picked.iter().map(|&i| text.rows[i].clone()).collect();

@@ -35,22 +35,9 @@ fn lose_a_node(victim: usize, kill_at: u64, replace: bool) {
     // One run at a time: four processes each already share this machine's cores, and the
     // time to the next step is asserted.
     let _one_at_a_time = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let dir = tempfile::tempdir().expect("dir");
-    let world = 4;
-    let certs = certs(dir.path(), world);
-    let model = tiny_model(dir.path());
     let train_rows = 640;
-    let data = small_mrpc(dir.path(), train_rows, 40);
-    let output = dir.path().join("run");
-    let args = train_args(&model, &data, &output);
-    let port = free_ports(1)[0];
-    let logs: Vec<PathBuf> = (0..world).map(|r| dir.path().join(format!("rank{r}.log"))).collect();
-    let mut nodes = Nodes((0..world).map(|r| spawn_node(r, world, port, &certs, &args, &logs[r])).collect());
-    let started = Instant::now();
-    while latest_step(&output) < kill_at {
-        assert!(started.elapsed() < Duration::from_secs(300), "the run did not reach step {kill_at}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let Job { dir, certs, output, args, port, logs, mut nodes } = Job::start(4, train_rows, kill_at);
+    let world = 4;
     nodes.0[victim].kill().expect("kill -9");
     let killed_at = Instant::now();
     // The lead writes the change once the first step without the victim is done.
@@ -116,6 +103,39 @@ fn check_the_run(output: &Path, victim: usize, kill_to_step: Duration, replace: 
     }
 }
 
+/// A job of `ranks.len()` processes on loopback, in a folder of its own, and what it was
+/// started with.
+struct Job {
+    dir: tempfile::TempDir,
+    certs: PathBuf,
+    output: PathBuf,
+    args: Vec<String>,
+    port: u16,
+    logs: Vec<PathBuf>,
+    nodes: Nodes,
+}
+
+impl Job {
+    /// `world` nodes training a tiny BERT on `train_rows` rows of MRPC (see [`train_args`]),
+    /// once the run has passed `step`.
+    fn start(world: usize, train_rows: usize, step: u64) -> Job {
+        let dir = tempfile::tempdir().expect("dir");
+        let certs = certs(dir.path(), world);
+        let (model, data) = (tiny_model(dir.path()), small_mrpc(dir.path(), train_rows, 40));
+        let output = dir.path().join("run");
+        let args = train_args(&model, &data, &output);
+        let port = free_ports(1)[0];
+        let logs: Vec<PathBuf> = (0..world).map(|r| dir.path().join(format!("rank{r}.log"))).collect();
+        let nodes = Nodes((0..world).map(|r| spawn_node(r, world, port, &certs, &args, &logs[r])).collect());
+        let started = Instant::now();
+        while latest_step(&output) < step {
+            assert!(started.elapsed() < Duration::from_secs(300), "the run did not reach step {step}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Job { dir, certs, output, args, port, logs, nodes }
+    }
+}
+
 /// Two epochs on the nodes of `output`'s run, going on with two of them.
 fn train_args(model: &Path, data: &Path, output: &Path) -> Vec<String> {
     [
@@ -164,20 +184,7 @@ fn a_replacement_started_with_join_is_taken_in_and_the_run_ends_on_four_nodes() 
 #[test]
 fn a_node_left_alone_stops_naming_why_after_saving_the_last_step() {
     let _one_at_a_time = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let dir = tempfile::tempdir().expect("dir");
-    let world = 3;
-    let certs = certs(dir.path(), world);
-    let (model, data) = (tiny_model(dir.path()), small_mrpc(dir.path(), 640, 40));
-    let output = dir.path().join("run");
-    let args = train_args(&model, &data, &output);
-    let port = free_ports(1)[0];
-    let logs: Vec<PathBuf> = (0..world).map(|r| dir.path().join(format!("rank{r}.log"))).collect();
-    let mut nodes = Nodes((0..world).map(|r| spawn_node(r, world, port, &certs, &args, &logs[r])).collect());
-    let started = Instant::now();
-    while latest_step(&output) < 6 {
-        assert!(started.elapsed() < Duration::from_secs(300), "the run did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let Job { dir: _dir, output, logs, mut nodes, .. } = Job::start(3, 640, 6);
     // Two of three gone: rank 0 is not more than half of the ring, and stops.
     for victim in [1, 2] {
         nodes.0[victim].kill().expect("kill -9");

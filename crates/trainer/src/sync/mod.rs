@@ -8,11 +8,13 @@
 //! ([`Exchange`]), the checks that keep nodes in step. The loop owns the optimizer and steps it
 //! the same way on any number of nodes (`crate::optimizer`).
 
+mod exchange;
 mod handoff;
 mod param_gather;
 mod quic;
 mod ring;
 mod slots;
+mod sync_thread;
 #[cfg(test)]
 mod tests;
 

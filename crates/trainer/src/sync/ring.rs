@@ -1,18 +1,18 @@
-//! The gradient sync over any ring transport: a sync thread that reduces gradient buckets as the
-//! backward pass hands them over (or after it, without overlap), in bf16 or `f32` on the wire;
-//! the optimizer step's exchanges (the norm's sums, the all-gather of a sharded optimizer's
-//! parameters, which with overlap the sync thread runs behind the next step's forward pass);
-//! parameter checks.
+//! The gradient sync over any ring transport, as the loop sees it ([`GradSync`]): a sync thread
+//! (`super::sync_thread`) that reduces gradient buckets as the backward pass hands them over (or
+//! after it, without overlap), in bf16 or `f32` on the wire; the optimizer step's exchanges
+//! (`super::exchange`: the norm's sums, the all-gather of a sharded optimizer's parameters,
+//! which with overlap the sync thread runs behind the next step's forward pass); parameter
+//! checks; a new ring when nodes are lost or join.
 //!
 //! The loop and the sync thread share the transport through one lock, taken for one whole
 //! operation at a time: operation ids come from [`Collective`] in the order the calls take it,
 //! the same on every node because the step's protocol orders the calls.
 
 use std::ops::Range;
-use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::sync::mpsc::{self, Receiver};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::Bytes;
 use ringtune_bert::ParamLayout;
@@ -22,30 +22,15 @@ use ringtune_collective::{
 use ringtune_ops::grad_ready::GradSink;
 use ringtune_ops::param_ready::ParamSource;
 use ringtune_optim::{AdamW, AdamWState};
-use ringtune_runtime::{LendableBuffer, LentBuffer};
 
+use super::exchange::{lock, sync_error, RingExchange};
 use super::handoff::{GradSlots, Handoff, ToSync, WholeGrads};
 use super::param_gather::ParamGather;
-use super::slots::Piece;
+use super::sync_thread::{Reduced, SharedLowRank, SyncThread, Worker};
 use super::{table_rows, Averaged, Exchange, GradSync, SyncMode};
 use crate::engine::SyncHooks;
 use crate::train::params_hash;
 use crate::TrainError;
-
-/// What the sync thread reports when a step's buckets are reduced.
-struct Reduced {
-    floats: usize,
-    busy: Duration,
-    /// The buffer's pieces, back to the loop.
-    pieces: Vec<Piece>,
-}
-
-/// The ring's operations, shared by the loop and the sync thread.
-type SharedRing<T> = Arc<Mutex<Collective<T>>>;
-
-/// Every bucket's compressor (`None`: sent whole; empty without compression): the sync thread
-/// holds it through a step, the loop between steps (checkpoints).
-type SharedLowRank = Arc<Mutex<Vec<Option<LowRankBucket>>>>;
 
 /// The seed of the compressors' first `Q`s: the same on every node, whatever the run's seed.
 const LOW_RANK_SEED: u64 = 0x5EED_0FC0;
@@ -75,11 +60,6 @@ fn low_rank_buckets(plan: &SyncPlan, layout: &ParamLayout, mode: &SyncMode) -> V
         .collect()
 }
 
-fn lock<T>(ring: &Mutex<Collective<T>>) -> MutexGuard<'_, Collective<T>> {
-    // An operation that panicked has left the ring broken, which its next operation reports.
-    ring.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 /// Gradient sync over a ring of `T`.
 pub struct RingSync<T: Transport> {
     slots: Arc<GradSlots>,
@@ -92,19 +72,6 @@ pub struct RingSync<T: Transport> {
     in_step: bool,
     /// What this step's gradients and loss are scaled by before they are averaged.
     weight: f32,
-}
-
-/// The optimizer step's exchanges over the ring, and the ring's other whole-buffer operations.
-struct RingExchange<T: Transport> {
-    ring: SharedRing<T>,
-    plan: Arc<SyncPlan>,
-    /// The parameters' all-gather behind the next forward pass (sharded, overlapping runs).
-    gather: Option<Arc<ParamGather>>,
-    mode: SyncMode,
-    rank: usize,
-    /// Nodes in the ring now (the plan's world is the launch's, which shards and buckets keep).
-    world: usize,
-    to_sync: Sender<ToSync>,
 }
 
 impl<T: Transport + Send + 'static> RingSync<T> {
@@ -147,7 +114,7 @@ impl<T: Transport + Send + 'static> RingSync<T> {
         let thread = std::thread::Builder::new()
             .name(format!("ringtune-sync-{rank}"))
             .spawn(move || worker.run())
-            .map_err(|e| TrainError::Other(format!("starting the sync thread: {e}")))?;
+            .map_err(|e| TrainError::Sync { reason: format!("starting the sync thread: {e}") })?;
         Ok(RingSync {
             slots,
             table_rows: table_rows(&plan),
@@ -171,130 +138,6 @@ impl<T: Transport> RingSync<T> {
         drop(worker);
         let ring = Arc::try_unwrap(exchange.ring).ok()?;
         Some(ring.into_inner().unwrap_or_else(|p| p.into_inner()).into_transport())
-    }
-}
-
-impl<T: Transport> RingExchange<T> {
-    /// Fails the run: tells the other nodes why (closing the links) and returns the error.
-    fn abort_with(&self, reason: impl std::fmt::Display) -> TrainError {
-        let reason = reason.to_string();
-        lock(&self.ring).abort(&reason);
-        TrainError::Sync { reason }
-    }
-
-    /// All-gathers `buffer` (as long as the parameters, or their moments) bucket by bucket:
-    /// each node's pieces go to every other node. The word-embedding table is skipped: every
-    /// node steps all of it (`SyncPlan::shard_of`), so it is in place already.
-    fn all_gather(&self, buffer: &mut [f32]) -> Result<(), TrainError> {
-        let mut ring = lock(&self.ring);
-        for bucket in self.plan.buckets.iter().filter(|b| b.kind == BucketKind::Dense) {
-            ring.all_gather(&mut buffer[bucket.range.clone()]).map_err(sync_error)?;
-        }
-        Ok(())
-    }
-
-    /// Every rank's `value`, in rank order.
-    fn gather(&self, value: Bytes) -> Result<Vec<Bytes>, TrainError> {
-        lock(&self.ring).gather(value).map_err(sync_error)
-    }
-
-    /// Returns once the gather behind the forward pass, if one is under way, has ended.
-    fn settle(&self) -> Result<(), TrainError> {
-        match &self.gather {
-            Some(gather) => gather.settle().map_err(|reason| self.abort_with(reason)),
-            None => Ok(()),
-        }
-    }
-}
-
-/// A failed ring operation (the collective has told the neighbours).
-fn sync_error(e: impl std::fmt::Display) -> TrainError {
-    TrainError::Sync { reason: e.to_string() }
-}
-
-impl<T: Transport> Exchange for RingExchange<T> {
-    fn nodes(&self) -> usize {
-        self.world
-    }
-
-    fn norm_pieces(&self, _len: usize) -> Vec<Range<usize>> {
-        if self.mode.shard_optimizer {
-            self.plan.owned_by(self.rank)
-        } else {
-            self.plan.pieces().into_iter().map(|(_, r)| r).collect()
-        }
-    }
-
-    /// Sharded, each node holds its own pieces' sums: the others' come from their owners.
-    fn share_sums(&mut self, mine: Vec<f64>) -> Result<Vec<f64>, TrainError> {
-        if !self.mode.shard_optimizer {
-            return Ok(mine);
-        }
-        let pieces = self.plan.pieces();
-        let bytes: Vec<u8> = mine.iter().flat_map(|s| s.to_le_bytes()).collect();
-        let values = self.gather(Bytes::from(bytes))?;
-        let mut per_rank = Vec::with_capacity(values.len());
-        for (rank, bytes) in values.iter().enumerate() {
-            let expected = pieces.iter().filter(|(owner, _)| *owner == rank).count();
-            if bytes.len() != expected * 8 {
-                return Err(self
-                    .abort_with(format!("rank {rank} sent {} bytes of norms for its {expected} pieces", bytes.len())));
-            }
-            let sums: Vec<f64> = bytes
-                .chunks_exact(8)
-                .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
-                .collect();
-            per_rank.push(sums.into_iter());
-        }
-        let mut sums = Vec::with_capacity(pieces.len());
-        for (owner, _) in &pieces {
-            match per_rank.get_mut(*owner).and_then(Iterator::next) {
-                Some(sum) => sums.push(sum),
-                None => {
-                    return Err(self.abort_with(format!(
-                        "the gather of norms has {} ranks' parts, and rank {owner}'s holds none for one of its pieces",
-                        values.len()
-                    )))
-                }
-            }
-        }
-        Ok(sums)
-    }
-
-    fn share_params(&mut self, params: &mut LendableBuffer) -> Result<(), TrainError> {
-        if let Some(gather) = &self.gather {
-            let lent = params.lend().ok_or_else(TrainError::params_lent)?;
-            gather.begin();
-            if self.to_sync.send(ToSync::Gather(lent)).is_err() {
-                // Nobody will gather: end it here, so that nothing waits for it.
-                gather.gathering().end(Err("the sync thread has stopped".into()));
-                return Err(self.abort_with("the sync thread has stopped"));
-            }
-            Ok(())
-        } else if self.mode.shard_optimizer {
-            self.all_gather(params.floats_mut().ok_or_else(TrainError::params_lent)?)
-        } else {
-            Ok(())
-        }
-    }
-
-    fn fail(&mut self, reason: &str) {
-        lock(&self.ring).abort(reason);
-    }
-}
-
-/// The sync thread's handle: stopped and joined when dropped.
-struct Worker {
-    to_sync: Sender<ToSync>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.to_sync.send(ToSync::Stop);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }
 
@@ -489,180 +332,5 @@ impl<T: Transport> GradSync for RingSync<T> {
                 .exchange
                 .abort_with(format!("parameters diverged: ranks {differ:?} hold other parameters than rank {rank}")))
         }
-    }
-}
-
-/// The thread that reduces buckets while the backward pass goes on.
-struct SyncThread<T: Transport> {
-    ring: SharedRing<T>,
-    plan: Arc<SyncPlan>,
-    slots: Arc<GradSlots>,
-    gather: Option<Arc<ParamGather>>,
-    low_rank: SharedLowRank,
-    mode: SyncMode,
-    from_loop: Receiver<ToSync>,
-    report: Sender<Result<Reduced, String>>,
-    /// Which parameters' gradients have arrived this step.
-    ready: Vec<bool>,
-    /// The buffer's pieces that have arrived this step, by index, until their bucket is reduced.
-    held: Vec<Option<Piece>>,
-    /// `Stop` arrived in the middle of a step.
-    stopped: bool,
-}
-
-impl<T: Transport> SyncThread<T> {
-    fn run(mut self) {
-        let tensors = self.plan.buckets.iter().flat_map(|b| b.tensors.iter().copied()).max().map_or(0, |m| m + 1);
-        self.ready = vec![false; tensors];
-        while let Ok(message) = self.from_loop.recv() {
-            match message {
-                ToSync::Ready { tensor, pieces } => self.mark(tensor, pieces),
-                // Nothing was in flight: the step had not begun here.
-                ToSync::Abandon(_) => self.forget_step(),
-                ToSync::Stop => return,
-                ToSync::Gather(params) => self.gather_params(params),
-                ToSync::Forget(done) => {
-                    self.forget_step();
-                    let _ = done.send(());
-                }
-                ToSync::Begin { used_rows, weight } => {
-                    let _span = tracing::debug_span!("sync_buckets").entered();
-                    let result = self.reduce_step(&used_rows, weight);
-                    self.forget_step();
-                    if self.report.send(result).is_err() || self.stopped {
-                        return;
-                    }
-                }
-            }
-        }
-    }
-
-    fn mark(&mut self, tensor: usize, pieces: Vec<(usize, Piece)>) {
-        if let Some(r) = self.ready.get_mut(tensor) {
-            *r = true;
-        }
-        for (index, piece) in pieces {
-            if self.held.len() <= index {
-                self.held.resize_with(index + 1, || None);
-            }
-            self.held[index] = Some(piece);
-        }
-    }
-
-    /// Drops what a step left (its pieces go back to the slab).
-    fn forget_step(&mut self) {
-        self.ready.fill(false);
-        self.held.clear();
-    }
-
-    /// Whether every piece of bucket `index` has arrived.
-    fn bucket_arrived(&self, index: usize) -> bool {
-        self.slots.bucket_pieces(index).all(|i| self.held.get(i).is_some_and(Option::is_some))
-    }
-
-    /// Bucket `index`'s pieces (all arrived) joined into one.
-    fn bucket_piece(&mut self, index: usize) -> Result<Piece, String> {
-        let lost = || format!("bucket {index}'s gradients are not all in");
-        let mut indices = self.slots.bucket_pieces(index);
-        let first = indices.next().ok_or_else(lost)?;
-        let mut joined = self.held.get_mut(first).and_then(Option::take).ok_or_else(lost)?;
-        for i in indices {
-            let piece = self.held.get_mut(i).and_then(Option::take).ok_or_else(lost)?;
-            joined = joined.join(piece).map_err(|_| format!("bucket {index}'s pieces are not adjacent"))?;
-        }
-        Ok(joined)
-    }
-
-    fn abort(&self, reason: &str) -> String {
-        lock(&self.ring).abort(reason);
-        reason.to_string()
-    }
-
-    /// All-gathers the parameters bucket by bucket in forward order (the reverse of the plan's),
-    /// marking each in as it lands, while the next step's forward pass waits for them; the
-    /// word-embedding table, which every node has stepped, is in at once. The lent buffer goes
-    /// back before the gather ends, so that the loop finds it home once it has settled.
-    fn gather_params(&mut self, mut params: LentBuffer) {
-        let Some(gather) = self.gather.clone() else { return };
-        let _span = tracing::debug_span!("param_gather").entered();
-        let gathering = gather.gathering();
-        let plan = self.plan.clone();
-        let mut gathered = Ok(());
-        for (index, bucket) in plan.buckets.iter().enumerate().rev() {
-            if bucket.kind == BucketKind::Dense {
-                let Some(floats) = params.range_mut(bucket.range.clone()) else {
-                    gathered = Err(format!("bucket {index} lies outside the {} parameters", params.len()));
-                    break;
-                };
-                if let Err(e) = lock(&self.ring).all_gather(floats) {
-                    gathered = Err(e.to_string());
-                    break;
-                }
-            }
-            gathering.arrive(index);
-        }
-        drop(params);
-        gathering.end(gathered);
-    }
-
-    /// Reduces every bucket in plan order, each as soon as all its gradients have arrived.
-    fn reduce_step(&mut self, used_rows: &[u32], weight: f32) -> Result<Reduced, String> {
-        let plan = self.plan.clone();
-        let low_rank = self.low_rank.clone();
-        let mut low_rank = low_rank.lock().unwrap_or_else(|p| p.into_inner());
-        let (mut floats, mut busy) = (0, Duration::ZERO);
-        let mut pieces = Vec::with_capacity(plan.buckets.len());
-        let begun = Instant::now();
-        for (index, bucket) in plan.buckets.iter().enumerate() {
-            while !(bucket.tensors.iter().all(|&t| self.ready.get(t).copied().unwrap_or(true))
-                && self.bucket_arrived(index))
-            {
-                match self.from_loop.recv() {
-                    Ok(ToSync::Ready { tensor, pieces }) => self.mark(tensor, pieces),
-                    Ok(ToSync::Abandon(reason)) => return Err(self.abort(&reason)),
-                    Ok(ToSync::Forget(done)) => {
-                        let _ = done.send(());
-                        return Err(self.abort("the step was given up"));
-                    }
-                    Ok(ToSync::Begin { .. }) | Ok(ToSync::Gather(_)) | Ok(ToSync::Stop) | Err(_) => {
-                        self.stopped = true;
-                        return Err(self.abort("the training loop left a step unfinished"));
-                    }
-                }
-            }
-            let started = Instant::now();
-            let mut piece = self.bucket_piece(index).map_err(|reason| self.abort(&reason))?;
-            let mut ring = lock(&self.ring);
-            let buffer = piece.floats();
-            if weight != 1.0 {
-                buffer.iter_mut().for_each(|g| *g *= weight);
-            }
-            let wire = self.mode.wire;
-            let done = match bucket.kind {
-                BucketKind::Dense => match low_rank.get_mut(index).and_then(Option::as_mut) {
-                    Some(compressor) => compressor.reduce(buffer, |b| ring.run(b, RingMode::AllReduceMean, wire)),
-                    None => ring.run(buffer, self.mode.bucket_mode(), wire).map(|()| bucket.range.len()),
-                },
-                BucketKind::Table { width } => {
-                    ring.all_reduce_rows(buffer, width, used_rows, wire).map(|rows| rows * width)
-                }
-            };
-            let done = done.map_err(|e| e.to_string())?;
-            floats += done;
-            busy += started.elapsed();
-            // When each bucket's gradients were in and when it was reduced, from the step's
-            // start: where the sync falls behind the backward pass (`RUST_LOG=ringtune_trainer::sync=debug`).
-            tracing::debug!(
-                bucket = index,
-                floats = done,
-                arrived_s = (started - begun).as_secs_f64(),
-                reduced_s = begun.elapsed().as_secs_f64(),
-                "bucket reduced"
-            );
-            pieces.push(piece);
-        }
-        // Pieces outside every bucket (none, with a plan that covers the buffer) go back too.
-        pieces.extend(self.held.drain(..).flatten());
-        Ok(Reduced { floats, busy, pieces })
     }
 }

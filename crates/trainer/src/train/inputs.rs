@@ -83,7 +83,7 @@ impl Inputs {
         let mut train = data
             .splits
             .remove("train")
-            .ok_or_else(|| TrainError::Other(format!("task {} has no training split", task.name)))?;
+            .ok_or_else(|| ringtune_data::DataError::Settings(format!("task {} has no training split", task.name)))?;
         if cfg.max_train_samples > 0 && cfg.max_train_samples < train.len() {
             tracing::info!(
                 "--max-train-samples: the first {} of {} training examples",
