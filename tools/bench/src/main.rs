@@ -9,6 +9,7 @@
 mod curve;
 mod int8;
 mod one;
+mod rounds;
 mod scaling;
 mod table;
 mod to_accuracy;

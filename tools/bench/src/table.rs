@@ -10,6 +10,7 @@ use ringtune_runtime::CpuFeatures;
 use serde::Deserialize;
 
 use crate::one::Measurement;
+use crate::rounds::OverRounds;
 
 /// The table's settings.
 #[derive(Args)]
@@ -20,6 +21,11 @@ pub(crate) struct TableArgs {
     /// Repeats (the median is reported).
     #[arg(long, default_value_t = 3)]
     repeats: usize,
+    /// Rounds: PyTorch and every configuration of ours take turns this many times, and each
+    /// figure is the geometric mean of the rounds with their range (each ratio taken within its
+    /// round).
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     /// Only these models (bert-base, minilm, bert-mini).
     #[arg(long)]
     only: Vec<String>,
@@ -110,6 +116,42 @@ fn measure_child(model: &str, task: &str, kernels: &str, precision: &str, args: 
     Ok(serde_json::from_slice(&out.stdout)?)
 }
 
+/// PyTorch's figures for a row: measured in this run (bf16 too, when the CPU has bf16
+/// products), or quoted (fp32, bf16).
+enum Anchor<'a> {
+    Measured(&'a PyTorch, bool),
+    Quoted((f64, f64)),
+}
+
+/// One model and task's samples/s, round by round: PyTorch's fp32 and bf16, and each of our
+/// configurations' measurements.
+struct Rounds {
+    fp32: Vec<f64>,
+    bf16: Vec<f64>,
+    ours: Vec<Vec<Measurement>>,
+}
+
+/// Round by round, PyTorch then each of our `variants` (kernels, precision), so that a ratio
+/// compares neighbours in time.
+fn rounds(model: &str, task: &str, anchor: &Anchor, variants: &[(&str, &str)], args: &TableArgs) -> Result<Rounds> {
+    let mut r = Rounds { fp32: Vec::new(), bf16: Vec::new(), ours: variants.iter().map(|_| Vec::new()).collect() };
+    for _ in 0..args.rounds.max(1) {
+        let (fp32, bf16) = match anchor {
+            Anchor::Measured(p, with_bf16) => (
+                p.measure(model, task, "fp32", args.steps, args.repeats)?,
+                if *with_bf16 { p.measure(model, task, "bf16", args.steps, args.repeats)? } else { f64::NAN },
+            ),
+            Anchor::Quoted(quoted) => *quoted,
+        };
+        r.fp32.push(fp32);
+        r.bf16.push(bf16);
+        for (measured, (kernels, precision)) in r.ours.iter_mut().zip(variants) {
+            measured.push(measure_child(model, task, kernels, precision, args)?);
+        }
+    }
+    Ok(r)
+}
+
 /// Prints the table.
 pub(crate) fn table(args: &TableArgs) -> Result<()> {
     let pytorch = args
@@ -130,7 +172,14 @@ pub(crate) fn table(args: &TableArgs) -> Result<()> {
         println!("PyTorch bf16 left out: this CPU has no bf16 products (AVX512-BF16 or AMX)\n");
     }
     let source = if pytorch.is_some() { "this run".to_string() } else { format!("quoted from {}", reference.source) };
-    println!("CPU: {}\nPyTorch: {source}\n", ringtune_runtime::cpu_model());
+    println!("CPU: {}\nPyTorch: {source}", ringtune_runtime::cpu_model());
+    match args.rounds {
+        0 | 1 => println!(),
+        n => println!(
+            "{n} rounds, PyTorch and ours in turn: each figure the geometric mean of the rounds (their range), \
+             each ratio taken within its round\n"
+        ),
+    }
     println!(
         "| model | task | batch x seq | kernels | ringtune samples/s | PyTorch fp32 | PyTorch bf16 | vs fp32 | vs bf16 | peak RSS MiB |"
     );
@@ -141,27 +190,24 @@ pub(crate) fn table(args: &TableArgs) -> Result<()> {
         .filter(|m| args.only.is_empty() || args.only.iter().any(|o| o == *m))
     {
         for task in ["eval", "train"] {
-            let (fp32, bf16) = match &pytorch {
-                Some(p) => (
-                    p.measure(model, task, "fp32", args.steps, args.repeats)?,
-                    if pytorch_bf16 { p.measure(model, task, "bf16", args.steps, args.repeats)? } else { f64::NAN },
-                ),
-                None => reference.get(model, task),
+            let anchor = match &pytorch {
+                Some(p) => Anchor::Measured(p, pytorch_bf16),
+                None => Anchor::Quoted(reference.get(model, task)),
             };
-            for (kernels, precision) in &variants {
-                let m = measure_child(model, task, kernels, precision, args)?;
-                // A figure not measured (NaN) reads as "-".
-                let cell = |v: f64, unit: &str| if v.is_nan() { "-".to_string() } else { format!("{v:.2}{unit}") };
+            let Rounds { fp32, bf16, ours } = rounds(model, task, &anchor, &variants, args)?;
+            for measured in &ours {
+                let Some(m) = measured.last() else { continue };
+                let rates: Vec<f64> = measured.iter().map(|m| m.median_samples_per_s).collect();
                 println!(
-                    "| {model} | {task} | {} x {} | {} | {:.2} | {} | {} | {} | {} | {:.0} |",
+                    "| {model} | {task} | {} x {} | {} | {} | {} | {} | {} | {} | {:.0} |",
                     m.batch,
                     m.seq,
                     m.kernels,
-                    m.median_samples_per_s,
-                    cell(fp32, ""),
-                    cell(bf16, ""),
-                    cell(m.median_samples_per_s / fp32, "x"),
-                    cell(m.median_samples_per_s / bf16, "x"),
+                    OverRounds::of(&rates).describe(""),
+                    OverRounds::of(&fp32).describe(""),
+                    OverRounds::of(&bf16).describe(""),
+                    OverRounds::ratio(&rates, &fp32).describe("x"),
+                    OverRounds::ratio(&rates, &bf16).describe("x"),
                     m.peak_rss_mib
                 );
                 if let Some(memory) = &m.memory {
