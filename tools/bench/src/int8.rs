@@ -24,6 +24,7 @@ use ringtune_trainer::engine::Evaluator;
 use ringtune_trainer::quantize::{input_maxima, QuantizeOptions};
 
 use crate::one::{config_of, config_path, synthetic_batch};
+use crate::rounds::OverRounds;
 
 /// The comparison's settings.
 #[derive(Args)]
@@ -50,6 +51,11 @@ pub(crate) struct Int8Args {
     /// Repeats (the median is reported).
     #[arg(long, default_value_t = 3)]
     repeats: usize,
+    /// Rounds: every model (ours and the other tools') is timed in turn this many times, and
+    /// each figure is the geometric mean of the rounds with their range (each ratio taken within
+    /// its round).
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     /// Timed runs at batch 1.
     #[arg(long, default_value_t = 100)]
     latency_runs: usize,
@@ -116,32 +122,30 @@ pub(crate) fn int8(args: &Int8Args) -> Result<()> {
     let embedded = |model: &[u8]| Evaluator::embedded(runtime, model, &options);
     // Our oneDNN kernels run the evaluation graph, which reads the float parameters as inputs.
     let onednn = |precision| Evaluator::new(runtime, &config, &layout, Kernels::OneDnn(precision), &options);
-    let mut rows =
-        vec![("ringtune fp32 (MLAS)".to_string(), time(embedded(&fp32)?, &[], &batch, &single, args)?, fp32.len())];
-    rows.push((
-        "ringtune fp32 (oneDNN)".into(),
-        time(onednn(Precision::F32)?, &params, &batch, &single, args)?,
-        fp32.len(),
-    ));
+    // Ours, each model's session made once: (name, session, the parameters it reads, bytes).
+    let mut ours: Vec<(String, Evaluator, &[f32], usize)> = vec![
+        ("ringtune fp32 (MLAS)".into(), embedded(&fp32)?, &[], fp32.len()),
+        ("ringtune fp32 (oneDNN)".into(), onednn(Precision::F32)?, &params, fp32.len()),
+    ];
     if CpuFeatures::detect().has_native_bf16() {
-        let timed = time(onednn(Precision::Bf16)?, &params, &batch, &single, args)?;
-        rows.push(("ringtune bf16 (oneDNN)".into(), timed, fp32.len()));
+        ours.push(("ringtune bf16 (oneDNN)".into(), onednn(Precision::Bf16)?, &params, fp32.len()));
     }
-    rows.push(("ringtune int8".into(), time(embedded(&int8)?, &[], &batch, &single, args)?, int8.len()));
-    rows.push((
-        "ringtune int8, padding computed".into(),
-        time(embedded(&padded)?, &[], &batch, &single, args)?,
-        padded.len(),
-    ));
-    rows.push((
-        "ringtune int8, feed-forward input per token".into(),
-        time(embedded(&per_token)?, &[], &batch, &single, args)?,
-        per_token.len(),
-    ));
-    let left_out = match &args.python {
-        Some(python) => other_tools(python, &fp32, &torch_source, args, &mut rows)?,
-        None => Vec::new(),
-    };
+    ours.push(("ringtune int8".into(), embedded(&int8)?, &[], int8.len()));
+    ours.push(("ringtune int8, padding computed".into(), embedded(&padded)?, &[], padded.len()));
+    ours.push(("ringtune int8, feed-forward input per token".into(), embedded(&per_token)?, &[], per_token.len()));
+    // Round by round, ours then the other tools', so that each ratio compares neighbours.
+    let mut rounds: Vec<Vec<(String, Timed, usize)>> = Vec::new();
+    let mut left_out = Vec::new();
+    for _ in 0..args.rounds.max(1) {
+        let mut round = Vec::new();
+        for (name, evaluator, inputs, bytes) in &mut ours {
+            round.push((name.clone(), time(evaluator, inputs, &batch, &single, args)?, *bytes));
+        }
+        if let Some(python) = &args.python {
+            left_out = other_tools(python, &fp32, &torch_source, args, &mut round)?;
+        }
+        rounds.push(round);
+    }
     println!(
         "CPU: {} (AVX512-VNNI: {}); model {} ({source}); {} threads; int8 weights {}; {} linear layers and {} \
          embedding tables in int8, kept in float: {}\n",
@@ -154,7 +158,7 @@ pub(crate) fn int8(args: &Int8Args) -> Result<()> {
         report.tables.len(),
         report.kept_float.join(", ")
     );
-    print_table(&rows, args);
+    print_table(&over_rounds(&rounds), args);
     for why in left_out {
         println!("\nleft out, {why}");
     }
@@ -175,30 +179,74 @@ fn weights_of(model: &str, config: &ModelConfig, layout: &ParamLayout) -> Result
     }
 }
 
-/// The rows (name, figures, file bytes) as a table, each against the first.
-fn print_table(rows: &[(String, Timed, usize)], args: &Int8Args) {
+/// A row of the table: a model's figures over the rounds, its throughput against the first
+/// row's round by round, and its file's bytes.
+#[derive(Debug)]
+struct Row {
+    name: String,
+    samples_per_s: OverRounds,
+    vs_first: OverRounds,
+    p50_ms: OverRounds,
+    p99_ms: OverRounds,
+    bytes: usize,
+}
+
+/// Each model's figures over `rounds` (every round the same models in the same order; a model
+/// missing from a round, its tool having failed there, counts as not measured).
+fn over_rounds(rounds: &[Vec<(String, Timed, usize)>]) -> Vec<Row> {
+    let Some(first) = rounds.first() else { return Vec::new() };
+    let figure = |name: &str, of: fn(&Timed) -> f64| -> Vec<f64> {
+        rounds.iter().map(|round| round.iter().find(|(n, ..)| n == name).map_or(f64::NAN, |(_, t, _)| of(t))).collect()
+    };
+    let base = figure(&first[0].0, |t| t.samples_per_s);
+    first
+        .iter()
+        .map(|(name, _, bytes)| {
+            let rates = figure(name, |t| t.samples_per_s);
+            Row {
+                name: name.clone(),
+                samples_per_s: OverRounds::of(&rates),
+                vs_first: OverRounds::ratio(&rates, &base),
+                p50_ms: OverRounds::of(&figure(name, |t| t.p50_ms)),
+                p99_ms: OverRounds::of(&figure(name, |t| t.p99_ms)),
+                bytes: *bytes,
+            }
+        })
+        .collect()
+}
+
+/// The rows as a table, each against the first.
+fn print_table(rows: &[Row], args: &Int8Args) {
+    if args.rounds > 1 {
+        println!(
+            "{} rounds, every model in turn: each figure the geometric mean of the rounds (their range), each \
+             ratio taken within its round\n",
+            args.rounds
+        );
+    }
     println!(
         "| model | samples/s at {} x {} | vs fp32 | batch 1 p50 ms | batch 1 p99 ms | size MB | vs fp32 |",
         args.batch, args.seq
     );
     println!("|---|---|---|---|---|---|---|");
-    let (base_sps, base_bytes) = (rows[0].1.samples_per_s, rows[0].2 as f64);
-    for (name, t, bytes) in rows {
+    let Some(base_bytes) = rows.first().map(|r| r.bytes as f64) else { return };
+    for r in rows {
         println!(
-            "| {name} | {:.1} | {:.2}x | {:.1} | {:.1} | {:.1} | {:.0}% |",
-            t.samples_per_s,
-            t.samples_per_s / base_sps,
-            t.p50_ms,
-            t.p99_ms,
-            *bytes as f64 / 1e6,
-            100.0 * *bytes as f64 / base_bytes
+            "| {} | {} | {} | {} | {} | {:.1} | {:.0}% |",
+            r.name,
+            r.samples_per_s.describe(""),
+            r.vs_first.describe("x"),
+            r.p50_ms.describe(""),
+            r.p99_ms.describe(""),
+            r.bytes as f64 / 1e6,
+            100.0 * r.bytes as f64 / base_bytes
         );
     }
 }
 
 /// Throughput (median of the repeats) and batch-1 latency of a model (`params`: what its
 /// graph reads as inputs, none for a self-contained one).
-fn time(mut evaluator: Evaluator, params: &[f32], batch: &Batch, single: &Batch, args: &Int8Args) -> Result<Timed> {
+fn time(evaluator: &mut Evaluator, params: &[f32], batch: &Batch, single: &Batch, args: &Int8Args) -> Result<Timed> {
     for _ in 0..2 {
         evaluator.logits(params, batch)?;
     }
@@ -301,6 +349,37 @@ mod tests {
         std::fs::write(&path, script)?;
         let args = Cli::parse_from(["int8"]).int8;
         python_rows(Path::new("python3"), &path, dir.path(), &args)
+    }
+
+    #[test]
+    fn rounds_give_each_model_its_geometric_mean_and_its_ratio_within_each_round() {
+        let timed = |sps: f64, p50: f64| Timed { samples_per_s: sps, p50_ms: p50, p99_ms: 2.0 * p50 };
+        // Stand-in timings: round 2 runs at half speed on every model; ONNX Runtime's failed in
+        // round 3.
+        let rounds = vec![
+            vec![
+                ("fp32".to_string(), timed(100.0, 10.0), 90),
+                ("int8".into(), timed(150.0, 5.0), 30),
+                ("ort".into(), timed(120.0, 6.0), 25),
+            ],
+            vec![
+                ("fp32".to_string(), timed(50.0, 20.0), 90),
+                ("int8".into(), timed(75.0, 10.0), 30),
+                ("ort".into(), timed(60.0, 12.0), 25),
+            ],
+            vec![("fp32".to_string(), timed(100.0, 10.0), 90), ("int8".into(), timed(160.0, 5.0), 30)],
+        ];
+        let rows = over_rounds(&rounds);
+        assert_eq!(
+            rows.iter().map(|r| (r.name.as_str(), r.bytes)).collect::<Vec<_>>(),
+            [("fp32", 90), ("int8", 30), ("ort", 25)]
+        );
+        assert_eq!(rows[0].vs_first.describe("x"), "1.00x");
+        let int8 = &rows[1];
+        assert!((int8.vs_first.mean - (1.5f64 * 1.5 * 1.6).powf(1.0 / 3.0)).abs() < 1e-12, "{int8:?}");
+        assert_eq!(int8.vs_first.describe("x"), "1.53x (1.50-1.60)");
+        assert_eq!(int8.p50_ms.describe(""), "6.30 (5.00-10.00)");
+        assert_eq!(rows[2].vs_first.describe("x"), "-", "a round without it leaves its figures unmeasured");
     }
 
     #[test]
