@@ -268,17 +268,7 @@ async fn accept_prev(
     let mut conns = Vec::new();
     let mut prev_addr = None;
     for (lane, ring_rx) in ring_rxs.iter_mut().enumerate() {
-        let conn = loop {
-            let conn = ring_rx.recv().await.ok_or_else(|| QuicError::Setup("the endpoint stopped accepting".into()))?;
-            if conn.close_reason().is_some() {
-                continue;
-            }
-            if peer_is(&conn, &expected) {
-                break conn;
-            }
-            tracing::warn!(peer = %conn.remote_address(), "refused a ring link: its certificate is not for {expected}");
-            conn.close(VarInt::from_u32(2), format!("this link takes {expected} only").as_bytes());
-        };
+        let conn = next_link(ring_rx, &expected).await?;
         let addr = conn.remote_address();
         prev_addr = Some(addr);
         let mut stream = conn.accept_uni().await.map_err(|e| QuicError::peer(prev, addr, describe_connection(&e)))?;
@@ -300,6 +290,20 @@ async fn accept_prev(
         conns.push(conn);
     }
     Ok((incoming, conns, prev_addr))
+}
+
+/// The next ring link from the node `expected` names, with a certificate for it, refusing
+/// others with the reason.
+async fn next_link(ring_rx: &mut mpsc::UnboundedReceiver<Connection>, expected: &str) -> Result<Connection, QuicError> {
+    loop {
+        // A link its dialer has closed already may still hold its stream: it is taken as any.
+        let conn = ring_rx.recv().await.ok_or_else(|| QuicError::Setup("the endpoint stopped accepting".into()))?;
+        if peer_is(&conn, expected) {
+            return Ok(conn);
+        }
+        tracing::warn!(peer = %conn.remote_address(), "refused a ring link: its certificate is not for {expected}");
+        conn.close(VarInt::from_u32(2), format!("this link takes {expected} only").as_bytes());
+    }
 }
 
 fn check_hello(
