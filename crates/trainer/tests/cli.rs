@@ -24,6 +24,16 @@ fn bad_training_values_are_refused_by_name() {
         (&["train", "--epoch", "1"][..], "unexpected argument '--epoch'"),
         // Refused, not ignored: one node has nothing to compress.
         (&["train", "--powersgd-rank", "4"][..], "--powersgd-rank compresses what nodes send each other"),
+        // A join needs a job of several to join, and takes its state from it, not a checkpoint.
+        (&["train", "--join"][..], "--join takes a node into a running job"),
+        (
+            &["train", "--world", "2", "--rank", "1", "--peers", "a:1,b:2", "--certs", "x", "--join", "--resume"][..],
+            "--join takes the running job's state, --resume a checkpoint's",
+        ),
+        (
+            &["train", "--world", "2", "--rank", "1", "--peers", "a:1,b:2", "--certs", "x", "--min-nodes", "3"][..],
+            "--min-nodes 3",
+        ),
     ] {
         let (ok, stderr) = ringtune(args);
         assert!(!ok, "{args:?} must fail");

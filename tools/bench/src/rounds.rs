@@ -65,6 +65,12 @@ mod tests {
     }
 
     #[test]
+    fn the_summary_of_ratios_is_their_geometric_mean_and_range() {
+        let OverRounds { mean, low, high, .. } = OverRounds::of(&[0.5, 2.0, 1.0]);
+        assert!((mean - 1.0).abs() < 1e-12 && low == 0.5 && high == 2.0);
+    }
+
+    #[test]
     fn one_round_reads_as_one_figure_and_a_missing_one_as_a_dash() {
         assert_eq!(OverRounds::of(&[7.891]).describe(""), "7.89");
         assert_eq!(OverRounds::ratio(&[3.0, 4.0], &[f64::NAN, 2.0]).describe("x"), "-");

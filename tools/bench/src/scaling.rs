@@ -9,6 +9,8 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use ringtune_trainer::metrics::{read_records, Record, StepRecord};
 
+use crate::rounds::OverRounds;
+
 /// The comparison's settings.
 #[derive(Args)]
 pub(crate) struct ScalingArgs {
@@ -322,14 +324,6 @@ pub(crate) struct AbArgs {
     run: RunSettings,
 }
 
-/// The geometric mean, the smallest and the largest of `ratios`.
-pub(crate) fn ratio_summary(ratios: &[f64]) -> (f64, f64, f64) {
-    let n = ratios.len().max(1) as f64;
-    let geomean = (ratios.iter().map(|r| r.ln()).sum::<f64>() / n).exp();
-    let (min, max) = ratios.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &r| (lo.min(r), hi.max(r)));
-    (geomean, min, max)
-}
-
 /// Runs both builds on 2 nodes x 1 thread, pair after pair, and prints each pair's step times
 /// and the ratio of the two builds over all pairs. Both train the same batches (same seed), so
 /// a pair differs only by build and by the machine's noise.
@@ -370,7 +364,7 @@ pub(crate) fn ab(args: &AbArgs) -> Result<()> {
             after.forward_backward
         );
     }
-    let (geomean, min, max) = ratio_summary(&ratios);
+    let OverRounds { mean: geomean, low: min, high: max, .. } = OverRounds::of(&ratios);
     let settings =
         if args.run.train_args.is_empty() { "default settings".to_string() } else { args.run.train_args.join(" ") };
     println!(
@@ -378,15 +372,4 @@ pub(crate) fn ab(args: &AbArgs) -> Result<()> {
         args.run.batch, args.run.steps, args.pairs
     );
     Ok(())
-}
-
-#[cfg(test)]
-mod ab_tests {
-    use super::ratio_summary;
-
-    #[test]
-    fn the_summary_of_ratios_is_their_geometric_mean_and_range() {
-        let (geomean, min, max) = ratio_summary(&[0.5, 2.0, 1.0]);
-        assert!((geomean - 1.0).abs() < 1e-12 && min == 0.5 && max == 2.0);
-    }
 }

@@ -6,7 +6,7 @@ use bytes::Bytes;
 use ringtune_optim::AdamWState;
 
 use super::TrainingRun;
-use crate::checkpoint::{self, Meta};
+use crate::checkpoint::{self, Checkpoint, Meta};
 use crate::low_rank_file;
 use crate::TrainError;
 
@@ -77,18 +77,16 @@ impl TrainingRun<'_> {
                 grouping(ckpt.meta.length_groups),
             )));
         }
-        self.engine.params_mut()?.copy_from_slice(&ckpt.params);
-        self.adam.restore(AdamWState { step: ckpt.meta.adam_step, m: ckpt.m, v: ckpt.v })?;
-        self.resume_low_rank(ckpt.meta.progress.step)?;
-        let batch_in_epoch = ckpt.meta.resume_batch(self.launch_world, self.plan.batch_size);
-        self.progress = ckpt.meta.progress.clone();
+        let meta = self.take_state(ckpt)?;
+        self.resume_low_rank(meta.progress.step)?;
+        let batch_in_epoch = meta.resume_batch(self.launch_world, self.plan.batch_size);
         if batch_in_epoch != self.progress.batch_in_epoch {
             // Another number of nodes, or another batch per node, cuts the epoch into other
             // batches.
             tracing::warn!(
-                from_nodes = ckpt.meta.world,
+                from_nodes = meta.world,
                 to_nodes = self.launch_world,
-                from_node_batch = ckpt.meta.node_batch,
+                from_node_batch = meta.node_batch,
                 to_node_batch = self.plan.batch_size,
                 "resuming with another global batch split: epoch {} goes on at batch {batch_in_epoch}, not {}",
                 self.progress.epoch + 1,
@@ -151,6 +149,15 @@ impl TrainingRun<'_> {
         let path = self.plan.checkpoints.join(checkpoint::file_name(self.progress.step));
         checkpoint::save(&path, &meta, self.engine.params()?, m, v)?;
         checkpoint::prune(&self.plan.checkpoints, self.cfg.keep_checkpoints)
+    }
+
+    /// Takes `ckpt`'s parameters, optimizer state and place in the data; returns what else it
+    /// says.
+    pub(super) fn take_state(&mut self, ckpt: Checkpoint) -> Result<Meta, TrainError> {
+        self.engine.params_mut()?.copy_from_slice(&ckpt.params);
+        self.adam.restore(AdamWState { step: ckpt.meta.adam_step, m: ckpt.m, v: ckpt.v })?;
+        self.progress = ckpt.meta.progress.clone();
+        Ok(ckpt.meta)
     }
 
     /// What a checkpoint of this point of the run says about it.

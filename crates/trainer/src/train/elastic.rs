@@ -9,7 +9,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ringtune_optim::AdamWState;
 use serde::{Deserialize, Serialize};
 
 use super::{Continue, TrainingRun};
@@ -97,10 +96,7 @@ impl TrainingRun<'_> {
             .find(|p| !p.is_empty())
             .ok_or_else(|| TrainError::Sync { reason: "the nodes that took this one in sent no state".into() })?;
         let handover = Handover::decode(&state, &self.plan.layout_hash)?;
-        let ckpt = handover.checkpoint;
-        self.engine.params_mut()?.copy_from_slice(&ckpt.params);
-        self.adam.restore(AdamWState { step: ckpt.meta.adam_step, m: ckpt.m, v: ckpt.v })?;
-        self.progress = ckpt.meta.progress;
+        self.take_state(handover.checkpoint)?;
         self.members = handover.info.members;
         self.membership = handover.info.membership;
         self.ended_epochs = handover.info.ended_epochs;
