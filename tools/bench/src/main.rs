@@ -12,7 +12,6 @@ mod one;
 mod rounds;
 mod scaling;
 mod table;
-mod to_accuracy;
 
 use std::path::{Path, PathBuf};
 

@@ -78,8 +78,8 @@ struct PyTorch {
 }
 
 impl PyTorch {
-    /// Median samples/s of one configuration (the script's `RESULT` line).
-    fn measure(&self, model: &str, task: &str, precision: &str, steps: usize, repeats: usize) -> Result<f64> {
+    /// One configuration's median samples/s and its process's peak RSS (the script's `RESULT` line).
+    fn measure(&self, model: &str, task: &str, precision: &str, steps: usize, repeats: usize) -> Result<Anchored> {
         let size = match model {
             "bert-base" => "base",
             "bert-mini" => "mini",
@@ -99,7 +99,26 @@ impl PyTorch {
             );
         };
         let value: serde_json::Value = serde_json::from_str(result)?;
-        value["median_sps"].as_f64().context("RESULT without median_sps")
+        Ok(Anchored {
+            samples_per_s: value["median_sps"].as_f64().context("RESULT without median_sps")?,
+            peak_rss_mib: value["maxrss_MiB"].as_f64().unwrap_or(f64::NAN),
+        })
+    }
+}
+
+/// PyTorch's figures of one configuration in one round.
+#[derive(Clone, Copy)]
+struct Anchored {
+    samples_per_s: f64,
+    /// NaN where quoted, or not measured.
+    peak_rss_mib: f64,
+}
+
+impl Anchored {
+    const NONE: Anchored = Anchored { samples_per_s: f64::NAN, peak_rss_mib: f64::NAN };
+
+    fn quoted(samples_per_s: f64) -> Anchored {
+        Anchored { samples_per_s, peak_rss_mib: f64::NAN }
     }
 }
 
@@ -123,11 +142,11 @@ enum Anchor<'a> {
     Quoted((f64, f64)),
 }
 
-/// One model and task's samples/s, round by round: PyTorch's fp32 and bf16, and each of our
-/// configurations' measurements.
+/// One model and task, round by round: PyTorch's fp32 and bf16, and each of our configurations'
+/// measurements.
 struct Rounds {
-    fp32: Vec<f64>,
-    bf16: Vec<f64>,
+    fp32: Vec<Anchored>,
+    bf16: Vec<Anchored>,
     ours: Vec<Vec<Measurement>>,
 }
 
@@ -139,9 +158,9 @@ fn rounds(model: &str, task: &str, anchor: &Anchor, variants: &[(&str, &str)], a
         let (fp32, bf16) = match anchor {
             Anchor::Measured(p, with_bf16) => (
                 p.measure(model, task, "fp32", args.steps, args.repeats)?,
-                if *with_bf16 { p.measure(model, task, "bf16", args.steps, args.repeats)? } else { f64::NAN },
+                if *with_bf16 { p.measure(model, task, "bf16", args.steps, args.repeats)? } else { Anchored::NONE },
             ),
-            Anchor::Quoted(quoted) => *quoted,
+            Anchor::Quoted((fp32, bf16)) => (Anchored::quoted(*fp32), Anchored::quoted(*bf16)),
         };
         r.fp32.push(fp32);
         r.bf16.push(bf16);
@@ -150,6 +169,33 @@ fn rounds(model: &str, task: &str, anchor: &Anchor, variants: &[(&str, &str)], a
         }
     }
     Ok(r)
+}
+
+/// The highest peak RSS over the rounds, in MiB (a blank where not measured).
+fn highest_rss(rounds: &[Anchored]) -> String {
+    let highest = rounds.iter().map(|a| a.peak_rss_mib).filter(|r| r.is_finite()).fold(f64::NAN, f64::max);
+    if highest.is_finite() {
+        format!("{highest:.0}")
+    } else {
+        "-".to_string()
+    }
+}
+
+/// Where each training step's memory goes, a row per configuration (`(model and kernels cells,
+/// the rest of the row)`).
+fn print_breakdowns(recompute: ringtune_ops::Recompute, breakdowns: &[(String, String)]) {
+    println!(
+        "\nWhere a training step's memory goes (MiB; recompute {}): ours (parameters, gradients, AdamW moments), \
+         ONNX Runtime's tensors at their peak, what its arena holds beyond that, the rest (libraries, oneDNN):\n",
+        recompute
+    );
+    println!(
+        "| model | kernels | parameters | gradients | moments | tensors at peak | arena beyond | rest | peak RSS |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (head, row) in breakdowns {
+        println!("{head}{row}");
+    }
 }
 
 /// Prints the table.
@@ -181,9 +227,9 @@ pub(crate) fn table(args: &TableArgs) -> Result<()> {
         ),
     }
     println!(
-        "| model | task | batch x seq | kernels | ringtune samples/s | PyTorch fp32 | PyTorch bf16 | vs fp32 | vs bf16 | peak RSS MiB |"
+        "| model | task | batch x seq | kernels | ringtune samples/s | PyTorch fp32 | PyTorch bf16 | vs fp32 | vs bf16 | peak RSS MiB | PyTorch's fp32 / bf16 |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let mut breakdowns = Vec::new();
     for model in ["minilm", "bert-base", "bert-mini"]
         .iter()
@@ -195,11 +241,14 @@ pub(crate) fn table(args: &TableArgs) -> Result<()> {
                 None => Anchor::Quoted(reference.get(model, task)),
             };
             let Rounds { fp32, bf16, ours } = rounds(model, task, &anchor, &variants, args)?;
+            let pytorch_rss = format!("{} / {}", highest_rss(&fp32), highest_rss(&bf16));
+            let (fp32, bf16): (Vec<f64>, Vec<f64>) =
+                fp32.iter().zip(&bf16).map(|(a, b)| (a.samples_per_s, b.samples_per_s)).unzip();
             for measured in &ours {
                 let Some(m) = measured.last() else { continue };
                 let rates: Vec<f64> = measured.iter().map(|m| m.median_samples_per_s).collect();
                 println!(
-                    "| {model} | {task} | {} x {} | {} | {} | {} | {} | {} | {} | {:.0} |",
+                    "| {model} | {task} | {} x {} | {} | {} | {} | {} | {} | {} | {:.0} | {pytorch_rss} |",
                     m.batch,
                     m.seq,
                     m.kernels,
@@ -216,22 +265,24 @@ pub(crate) fn table(args: &TableArgs) -> Result<()> {
             }
         }
     }
-    println!(
-        "\nWhere a training step's memory goes (MiB; recompute {}): ours (parameters, gradients, AdamW moments), \
-         ONNX Runtime's tensors at their peak, what its arena holds beyond that, the rest (libraries, oneDNN):\n",
-        args.recompute
-    );
-    println!(
-        "| model | kernels | parameters | gradients | moments | tensors at peak | arena beyond | rest | peak RSS |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|");
-    for (head, row) in &breakdowns {
-        println!("{head}{row}");
-    }
+    print_breakdowns(args.recompute, &breakdowns);
     println!(
         "\ntrain = forward + backward (dropout on) + optimizer step on both sides: ringtune runs forward and backward \
          as one ONNX Runtime run, then global-norm clipping and AdamW on the flat buffers; PyTorch runs forward, \
          backward, AdamW and zero_grad. Batches: random ids, lengths 40..128 padded to 128, as the reference's."
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pytorchs_peak_rss_is_the_highest_of_its_rounds_and_blank_where_quoted() {
+        let measured = |peak_rss_mib| Anchored { samples_per_s: 10.0, peak_rss_mib };
+        assert_eq!(highest_rss(&[measured(1200.4), measured(1300.6), measured(f64::NAN)]), "1301");
+        assert_eq!(highest_rss(&[Anchored::quoted(16.7), Anchored::NONE]), "-");
+        assert_eq!(highest_rss(&[]), "-");
+    }
 }
