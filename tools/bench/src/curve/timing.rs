@@ -1,9 +1,10 @@
 //! How a curve's runs are timed and what a measured point is: the steps counted, a point's
 //! rates, and the floor of nodes training alone.
 
+use ringtune_data::ShardMode;
+
 use crate::curve::settings::{CurveArgs, CurveModel, MRPC_TRAIN};
 use crate::scaling::{quarter, Batching, Phases};
-use ringtune_data::ShardMode;
 
 /// The longest first epoch that is a run's warm-up before its timed epoch
 /// (`--minilm-epoch`); past it, the warm-up is [`SHORT_WARM_UP`] steps.
