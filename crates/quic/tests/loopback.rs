@@ -1,5 +1,6 @@
 //! The QUIC ring on loopback: a 4-rank all-reduce (peer list and coordinator), a rank that
-//! vanishes or stalls, a node without a CA-signed certificate, and nodes that disagree.
+//! vanishes or stalls, a node without a CA-signed certificate, nodes that disagree, survivors
+//! regrouping, and requests to join that the ring must refuse.
 
 use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
@@ -355,5 +356,72 @@ fn fewer_than_min_nodes_stop_naming_it() {
     for id in [0, 2] {
         let err = results[id].as_ref().expect_err("below --min-nodes");
         assert!(err.contains("--min-nodes 3"), "rank {id}: {err}");
+    }
+}
+
+#[test]
+fn requests_to_join_that_cannot_be_taken_in_are_refused_with_the_reason() {
+    // A ring launched with 3 nodes loses node 2 and goes on as 0 and 1; then four nodes ask to
+    // join it, each in a way the ring must refuse.
+    let world = 3;
+    let certs = generate(world + 1).expect("certs");
+    let ports = free_ports(world + 4);
+    let ring_ports = ports[..world].to_vec();
+    // Node 2 leaves once every member has the first result; 0 and 1 regroup, then the test asks.
+    let first_done = std::sync::Arc::new(std::sync::Barrier::new(world));
+    let regrouped = std::sync::Arc::new(std::sync::Barrier::new(3));
+    let asked = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let members: Vec<_> = (0..world)
+        .map(|id| {
+            let o = options(&certs, id, world, &ring_ports, list(&ring_ports), Duration::from_secs(20));
+            let (first_done, regrouped, asked) = (first_done.clone(), regrouped.clone(), asked.clone());
+            std::thread::spawn(move || -> Result<Vec<usize>, String> {
+                let mut ring = QuicRing::join(o).map_err(|e| e.to_string())?;
+                all_reduce_mean(&mut ring, 1, &mut data(id, 1000), 256).map_err(|e| e.to_string())?;
+                first_done.wait();
+                if id == 2 {
+                    drop(ring);
+                    return Ok(Vec::new());
+                }
+                all_reduce_mean(&mut ring, 2, &mut data(id, 1000), 256).expect_err("node 2 left");
+                ring.regroup(2).map_err(|e| e.to_string())?;
+                regrouped.wait();
+                let until = Instant::now() + Duration::from_secs(30);
+                while !asked.load(std::sync::atomic::Ordering::SeqCst) && Instant::now() < until {
+                    assert_eq!(ring.joiners_waiting(), 0, "no request here may be taken in");
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                let ids = ring.members().iter().map(|m| m.id).collect();
+                ring.shutdown();
+                Ok(ids)
+            })
+        })
+        .collect();
+    regrouped.wait();
+    // Each asks as `id` with `identity`'s certificate and `layout`, from a port of its own (a node
+    // past the launch's world believes in a larger one: its own check passes, the ring's may not).
+    let ask = |id: usize, identity: usize, layout: [u8; 32], port: u16| {
+        let mut o = options(&certs, 0, world, &ring_ports, list(&ring_ports), Duration::from_secs(20));
+        o.rank = id;
+        o.world = world.max(id + 1);
+        o.identity = certs.identity(identity).expect("identity");
+        o.layout = layout;
+        o.listen = SocketAddr::from(([127, 0, 0, 1], port));
+        std::thread::spawn(move || QuicRing::join_running(o).map(|_| ()).expect_err("refused").to_string())
+    };
+    let requests = [
+        (ask(1, 1, [7; 32], ports[world]), "node 1 is in the ring already"),
+        (ask(3, 3, [7; 32], ports[world + 1]), "node 3 is past the 3 nodes the job was launched with"),
+        (ask(2, 2, [8; 32], ports[world + 2]), "it trains another model"),
+        (ask(2, 3, [7; 32], ports[world + 3]), "asked to join as node 2 with another node's certificate"),
+    ];
+    for (request, reason) in requests {
+        let err = request.join().expect("joiner");
+        assert!(err.contains("refused this node") && err.contains(reason), "{err}\nexpected: {reason}");
+    }
+    asked.store(true, std::sync::atomic::Ordering::SeqCst);
+    let rings: Vec<_> = members.into_iter().map(|m| m.join().expect("member")).collect();
+    for id in [0, 1] {
+        assert_eq!(rings[id].as_ref().unwrap_or_else(|e| panic!("node {id}: {e}")), &[0, 1], "node {id}'s ring");
     }
 }
