@@ -338,7 +338,7 @@ fn check_hello(
             prev,
             addr,
             "runs a model with another parameter layout, or settings that must match (--wire, \
-             --shard-optimizer, --overlap); every node must train the same model with the same settings"
+             --shard-optimizer, --overlap, --powersgd-rank, --min-nodes); every node must train the same model with the same settings"
                 .into(),
         ));
     }

@@ -608,7 +608,7 @@ fn check_registration(
         ));
     }
     if *layout != o.layout {
-        return Err((format!("rank {rank} at {remote} runs a model with another parameter layout, or settings that must match (--wire, --shard-optimizer, --overlap)"), fills));
+        return Err((format!("rank {rank} at {remote} runs a model with another parameter layout, or settings that must match (--wire, --shard-optimizer, --overlap, --powersgd-rank, --min-nodes)"), fills));
     }
     if !open {
         return Err((format!("{remote} registered as rank {rank}, which is taken or out of range"), None));

@@ -39,13 +39,17 @@ pub struct ClusterOptions {
     pub mtu: Option<u16>,
     /// How gradients are reduced and the optimizer split.
     pub mode: SyncMode,
+    /// The fewest nodes the run goes on with after losing some (`--min-nodes`); 0 where it
+    /// stops at the first loss. Every node must be given the same: they decide alike whether
+    /// to regroup.
+    pub min_nodes: usize,
 }
 
 /// The layout hash the nodes compare when they connect, with the settings that must agree on
 /// every node (a node reducing in bf16 cannot pair with one expecting `f32`; with a sharded
 /// optimizer, overlap decides the order of the parameters' all-gather; a compressed ring sends
-/// other buffers).
-fn handshake_hash(layout: [u8; 32], mode: &SyncMode) -> [u8; 32] {
+/// other buffers; nodes that disagree on `--min-nodes` would disagree on whether to regroup).
+fn handshake_hash(layout: [u8; 32], mode: &SyncMode, min_nodes: usize) -> [u8; 32] {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
     h.update(layout);
@@ -53,6 +57,10 @@ fn handshake_hash(layout: [u8; 32], mode: &SyncMode) -> [u8; 32] {
     if let Some(rank) = mode.low_rank {
         h.update(b"low-rank");
         h.update((rank as u64).to_le_bytes());
+    }
+    if min_nodes > 0 {
+        h.update(b"min-nodes");
+        h.update((min_nodes as u64).to_le_bytes());
     }
     h.finalize().into()
 }
@@ -94,7 +102,7 @@ fn ring_options(options: &ClusterOptions, model: &ModelDir) -> Result<RingOption
     Ok(RingOptions {
         rank: options.rank,
         world: options.world,
-        layout: handshake_hash(model.layout.hash(), &options.mode),
+        layout: handshake_hash(model.layout.hash(), &options.mode, options.min_nodes),
         identity,
         listen: options.listen,
         peers: options.peers.clone(),
@@ -107,4 +115,22 @@ fn ring_options(options: &ClusterOptions, model: &ModelDir) -> Result<RingOption
             ..Tuning::default()
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nodes_given_another_min_nodes_do_not_pair() {
+        let mode = SyncMode { wire: Wire::F32, overlap: true, shard_optimizer: false, low_rank: None };
+        let layout = [3; 32];
+        let fail_fast = handshake_hash(layout, &mode, 0);
+        assert_ne!(handshake_hash(layout, &mode, 2), fail_fast);
+        assert_ne!(handshake_hash(layout, &mode, 2), handshake_hash(layout, &mode, 3));
+        assert_eq!(handshake_hash(layout, &mode, 2), handshake_hash(layout, &mode, 2));
+        // Every other setting still counts.
+        let bf16 = SyncMode { wire: Wire::Bf16, ..mode };
+        assert_ne!(handshake_hash(layout, &bf16, 2), handshake_hash(layout, &mode, 2));
+    }
 }

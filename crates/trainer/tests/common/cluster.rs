@@ -42,6 +42,7 @@ pub(crate) fn on_loopback(
         lanes: 1,
         mtu: None,
         mode,
+        min_nodes: 0,
     }
 }
 

@@ -75,16 +75,19 @@ fn cluster_options_from(args: &ClusterArgs, var: impl Fn(&str) -> Option<String>
         lanes: args.lanes.max(1),
         mtu: args.mtu,
         mode: sync_mode(args, args.powersgd_rank),
+        min_nodes: 0,
     }))
 }
 
-/// A run that may lose nodes (`--min-nodes` below the world) keeps the whole optimizer state on
-/// every node, since a shard would be lost with its node.
+/// A run that may lose nodes (`--min-nodes` below the world) says so to the other nodes (in the
+/// handshake) and keeps the whole optimizer state on every node, since a shard would be lost
+/// with its node.
 pub(crate) fn allow_losses(cluster: &mut ClusterOptions, args: &ClusterArgs, min_nodes: usize) -> Result<()> {
     if min_nodes > cluster.world {
         bail!("--min-nodes {min_nodes} is more than the {} nodes of the run", cluster.world);
     }
     if !(1..cluster.world).contains(&min_nodes) {
+        cluster.min_nodes = 0;
         return Ok(());
     }
     if args.shard_optimizer == Some(true) {
@@ -94,6 +97,7 @@ pub(crate) fn allow_losses(cluster: &mut ClusterOptions, args: &ClusterArgs, min
         );
     }
     cluster.mode.shard_optimizer = false;
+    cluster.min_nodes = min_nodes;
     Ok(())
 }
 
@@ -176,8 +180,10 @@ mod tests {
         };
         allow_losses(&mut c, &args.cluster, 4).expect("no loss allowed");
         assert!(c.mode.shard_optimizer);
+        assert_eq!(c.min_nodes, 0, "all 4 nodes needed: it stops at a loss, as without --min-nodes");
         allow_losses(&mut c, &args.cluster, 2).expect("losses allowed");
         assert!(!c.mode.shard_optimizer);
+        assert_eq!(c.min_nodes, 2, "told to the other nodes in the handshake");
         assert!(allow_losses(&mut c, &args.cluster, 5).expect_err("too many").to_string().contains("--min-nodes 5"));
         let Command::Train(sharded) =
             Cli::parse_from("ringtune train --shard-optimizer true".split_whitespace()).command
