@@ -14,7 +14,7 @@ use crate::certs::node_name;
 use crate::tls::{alpn, client_crypto, peer_is, server_crypto, ALPN_JOIN, ALPN_RENDEZVOUS, ALPN_RING};
 use crate::tuning::{bind_udp, endpoint, plan_datagrams, probe_path, transport_config, PathMtu, SegmentCap};
 use crate::wire::{describe_connection, dial_until_up, read_frame, write_frame};
-use crate::{QuicError, RingOptions};
+use crate::{QuicError, RingOptions, SETTINGS_THAT_MUST_MATCH};
 
 /// A node's endpoints, bound and accepting, before and between rings: they outlive a ring that
 /// lost a node, so the survivors find each other where they were.
@@ -337,9 +337,10 @@ fn check_hello(
         return Err(QuicError::peer(
             prev,
             addr,
-            "runs a model with another parameter layout, or settings that must match (--wire, \
-             --shard-optimizer, --overlap, --powersgd-rank, --min-nodes); every node must train the same model with the same settings"
-                .into(),
+            format!(
+                "runs a model with another parameter layout, or settings that must match \
+                 ({SETTINGS_THAT_MUST_MATCH}); every node must train the same model with the same settings"
+            ),
         ));
     }
     Ok(())

@@ -18,7 +18,7 @@ use crate::certs::node_name;
 use crate::links::{Bound, Formed, Member};
 use crate::tls::{client_crypto, peer_is, ALPN_JOIN, ALPN_RENDEZVOUS};
 use crate::wire::{describe_connection, dial_until_up};
-use crate::{QuicError, RingOptions};
+use crate::{QuicError, RingOptions, SETTINGS_THAT_MUST_MATCH};
 
 /// How a node finds the others.
 #[derive(Debug, Clone)]
@@ -608,7 +608,7 @@ fn check_registration(
         ));
     }
     if *layout != o.layout {
-        return Err((format!("rank {rank} at {remote} runs a model with another parameter layout, or settings that must match (--wire, --shard-optimizer, --overlap, --powersgd-rank, --min-nodes)"), fills));
+        return Err((format!("rank {rank} at {remote} runs a model with another parameter layout, or settings that must match ({SETTINGS_THAT_MUST_MATCH})"), fills));
     }
     if !open {
         return Err((format!("{remote} registered as rank {rank}, which is taken or out of range"), None));

@@ -17,7 +17,7 @@ use crate::rendezvous::{answer, ask_to_join, launch, read_request, regroup, Mess
 use crate::tls::peer_is;
 use crate::tuning::Tuning;
 use crate::wire::{describe_connection, read_frame, write_frame, ReadFrameError};
-use crate::{Peers, QuicError};
+use crate::{Peers, QuicError, SETTINGS_THAT_MUST_MATCH};
 
 /// Packet counters of a node's links.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -144,21 +144,32 @@ impl QuicRing {
         if options.world == 0 || options.rank >= options.world {
             return Err(QuicError::Setup(format!("rank {} of world {}", options.rank, options.world)));
         }
-        let mut ring = QuicRing::unlinked(options)?;
-        if ring.options.world == 1 {
-            return Ok(ring);
+        if options.world == 1 {
+            return QuicRing::unlinked(options);
         }
+        QuicRing::linked(options, "not every node joined", launch)
+    }
+
+    /// `options`' node in the ring `find` forms or finds once its endpoints are bound, linked
+    /// to its neighbours, all within the rendezvous deadline (`late`: what the node says when
+    /// it is not).
+    fn linked(
+        options: RingOptions,
+        late: &str,
+        find: impl AsyncFnOnce(&RingOptions, &mut Bound) -> Result<Formed, QuicError>,
+    ) -> Result<Self, QuicError> {
+        let mut ring = QuicRing::unlinked(options)?;
         let o = &ring.options;
         let (bound, formed, links) = ring.rt.block_on(async {
             let formed = async {
                 let mut bound = bind(o)?;
-                let formed = launch(o, &mut bound).await?;
+                let formed = find(o, &mut bound).await?;
                 let links = link(o, &mut bound, &formed).await?;
                 Ok::<_, QuicError>((bound, formed, links))
             };
-            tokio::time::timeout(o.rendezvous_deadline, formed).await.map_err(|_| {
-                QuicError::Rendezvous(format!("not every node joined within {:?}", o.rendezvous_deadline))
-            })?
+            tokio::time::timeout(o.rendezvous_deadline, formed)
+                .await
+                .map_err(|_| QuicError::Rendezvous(format!("{late} within {:?}", o.rendezvous_deadline)))?
         })?;
         ring.bound = Some(bound);
         ring.install(formed, links);
@@ -250,25 +261,8 @@ impl QuicRing {
         if options.rank >= options.world {
             return Err(QuicError::Setup(format!("rank {} of world {}", options.rank, options.world)));
         }
-        let mut ring = QuicRing::unlinked(options)?;
-        let o = &ring.options;
-        let (bound, formed, links) = ring.rt.block_on(async {
-            let joined = async {
-                let mut bound = bind(o)?;
-                let formed = ask_to_join(o, &bound).await?;
-                let links = link(o, &mut bound, &formed).await?;
-                Ok::<_, QuicError>((bound, formed, links))
-            };
-            tokio::time::timeout(o.rendezvous_deadline, joined).await.map_err(|_| {
-                QuicError::Rendezvous(format!(
-                    "no node of the running ring took this one in within {:?}",
-                    o.rendezvous_deadline
-                ))
-            })?
-        })?;
-        ring.bound = Some(bound);
-        ring.install(formed, links);
-        Ok(ring)
+        let ask = async |o: &RingOptions, bound: &mut Bound| ask_to_join(o, bound).await;
+        QuicRing::linked(options, "no node of the running ring took this one in", ask)
     }
 
     /// How many nodes have asked to join and wait for the next regroup (the new requests are
@@ -294,7 +288,9 @@ impl QuicRing {
                     format!("node {id} is past the {} nodes the job was launched with", options.world)
                 }
                 Ok(Message::Join { layout, .. }) if layout != options.layout => {
-                    "it trains another model, or with settings every node must share (--wire, --powersgd-rank)".into()
+                    format!(
+                        "it trains another model, or with settings every node must share ({SETTINGS_THAT_MUST_MATCH})"
+                    )
                 }
                 Ok(Message::Join { id, port, .. }) => {
                     let member = Member { id: id as usize, addr: SocketAddr::new(remote.ip(), port) };

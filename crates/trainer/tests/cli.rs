@@ -34,6 +34,11 @@ fn bad_training_values_are_refused_by_name() {
             &["train", "--world", "2", "--rank", "1", "--peers", "a:1,b:2", "--certs", "x", "--min-nodes", "3"][..],
             "--min-nodes 3",
         ),
+        // Only a run that may lose nodes takes one in: without --min-nodes the join would wait in vain.
+        (
+            &["train", "--world", "2", "--rank", "1", "--peers", "a:1,b:2", "--certs", "x", "--join"][..],
+            "--join takes a node into a run started with --min-nodes",
+        ),
     ] {
         let (ok, stderr) = ringtune(args);
         assert!(!ok, "{args:?} must fail");

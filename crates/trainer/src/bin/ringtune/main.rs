@@ -124,6 +124,13 @@ fn train(args: &TrainArgs) -> Result<()> {
     if args.cluster.join && args.resume {
         bail!("--join takes the running job's state, --resume a checkpoint's: give one of them");
     }
+    if args.cluster.join && cluster.min_nodes == 0 {
+        // A run without it stops at its first loss and takes no node in.
+        bail!(
+            "--join takes a node into a run started with --min-nodes below its world: give it the run's --min-nodes \
+             (every node's the same)"
+        );
+    }
     let inputs = ringtune_trainer::train::Inputs::read(&config, &root())?;
     let (mut sync, start) = match args.cluster.join {
         true => (QuicSync::join_running(&cluster, inputs.model())?, Start::Join),
