@@ -11,9 +11,9 @@ pub const MULTI_NODE_POWERSGD_RANK: usize = 8;
 
 /// What a run on several nodes trains with when the user sets no batch: one node's global
 /// batch (so one node's steps, learning rate and accuracy), split over the nodes, its gradients sent as low-rank factors (so the sync, whose bytes would not shrink
-/// with the nodes' share of the compute, hides behind it), and its batches grouped by length (so
-/// the nodes of a step wait less for the one with the longest batch). Measured in
-/// docs/cluster.md, "Choosing the batch".
+/// with the nodes' share of the compute, hides behind it). Its batches are grouped by length as
+/// every run's are by default (so the nodes of a step wait less for the one with the longest
+/// batch), unless the user turns that off. Measured in docs/cluster.md, "Choosing the batch".
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MultiNodeRecipe {
     /// Examples per step over all nodes.
@@ -41,10 +41,9 @@ impl MultiNodeRecipe {
         })
     }
 
-    /// Sets the recipe's batch and grouping by length in `config`.
+    /// Sets the recipe's batch in `config`.
     pub fn apply(&self, config: &mut TrainConfig) {
         config.global_batch_size = Some(self.global_batch_size);
-        config.group_by_length = true;
     }
 
     /// What the log says of it.
@@ -54,8 +53,7 @@ impl MultiNodeRecipe {
             None => "every gradient float sent".to_string(),
         };
         format!(
-            "multi-node recipe: a global batch of {} ({} on each of {world} nodes: one node's steps and learning rate), {sync}, \
-             batches grouped by length; set --batch-size or --global-batch-size to train otherwise",
+            "multi-node recipe: a global batch of {} ({} on each of {world} nodes: one node's steps and learning rate), {sync}; set --batch-size or --global-batch-size to train otherwise",
             self.global_batch_size,
             self.global_batch_size / world.max(1)
         )
@@ -95,14 +93,18 @@ mod tests {
     }
 
     #[test]
-    fn several_nodes_train_one_nodes_batch_compressed_and_grouped_unless_told_otherwise() {
+    fn several_nodes_train_one_nodes_batch_compressed_unless_told_otherwise() {
         let config = TrainConfig::default();
         let recipe = MultiNodeRecipe::choose(&config, 4, false, None).expect("the recipe");
         assert_eq!(recipe, MultiNodeRecipe { global_batch_size: 32, powersgd_rank: Some(MULTI_NODE_POWERSGD_RANK) });
         let mut applied = config.clone();
         recipe.apply(&mut applied);
         assert_eq!((applied.node_batch(4).expect("divides"), applied.learning_rate), (8, config.learning_rate));
+        // Grouped as every run is by default, and not where the user turned it off.
         assert!(applied.group_by_length);
+        let mut shuffled = TrainConfig { group_by_length: false, ..config.clone() };
+        recipe.apply(&mut shuffled);
+        assert!(!shuffled.group_by_length);
         // One node trains as it always has.
         assert_eq!(MultiNodeRecipe::choose(&config, 1, false, None), None);
         // A batch the user set, by flag or in the file, is trained as given.

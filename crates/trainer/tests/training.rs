@@ -14,9 +14,10 @@ fn the_loss_falls_and_every_output_is_written() {
     let cfg = TrainConfig { dropout: Some(0.1), ..config(dir.path(), "run") };
     let summary = ringtune_trainer::train::train(&cfg, dir.path(), Start::Fresh, None).expect("train");
     assert_eq!(summary.steps, 3 * 13);
+    // Over whole epochs: grouped by length, a few steps' losses move with their batches' lengths.
     let l = losses(&cfg.output);
-    let first: f64 = l[..5].iter().sum::<f64>() / 5.0;
-    let last: f64 = l[l.len() - 5..].iter().sum::<f64>() / 5.0;
+    let first: f64 = l[..13].iter().sum::<f64>() / 13.0;
+    let last: f64 = l[l.len() - 13..].iter().sum::<f64>() / 13.0;
     assert!(last < first - 0.02, "loss went from {first:.4} to {last:.4}");
     for file in [
         "model.safetensors",

@@ -67,7 +67,7 @@ impl TrainingRun<'_> {
             // The rest of the epoch is cut from an order that depends on the grouping.
             let grouping = |groups: Option<usize>| match groups {
                 Some(global) => format!("with --group-by-length at a global batch of {global}"),
-                None => "without --group-by-length".to_string(),
+                None => "with --group-by-length false".to_string(),
             };
             return Err(TrainError::Resume(format!(
                 "{} was made {} and stopped inside epoch {}: resume it {}, or from a checkpoint at an epoch's end",

@@ -134,9 +134,10 @@ pub(crate) struct TrainArgs {
     /// Seed.
     #[arg(long)]
     seed: Option<u64>,
-    /// Batch examples of similar length together (less padding; nodes wait less for each other).
-    #[arg(long)]
-    group_by_length: bool,
+    /// Batch examples of similar length together (less padding; nodes wait less for each other):
+    /// the default; `--group-by-length false` shuffles the batches as they come.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    group_by_length: Option<bool>,
     /// Dropout for every site (default: the model's).
     #[arg(long, allow_negative_numbers = true)]
     dropout: Option<f64>,
@@ -386,7 +387,8 @@ pub(crate) fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
             max_train_samples,
             stop_after,
             param_check_every,
-            min_nodes
+            min_nodes,
+            group_by_length
         ],
         optional: [
             task,
@@ -402,7 +404,7 @@ pub(crate) fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
             global_batch_size,
             quantize
         ],
-        flags: [skip_bad, group_by_length]
+        flags: [skip_bad]
     );
     c.validate()?;
     Ok(c)
@@ -411,6 +413,28 @@ pub(crate) fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Batches are grouped by length unless the command line (or the settings file) says
+    /// `false`; the flag alone still means `true`.
+    #[test]
+    fn batches_are_grouped_by_length_unless_turned_off() {
+        let grouping = |line: &str| {
+            let Command::Train(args) = Cli::parse_from(line.split_whitespace()).command else {
+                panic!("not a train command");
+            };
+            train_config(&args).expect("valid settings").group_by_length
+        };
+        assert!(grouping("ringtune train"));
+        assert!(grouping("ringtune train --group-by-length"));
+        assert!(grouping("ringtune train --group-by-length true --epochs 1"));
+        assert!(!grouping("ringtune train --group-by-length false"));
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        let file = dir.path().join("run.toml");
+        std::fs::write(&file, "group_by_length = false\n").expect("written");
+        let from_file = format!("ringtune train --config {}", file.display());
+        assert!(!grouping(&from_file), "the file's setting stands");
+        assert!(grouping(&format!("{from_file} --group-by-length")), "the flag overrides the file");
+    }
 
     /// Every `train` flag must reach the config (a flag parsed and then dropped is silently
     /// ignored, which is worse than refused).
