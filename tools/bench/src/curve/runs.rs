@@ -2,6 +2,8 @@
 //! synced or each node alone, and the model folders they train.
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use ringtune_trainer::metrics::{read_records, Record};
@@ -25,7 +27,7 @@ pub(crate) fn measure(
     let timing = Timing::of(args, model, nodes, node_batch(args.batch, nodes, batching));
     train.extend(train_settings((timing.steps, timing.log_every), batching, args.batch, &args.train_args, out.path()));
     train.extend(["--overlap".into(), "true".into(), "--wire".into(), args.wire.clone()]);
-    emulated(args, nodes, share, &train, show, false)?;
+    emulated(args, nodes, share, &ringtune_train(args, &train), (show, false), Bound::None)?;
     let global = match batching {
         Batching::PerNode => args.batch * nodes,
         Batching::Global => args.batch,
@@ -55,7 +57,7 @@ pub(crate) fn floor(
     train.extend(settings.iter().map(|s| s.to_string()));
     train.extend(["--batch-size".into(), args.batch.to_string()]);
     train.extend(args.train_args.iter().cloned());
-    emulated(args, nodes, share, &train, false, true)?;
+    emulated(args, nodes, share, &ringtune_train(args, &train), (false, true), Bound::None)?;
     let mut hosts = Vec::with_capacity(nodes);
     for host in 0..nodes {
         let metrics = out(&host.to_string()).join("metrics.jsonl");
@@ -79,34 +81,80 @@ pub(crate) fn floor(
     Ok(Floor { model, nodes, slowest_step: mean(&slowest), mean_step: mean(&all) })
 }
 
-/// Runs `ringtune train` with `train` on `nodes` emulated nodes of `share` cores (each node a
-/// run of its own when `alone`); shows ring-bench's account of the emulation when `show` (once
-/// a run), and says whether it did.
+/// `ringtune train` with `settings`, as the hosts run it.
+pub(crate) fn ringtune_train(args: &CurveArgs, settings: &[String]) -> Vec<String> {
+    let mut command = vec![args.ringtune.display().to_string(), "train".into()];
+    command.extend(settings.iter().cloned());
+    command
+}
+
+/// How long an emulated run may take.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Bound {
+    /// As long as it takes.
+    None,
+    /// Stopped (ring-bench told to end, which ends its ranks and removes the cluster) after this.
+    Within(Duration),
+}
+
+impl Bound {
+    /// What is left until `deadline`; an error where nothing is.
+    pub(crate) fn until(deadline: Instant) -> Result<Bound> {
+        match deadline.checked_duration_since(Instant::now()).filter(|left| left.as_secs() > 0) {
+            Some(left) => Ok(Bound::Within(left)),
+            None => bail!("the runs went past their bound (twice the estimate and 10 minutes): stopped"),
+        }
+    }
+}
+
+/// Runs `command` (a program and its arguments) on `nodes` emulated nodes of `share` cores
+/// (each node a run of its own when `alone`), within `bound`; shows ring-bench's account of the
+/// emulation when `show` (once a run).
 pub(crate) fn emulated(
     args: &CurveArgs,
     nodes: usize,
     share: f64,
-    train: &[String],
-    show: bool,
-    alone: bool,
-) -> Result<bool> {
-    let mut command: Vec<String> =
+    command: &[String],
+    (show, alone): (bool, bool),
+    bound: Bound,
+) -> Result<()> {
+    let mut ring_bench: Vec<String> =
         ["--cluster", "netns", "--ranks", &nodes.to_string(), "--cpu-share"].iter().map(|s| s.to_string()).collect();
-    command.extend([share.to_string(), "--emulate".into(), args.emulate.clone()]);
+    ring_bench.extend([share.to_string(), "--emulate".into(), args.emulate.clone()]);
     if alone {
-        command.push("--alone".into());
+        ring_bench.push("--alone".into());
     }
-    command.push("--".into());
-    command.push(args.ringtune.display().to_string());
-    command.push("train".into());
-    command.extend(train.iter().cloned());
-    let stdout = run_program(&args.ring_bench, &command)?;
+    ring_bench.push("--".into());
+    ring_bench.extend(command.iter().cloned());
+    let stdout = match bound {
+        Bound::None => run_program(&args.ring_bench, &ring_bench)?,
+        Bound::Within(limit) => run_within(&args.ring_bench, &ring_bench, limit)?,
+    };
     if show {
         for line in stdout.lines().filter(|l| l.contains("capped at") || l.starts_with("emulating")) {
             println!("{line}");
         }
     }
-    Ok(show)
+    Ok(())
+}
+
+/// `program` with `arguments`, told to end (SIGTERM, then SIGKILL a minute later) once it has run
+/// for `limit`: its standard output, or an error saying it ran past the limit or failed.
+fn run_within(program: &Path, arguments: &[String], limit: Duration) -> Result<String> {
+    let mut bounded = vec!["--signal=TERM".to_string(), "--kill-after=60".into(), limit.as_secs().max(1).to_string()];
+    bounded.push(program.display().to_string());
+    bounded.extend(arguments.iter().cloned());
+    let out = Command::new("timeout").args(&bounded).output().context("running timeout (coreutils)")?;
+    match out.status.code() {
+        Some(0) => Ok(String::from_utf8_lossy(&out.stdout).into_owned()),
+        Some(124) | Some(137) => bail!(
+            "{} {} ran past its bound of {} s and was stopped",
+            program.display(),
+            arguments.join(" "),
+            limit.as_secs()
+        ),
+        _ => bail!("{} {}: {}", program.display(), arguments.join(" "), String::from_utf8_lossy(&out.stderr)),
+    }
 }
 
 /// BERT-base's shape (`models/bert-base.json`) with seeded random weights and MiniLM's
@@ -125,4 +173,23 @@ pub(crate) fn random_bert_base(dir: &Path) -> Result<PathBuf> {
         std::fs::copy(minilm.join(file), model.join(file)).with_context(|| format!("{file}: run `just setup`"))?;
     }
     Ok(model)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_past_its_bound_is_stopped_and_says_so() {
+        let shell = Path::new("/bin/sh");
+        let quick = run_within(shell, &["-c".into(), "echo done".into()], Duration::from_secs(5)).expect("in time");
+        assert_eq!(quick.trim(), "done");
+        let started = Instant::now();
+        let err = run_within(shell, &["-c".into(), "sleep 20".into()], Duration::from_secs(1)).expect_err("stopped");
+        assert!(err.to_string().contains("ran past its bound of 1 s"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(10), "stopped at its bound, not at its end");
+        let failed = run_within(shell, &["-c".into(), "echo why >&2; exit 3".into()], Duration::from_secs(5));
+        assert!(failed.expect_err("failed").to_string().contains("why"));
+        assert!(Bound::until(Instant::now()).is_err(), "nothing left");
+    }
 }

@@ -73,9 +73,65 @@ pub(crate) struct CurveArgs {
     /// bf16, as the emulated links are the bottleneck (the optimizer is then not sharded).
     #[arg(long, default_value = "bf16")]
     pub(crate) wire: String,
+    /// With `--to-accuracy`: the same runs of a peer beside ours, on the same emulated nodes,
+    /// the two taking turns (`pytorch`: PyTorch DDP over gloo, `tools/bench/pytorch_ddp_mrpc.py`
+    /// with our recipe, launched by the torchrun variables ring-bench sets).
+    #[arg(long, value_enum)]
+    pub(crate) peer: Option<Peer>,
+    /// A Python with torch and transformers for `--peer pytorch`.
+    #[arg(long, env = "RINGTUNE_PYTORCH")]
+    pub(crate) pytorch: Option<PathBuf>,
+    /// How PyTorch DDP sends the gradients of its synced runs: `powersgd` (`powerSGD_hook` at our
+    /// rank, PyTorch's recommended settings) was the fastest of the three at one seed's screen.
+    #[arg(long, value_enum, default_value = "powersgd")]
+    pub(crate) peer_hook: PeerHook,
     /// Settings passed on to every `ringtune train` (e.g. `--shard-optimizer true`).
     #[arg(last = true)]
     pub(crate) train_args: Vec<String>,
+}
+
+/// A tool the runs to accuracy are measured beside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Peer {
+    /// PyTorch DDP over gloo.
+    Pytorch,
+}
+
+/// DDP's communication hooks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum PeerHook {
+    /// DDP's default: every gradient as fp32.
+    Allreduce,
+    /// `bf16_compress_hook`.
+    Bf16,
+    /// `powerSGD_hook`.
+    Powersgd,
+}
+
+impl PeerHook {
+    /// The script's `--hook`.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            PeerHook::Allreduce => "allreduce",
+            PeerHook::Bf16 => "bf16",
+            PeerHook::Powersgd => "powersgd",
+        }
+    }
+}
+
+/// Whether `ringtune train` given `train_args` groups its batches by length: the default, unless
+/// `--group-by-length false`.
+pub(crate) fn grouped(train_args: &[String]) -> bool {
+    let mut grouped = true;
+    for (k, arg) in train_args.iter().enumerate() {
+        match arg.as_str() {
+            "--group-by-length=false" => grouped = false,
+            "--group-by-length=true" => grouped = true,
+            "--group-by-length" => grouped = train_args.get(k + 1).is_none_or(|v| v != "false"),
+            _ => {}
+        }
+    }
+    grouped
 }
 
 /// The models a curve is drawn for.
@@ -120,15 +176,15 @@ impl CurveModel {
 /// against 1.3 and 6.5 s a core with Zen 4's bf16.
 const FP32_SLOWDOWN: f64 = 2.5;
 
-/// How much faster MRPC's steps are with `--group-by-length` (less padding), measured on a
-/// 2-core Zen 3: 8.48 against 5.64 samples/s on one node, 29.00 against 19.37 on 4.
+/// How much faster MRPC's steps are grouped by length (less padding; `ringtune train`'s
+/// default), measured on a 2-core Zen 3: 8.48 against 5.64 samples/s on one node, 29.00 against 19.37 on 4.
 pub(crate) const GROUPED_SPEEDUP: f64 = 1.5;
 
 /// Seconds a step of `per_node` examples should take at `share` cores a node, with the
 /// batching the runs are given.
 pub(crate) fn step_s(args: &CurveArgs, model: CurveModel, bf16: bool, per_node: f64, share: f64) -> f64 {
     let step = model.step_s_per_core(bf16) * per_node / 32.0 / share;
-    if args.train_args.iter().any(|a| a == "--group-by-length") {
+    if grouped(&args.train_args) {
         step / GROUPED_SPEEDUP
     } else {
         step
@@ -200,6 +256,14 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn batches_are_grouped_unless_the_settings_turn_it_off() {
+        let args = |line: &str| line.split_whitespace().map(String::from).collect::<Vec<_>>();
+        assert!(grouped(&[]) && grouped(&args("--group-by-length")) && grouped(&args("--group-by-length --seed 1")));
+        assert!(!grouped(&args("--group-by-length false")) && !grouped(&args("--seed 1 --group-by-length=false")));
+        assert!(grouped(&args("--group-by-length false --group-by-length true")), "the last one stands");
+    }
 
     #[test]
     fn seeds_that_do_not_fit_side_by_side_are_refused_with_the_most_that_do() {
