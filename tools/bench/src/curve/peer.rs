@@ -4,9 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
-use crate::curve::report::{Run, Tool};
+use crate::curve::report::{read_summary, Run, Tool};
 use crate::curve::settings::{grouped, CurveArgs, PeerHook, GROUPED_SPEEDUP, MRPC_TRAIN};
 
 /// Seconds a PyTorch step of 32 rows takes on one whole core (transformers' MiniLM, one
@@ -86,13 +86,7 @@ pub(crate) fn command(
 
 /// A run of the script, from the `summary.json` it wrote in `out`.
 pub(crate) fn read_run(out: &Path, nodes: usize) -> Result<Run> {
-    let path = out.join("summary.json");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let summary: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?;
-    let number = |value: &serde_json::Value, name: &str| {
-        value.as_f64().with_context(|| format!("{}: no {name}", path.display()))
-    };
+    let (summary, (wall_s, accuracy, f1)) = read_summary(out)?;
     let training = &summary["training"];
     let mut recipe = format!(
         "batch {}, lr {:e}",
@@ -118,16 +112,7 @@ pub(crate) fn read_run(out: &Path, nodes: usize) -> Result<Run> {
             Some((label.to_string(), summary["step_s"][part].as_f64()?))
         })
         .collect();
-    Ok(Run {
-        tool: Tool::PytorchDdp,
-        nodes,
-        recipe,
-        wall_s: number(&summary["wall_s"], "wall_s")?,
-        accuracy: number(&summary["dev"]["accuracy"], "dev accuracy")?,
-        f1: number(&summary["dev"]["f1"], "dev F1")?,
-        evaluations,
-        step,
-    })
+    Ok(Run { tool: Tool::PytorchDdp, nodes, recipe, wall_s, accuracy, f1, evaluations, step })
 }
 
 #[cfg(test)]

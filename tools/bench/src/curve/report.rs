@@ -2,6 +2,9 @@
 //! own one node (the wall, the time to its accuracy), ringtune beside the peer at each node
 //! count, and where the steps' time went.
 
+use std::path::Path;
+
+use anyhow::{Context, Result};
 use serde::Serialize;
 
 /// How far below one node's mean accuracy and F1 (in points) a node count may end, and the
@@ -44,6 +47,24 @@ pub(crate) struct Run {
     pub(crate) evaluations: Vec<(f64, f64)>,
     /// The mean step's parts in seconds, as the tool splits it (none where it gave none).
     pub(crate) step: Vec<(String, f64)>,
+}
+
+/// A run's `summary.json` in `out` (either tool writes one) and the scores every run has in it:
+/// the wall, dev accuracy and F1; an error naming the file where one is missing.
+pub(crate) fn read_summary(out: &Path) -> Result<(serde_json::Value, (f64, f64, f64))> {
+    let path = out.join("summary.json");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let summary: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?;
+    let number = |value: &serde_json::Value, name: &str| {
+        value.as_f64().with_context(|| format!("{}: no {name}", path.display()))
+    };
+    let scores = (
+        number(&summary["wall_s"], "wall_s")?,
+        number(&summary["dev"]["accuracy"], "dev accuracy")?,
+        number(&summary["dev"]["f1"], "dev F1")?,
+    );
+    Ok((summary, scores))
 }
 
 /// One tool's node count over its seeds.

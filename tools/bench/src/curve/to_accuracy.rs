@@ -15,7 +15,7 @@ use ringtune_trainer::plot::register_font;
 
 use crate::curve::peer;
 use crate::curve::plot::legend_and_present;
-use crate::curve::report::{Report, Run, Tool};
+use crate::curve::report::{read_summary, Report, Run, Tool};
 use crate::curve::runs::{emulated, ringtune_train, Bound};
 use crate::curve::settings::{step_s, CurveArgs, CurveModel, Peer, MRPC_TRAIN, RUN_OVERHEAD_S_PER_CORE};
 
@@ -196,13 +196,7 @@ fn write_outputs(stem: &Path, markdown: &str, report: &Report, runs: &[Run]) -> 
 /// One run of ours: its recipe and scores (`summary.json`), its dev accuracy at each evaluation
 /// and the mean step's parts (`metrics.jsonl`).
 fn read_run(out: &Path, nodes: usize) -> Result<Run> {
-    let path = out.join("summary.json");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let summary: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?;
-    let number = |value: &serde_json::Value, name: &str| {
-        value.as_f64().with_context(|| format!("{}: no {name}", path.display()))
-    };
+    let (summary, (wall_s, accuracy, f1)) = read_summary(out)?;
     let training = &summary["training"];
     let recipe = match training["global_batch"].as_u64() {
         Some(batch) => {
@@ -225,16 +219,7 @@ fn read_run(out: &Path, nodes: usize) -> Result<Run> {
             _ => None,
         })
         .collect();
-    Ok(Run {
-        tool: Tool::Ringtune,
-        nodes,
-        step: mean_step(&records),
-        recipe,
-        wall_s: number(&summary["wall_s"], "wall_s")?,
-        accuracy: number(&summary["dev"]["accuracy"], "dev accuracy")?,
-        f1: number(&summary["dev"]["f1"], "dev F1")?,
-        evaluations,
-    })
+    Ok(Run { tool: Tool::Ringtune, nodes, step: mean_step(&records), recipe, wall_s, accuracy, f1, evaluations })
 }
 
 /// The mean step's parts over the run's step records, each window weighed by its steps.
