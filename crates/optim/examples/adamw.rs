@@ -14,8 +14,8 @@ fn main() -> Result<(), ringtune_optim::OptimError> {
     let mut adam = AdamW::new(AdamWConfig::default(), &groups, params.len())?;
     let schedule = LinearWarmupDecay { peak: 0.1, warmup: 20, total: 400 };
     for step in 0..400 {
-        let mut grads: Vec<f32> = params.iter().zip(&target).map(|(p, t)| 2.0 * (p - t)).collect();
-        let norm = adam.clip_and_step(&mut params, &mut grads, 1.0, schedule.lr(step) as f32)?;
+        let grads: Vec<f32> = params.iter().zip(&target).map(|(p, t)| 2.0 * (p - t)).collect();
+        let norm = adam.clip_and_step(&mut params, &grads, 1.0, schedule.lr(step) as f32)?;
         if step % 100 == 0 {
             println!("step {step}: gradient norm {norm:.3}, lr {:.4}, params {params:?}", schedule.lr(step));
         }

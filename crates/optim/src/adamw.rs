@@ -129,6 +129,13 @@ impl AdamW {
     /// One step at learning rate `lr`: `p -= lr * wd * p`, then the Adam update with bias
     /// correction. Elements outside every group, or outside the owned pieces, are left alone.
     pub fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f32) {
+        self.step_scaled(params, grads, 1.0, lr);
+    }
+
+    /// [`AdamW::step`] over the gradients times `grad_scale` (clipping's coefficient), each
+    /// product formed as it is read: the bits of scaling `grads` first, without a pass over
+    /// them.
+    pub fn step_scaled(&mut self, params: &mut [f32], grads: &[f32], grad_scale: f32, lr: f32) {
         self.state.step += 1;
         let t = self.state.step as i32;
         let c = self.config;
@@ -136,7 +143,15 @@ impl AdamW {
         let bias2_sqrt = (1.0 - (c.beta2 as f64).powi(t)).sqrt();
         let step_size = (lr as f64 / bias1) as f32;
         let inv_bias2_sqrt = (1.0 / bias2_sqrt) as f32;
-        let k = Coefficients { decay: 1.0, step_size, inv_bias2_sqrt, beta1: c.beta1, beta2: c.beta2, eps: c.eps };
+        let k = Coefficients {
+            grad_scale,
+            decay: 1.0,
+            step_size,
+            inv_bias2_sqrt,
+            beta1: c.beta1,
+            beta2: c.beta2,
+            eps: c.eps,
+        };
         let mut at = 0;
         for piece in &self.owned {
             let kept = at..at + piece.len();
@@ -155,18 +170,19 @@ impl AdamW {
         }
     }
 
-    /// The optimizer phase of a training step: clips `grads` to the global norm
-    /// `max_grad_norm`, then steps at `lr`; returns the norm before clipping. Gradients that
+    /// The optimizer phase of a training step: steps at `lr` over `grads` clipped to the global
+    /// norm `max_grad_norm` (`grads` themselves are not changed); returns the norm before
+    /// clipping. Gradients that
     /// are not finite are an error, and parameters and moments stay as they were.
     pub fn clip_and_step(
         &mut self,
         params: &mut [f32],
-        grads: &mut [f32],
+        grads: &[f32],
         max_grad_norm: f64,
         lr: f32,
     ) -> Result<f64, OptimError> {
-        let norm = crate::clip_global_norm(grads, max_grad_norm, self.threads)?;
-        self.step(params, grads, lr);
+        let norm = crate::global_norm(grads, self.threads);
+        self.step_scaled(params, grads, crate::clip_coefficient(norm, max_grad_norm)?, lr);
         Ok(norm)
     }
 
@@ -239,6 +255,7 @@ fn step_piece(
 
 #[derive(Clone, Copy)]
 struct Coefficients {
+    grad_scale: f32,
     decay: f32,
     step_size: f32,
     inv_bias2_sqrt: f32,
@@ -250,6 +267,7 @@ struct Coefficients {
 /// The elementwise update, written as PyTorch's single-tensor AdamW orders it.
 fn update(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], k: Coefficients) {
     for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+        let g = g * k.grad_scale;
         *p *= k.decay;
         *m += (g - *m) * (1.0 - k.beta1);
         *v = *v * k.beta2 + (1.0 - k.beta2) * g * g;
@@ -280,11 +298,11 @@ mod tests {
         let groups = [Group { range: 0..3, weight_decay: 0.1 }];
         let mut adam = AdamW::new(AdamWConfig::default(), &groups, 3).expect("adam");
         let mut p = vec![1.0f32, 2.0, 3.0];
-        adam.clip_and_step(&mut p, &mut [0.1, 0.2, 0.3], 1.0, 0.01).expect("finite");
+        adam.clip_and_step(&mut p, &[0.1, 0.2, 0.3], 1.0, 0.01).expect("finite");
         let (before, state) = (p.clone(), adam.state().clone());
         for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-            let mut g = vec![0.1f32, bad, 0.3];
-            let err = adam.clip_and_step(&mut p, &mut g, 1.0, 0.01).expect_err("not finite").to_string();
+            let g = vec![0.1f32, bad, 0.3];
+            let err = adam.clip_and_step(&mut p, &g, 1.0, 0.01).expect_err("not finite").to_string();
             assert!(err.contains("not finite") && err.contains("no step"), "{err}");
             assert_eq!((&p, adam.state()), (&before, &state), "{bad}: parameters and moments untouched");
             assert_eq!(g[0], 0.1, "gradients not scaled");
@@ -376,5 +394,22 @@ mod tests {
         assert_eq!(again.state(), ranks[1].state());
         let overlapping = AdamW::new(AdamWConfig::default(), &groups, len).expect("adam").owning(vec![0..10, 5..20]);
         assert!(overlapping.expect_err("overlap").to_string().contains("overlaps"));
+    }
+
+    #[test]
+    fn a_scaled_step_is_a_step_over_scaled_gradients_to_the_bit() {
+        let len = 1000;
+        let groups = [Group { range: 0..600, weight_decay: 0.01 }, Group { range: 600..len, weight_decay: 0.0 }];
+        let grads: Vec<f32> = (0..len).map(|i| ((i * 53 % 211) as f32 - 105.0) * 3e-3).collect();
+        let (mut fused, mut apart) = (vec![0.3f32; len], vec![0.3f32; len]);
+        let mut a = AdamW::new(AdamWConfig::default(), &groups, len).expect("adam");
+        let mut b = AdamW::new(AdamWConfig::default(), &groups, len).expect("adam");
+        for coef in [0.37f32, 1.0, 0.011] {
+            a.step_scaled(&mut fused, &grads, coef, 1e-3);
+            let scaled: Vec<f32> = grads.iter().map(|g| g * coef).collect();
+            b.step(&mut apart, &scaled, 1e-3);
+            assert!(fused.iter().zip(&apart).all(|(x, y)| x.to_bits() == y.to_bits()), "coef {coef}");
+        }
+        assert_eq!(a.state(), b.state());
     }
 }

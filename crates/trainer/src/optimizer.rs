@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use ringtune_optim::{clip_coefficient, scale, squared_sums, AdamW};
+use ringtune_optim::{clip_coefficient, squared_sums, AdamW};
 use ringtune_runtime::LendableBuffer;
 
 use crate::sync::Exchange;
@@ -20,14 +20,14 @@ pub struct Stepped {
     pub exchange: Duration,
 }
 
-/// Clips `grads` by their global norm `max_grad_norm` and steps `adam` at `lr` on the pieces
-/// it owns, then shares the parameters through `exchange` (which may lend them to the gather
+/// Steps `adam` at `lr` on the pieces it owns over `grads` clipped by their global norm
+/// `max_grad_norm` (the clipping is applied as the step reads them: `grads` are not changed), then shares the parameters through `exchange` (which may lend them to the gather
 /// behind the next forward pass). A norm that is not finite stops every node before any
 /// parameter changes.
 pub fn step(
     adam: &mut AdamW,
     params: &mut LendableBuffer,
-    grads: &mut [f32],
+    grads: &[f32],
     exchange: &mut dyn Exchange,
     max_grad_norm: f64,
     lr: f32,
@@ -44,10 +44,7 @@ pub fn step(
         exchange.fail(&error.to_string());
         error
     })?;
-    for piece in adam.owned() {
-        scale(&mut grads[piece.clone()], coef, threads);
-    }
-    adam.step(params.floats_mut().ok_or_else(TrainError::params_lent)?, grads, lr);
+    adam.step_scaled(params.floats_mut().ok_or_else(TrainError::params_lent)?, grads, coef, lr);
     let sharing = Instant::now();
     exchange.share_params(params)?;
     spent += sharing.elapsed();
@@ -77,7 +74,7 @@ mod tests {
         for _ in 0..3 {
             let (adam, params, grads) = (&mut ours.0, &mut ours.1, &mut ours.2);
             let stepped = step(adam, params, grads, &mut OneNode, 1.0, 1e-3, 2).expect("finite");
-            let norm = theirs.0.clip_and_step(&mut theirs.1, &mut theirs.2, 1.0, 1e-3).expect("finite");
+            let norm = theirs.0.clip_and_step(&mut theirs.1, &theirs.2, 1.0, 1e-3).expect("finite");
             assert_eq!(stepped.grad_norm.to_bits(), norm.to_bits());
             let ours = ours.1.floats().expect("not lent");
             assert!(ours.iter().zip(&theirs.1).all(|(a, b)| a.to_bits() == b.to_bits()), "same bits");
@@ -89,8 +86,8 @@ mod tests {
         let mut adam =
             AdamW::new(AdamWConfig::default(), &[Group { range: 0..3, weight_decay: 0.0 }], 3).expect("adam");
         let mut params = LendableBuffer::new(FlatBuffer::from_slice(&[1.0; 3]));
-        let mut grads = vec![0.1, f32::INFINITY, 0.2];
-        let error = step(&mut adam, &mut params, &mut grads, &mut OneNode, 1.0, 1e-3, 1).expect_err("not finite");
+        let grads = vec![0.1, f32::INFINITY, 0.2];
+        let error = step(&mut adam, &mut params, &grads, &mut OneNode, 1.0, 1e-3, 1).expect_err("not finite");
         assert!(matches!(error, TrainError::NotFinite { nodes: 1, .. }), "{error}");
         assert!(error.to_string().contains("--learning-rate"), "{error}");
         assert_eq!(params.floats(), Some(&[1.0; 3][..]));

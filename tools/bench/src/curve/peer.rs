@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Result};
 
 use crate::curve::report::{read_summary, Run, Tool};
-use crate::curve::settings::{grouped, CurveArgs, PeerHook, GROUPED_SPEEDUP, MRPC_TRAIN};
+use crate::curve::settings::{grouped, CurveArgs, PeerHook, PowersgdStart, GROUPED_SPEEDUP, MRPC_TRAIN};
 
 /// Seconds a PyTorch step of 32 rows takes on one whole core (transformers' MiniLM, one
 /// thread, shuffled), measured on a 2-core Zen 4 at half a core: 6.24 s with bf16 autocast,
@@ -43,8 +43,15 @@ pub(crate) fn estimate_s(args: &CurveArgs, share: f64, bf16: bool) -> f64 {
         .iter()
         .map(|&nodes| {
             let steps = 3.0 * MRPC_TRAIN.div_ceil(args.batch) as f64;
-            let step =
-                if nodes > 1 { one_node_step / nodes as f64 * sync_overhead(args.peer_hook) } else { one_node_step };
+            let synced = |hook| one_node_step / nodes as f64 * sync_overhead(hook);
+            let step = match (nodes, args.peer_hook, args.peer_powersgd_start) {
+                (1, _, _) => one_node_step,
+                // The first tenth sends fp32.
+                (_, PeerHook::Powersgd, PowersgdStart::Tenth) => {
+                    0.1 * synced(PeerHook::Allreduce) + 0.9 * synced(PeerHook::Powersgd)
+                }
+                (_, hook, _) => synced(hook),
+            };
             let evaluations = 3.0 * 10.0 * one_node_step / nodes as f64;
             let runs = if nodes == 1 { 1 } else { args.seeds };
             runs as f64 * (START_S_PER_CORE / share + steps * step + evaluations)
@@ -80,8 +87,17 @@ pub(crate) fn command(
     command.extend(["--seed".into(), seed.into(), "--threads".into(), "1".into()]);
     command.extend(["--global-batch".into(), args.batch.to_string()]);
     command.extend(["--group-by-length".into(), grouped(&args.train_args).to_string()]);
-    command.extend(["--hook".into(), args.peer_hook.name().into()]);
+    command.extend(sync_flags(args));
     command
+}
+
+/// The script's flags for how DDP sends the gradients: the hook, and PowerSGD's start.
+pub(crate) fn sync_flags(args: &CurveArgs) -> Vec<String> {
+    let mut flags = vec!["--hook".to_string(), args.peer_hook.name().into()];
+    if let (PeerHook::Powersgd, PowersgdStart::Step(step)) = (args.peer_hook, args.peer_powersgd_start) {
+        flags.extend(["--powersgd-start".into(), step.to_string()]);
+    }
+    flags
 }
 
 /// A run of the script, from the `summary.json` it wrote in `out`.
@@ -118,7 +134,7 @@ pub(crate) fn read_run(out: &Path, nodes: usize) -> Result<Run> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::curve::settings::parse;
+    use crate::curve::settings::{self, parse};
 
     #[test]
     fn every_host_runs_the_script_with_our_recipe_and_the_chosen_hook() {
@@ -141,6 +157,18 @@ mod tests {
         let line =
             command((python, script), &shuffled, (Path::new("m"), Path::new("d")), Path::new("o"), "0").join(" ");
         assert!(line.contains("--group-by-length false") && line.contains("--hook powersgd"), "{line}");
+        assert!(line.ends_with("--powersgd-start 2"), "compressed from the first step PowerSGD allows: {line}");
+        let tenth = parse(["curve", "--peer", "pytorch", "--peer-powersgd-start", "tenth"]);
+        let line = command((python, script), &tenth, (Path::new("m"), Path::new("d")), Path::new("o"), "0").join(" ");
+        assert!(!line.contains("--powersgd-start"), "the script's default, a tenth: {line}");
+        let at = parse(["curve", "--peer", "pytorch", "--peer-powersgd-start", "20"]);
+        let line = command((python, script), &at, (Path::new("m"), Path::new("d")), Path::new("o"), "0").join(" ");
+        assert!(line.ends_with("--powersgd-start 20"), "{line}");
+        for bad in ["1", "soon"] {
+            let refused = settings::try_parse(["curve", "--peer", "pytorch", "--peer-powersgd-start", bad]);
+            let err = refused.err().expect("refused").to_string();
+            assert!(err.contains("a step of 2 or more, or `tenth`"), "{bad}: {err}");
+        }
     }
 
     #[test]
@@ -187,5 +215,9 @@ mod tests {
             parse(["curve", "--accuracy-only", "--nodes", "1,4", "--peer", "pytorch", "--peer-hook", "allreduce"]);
         let powersgd = parse(["curve", "--accuracy-only", "--nodes", "1,4", "--peer", "pytorch"]);
         assert!(estimate_s(&fp32, 0.5, true) > 1.5 * estimate_s(&powersgd, 0.5, true));
+        let tenth =
+            parse(["curve", "--accuracy-only", "--nodes", "4", "--peer", "pytorch", "--peer-powersgd-start", "tenth"]);
+        let second = parse(["curve", "--accuracy-only", "--nodes", "4", "--peer", "pytorch"]);
+        assert!(estimate_s(&tenth, 0.5, true) > 1.1 * estimate_s(&second, 0.5, true), "a tenth sent in fp32");
     }
 }

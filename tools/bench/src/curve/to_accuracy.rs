@@ -158,15 +158,15 @@ fn heading(args: &CurveArgs, share: f64) -> String {
     };
     let beside = match args.peer {
         Some(Peer::Pytorch) => format!(
-            ", beside PyTorch DDP over gloo with the same recipe (tools/bench/pytorch_ddp_mrpc.py --hook {}), the two taking turns",
-            args.peer_hook.name()
+            ", beside PyTorch DDP over gloo with the same recipe (tools/bench/pytorch_ddp_mrpc.py {}), the two taking turns",
+            peer::sync_flags(args).join(" ")
         ),
         None => String::new(),
     };
+    let settings = std::iter::once(format!("--wire {}", args.wire)).chain(args.train_args.iter().cloned());
     format!(
-        "Time to accuracy: MiniLM on MRPC, 3 epochs, {recipes}, --wire {} {}, on emulated {} nodes ({share} cores each), {seeds}{}{beside}:",
-        args.wire,
-        args.train_args.join(" "),
+        "Time to accuracy: MiniLM on MRPC, 3 epochs, {recipes}, {}, on emulated {} nodes ({share} cores each), {seeds}{}{beside}:",
+        settings.collect::<Vec<_>>().join(" "),
         args.emulate,
         if args.seeds > 1 { ", one node's runs side by side" } else { "" },
     )
@@ -361,6 +361,16 @@ mod tests {
             (Some(4), Some("PyTorch DDP"))
         );
         assert_eq!(json["runs"][1]["tool"], "PyTorch DDP");
+    }
+
+    #[test]
+    fn the_heading_names_the_settings_and_the_peers_sync() {
+        let alone = heading(&parse(["curve", "--accuracy-only", "--seeds", "4"]), 0.5);
+        assert!(alone.contains("own recipe, --wire bf16, on emulated c6i.16xlarge nodes"), "{alone}");
+        let args = parse(["curve", "--accuracy-only", "--peer", "pytorch", "--", "--group-by-length", "false"]);
+        let beside = heading(&args, 0.5);
+        assert!(beside.contains("--wire bf16 --group-by-length false, on"), "{beside}");
+        assert!(beside.contains("pytorch_ddp_mrpc.py --hook powersgd --powersgd-start 2)"), "{beside}");
     }
 
     #[test]
