@@ -1,6 +1,6 @@
 //! Whole-model gradients of the forward+backward graph against PyTorch: every tensor within
-//! 1e-3 relative L2 (`tiny-bert` and `tiny-mpnet` all parameters, `minilm-mrpc` and
-//! `mpnet-mrpc` the stored ones), and the word embedding rows of ids outside the batch exactly
+//! 1e-3 relative L2 (`tiny-bert`, `tiny-mpnet` and every other family's tiny model all
+//! parameters, `minilm-mrpc` and `mpnet-mrpc` the stored ones), and the word embedding rows of ids outside the batch exactly
 //! zero; the same with the matrix products on oneDNN in fp32 (1e-3), and in bf16 (5e-2).
 
 use ringtune_bert::{load_params, read_tensor_file, ModelConfig};
@@ -67,6 +67,39 @@ fn three_label_and_regression_head_gradients_match_pytorch() {
             fixture_gradients(&heads.join(case), kernels, tol, out_tol);
         }
     }
+}
+
+/// Every family beyond BERT and MPNet (`tests/fixtures/families`, made by its
+/// `make_families.py` with transformers' own classes: RoBERTa, XLM-RoBERTa with three labels,
+/// DistilBERT, ELECTRA with an embedding narrower than its hidden size; 3 heads of 8): loss and
+/// logits within 1e-4 of PyTorch's in fp32, every parameter's gradient within 1e-3 relative,
+/// on every kernel choice.
+#[test]
+fn every_family_matches_pytorch() {
+    let families = ringtune_tests::root().join("tests/fixtures/families");
+    let cases = [
+        ("tiny-roberta", ringtune_bert::Family::Roberta),
+        ("tiny-xlm-roberta", ringtune_bert::Family::XlmRoberta),
+        ("tiny-distilbert", ringtune_bert::Family::DistilBert),
+        ("tiny-electra", ringtune_bert::Family::Electra),
+    ];
+    for (case, family) in cases {
+        let dir = families.join(case);
+        let config = ModelConfig::from_dir(&dir).expect("config");
+        assert_eq!(config.family, family, "{case}");
+        let mut fp32 = engine(&config, &[dir.join("model.safetensors")], Kernels::Mlas);
+        let out = fp32.step(&read_batch(&dir.join("batch.safetensors"))).expect("step");
+        let want = read_tensor_file(&dir.join("outputs.safetensors")).expect("outputs");
+        let logits = max_abs_diff(&out.logits, want["logits"].f32s().expect("logits"));
+        assert!(logits < 1e-4, "{case}: logits {logits}");
+        for (kernels, tol, out_tol) in kernel_cases("every_family_matches_pytorch") {
+            fixture_gradients(&dir, kernels, tol, out_tol);
+        }
+    }
+    let three = ModelConfig::from_dir(&families.join("tiny-xlm-roberta")).expect("config");
+    assert_eq!(three.num_labels, 3);
+    let electra = ModelConfig::from_dir(&families.join("tiny-electra")).expect("config");
+    assert!(electra.embedding_size < electra.hidden_size, "{electra:?}");
 }
 
 /// A seeded fixture with every parameter's gradient stored.

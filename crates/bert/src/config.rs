@@ -5,39 +5,7 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_json::Value as Json;
 
-use crate::ModelError;
-
-/// The model family, read from `model_type`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Family {
-    /// BERT (`BertForSequenceClassification`).
-    Bert,
-    /// MPNet (`MPNetForSequenceClassification`): relative attention bias, no token types.
-    MPNet,
-}
-
-impl Family {
-    /// The prefix of the encoder's parameter names (`bert.`, `mpnet.`).
-    pub fn prefix(self) -> &'static str {
-        match self {
-            Family::Bert => "bert.",
-            Family::MPNet => "mpnet.",
-        }
-    }
-
-    /// The `model_type` in `config.json`.
-    pub fn model_type(self) -> &'static str {
-        match self {
-            Family::Bert => "bert",
-            Family::MPNet => "mpnet",
-        }
-    }
-
-    /// Whether the family reads token types (segment ids).
-    pub fn has_token_types(self) -> bool {
-        self == Family::Bert
-    }
-}
+use crate::{Family, ModelError};
 
 /// What the classification head predicts, as Hugging Face's `problem_type` says it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +35,9 @@ pub struct ModelConfig {
     pub vocab_size: usize,
     /// Hidden size.
     pub hidden_size: usize,
+    /// Width of the embeddings (ELECTRA's may be narrower than the hidden size; the others'
+    /// is the hidden size).
+    pub embedding_size: usize,
     /// Encoder layers.
     pub num_layers: usize,
     /// Attention heads per layer.
@@ -116,11 +87,14 @@ impl ModelConfig {
         let hf: HfConfig =
             serde_json::from_str(text).map_err(|e| ModelError::Config { path: path.into(), reason: e.to_string() })?;
         hf.check_supported(path)?;
-        let family = match hf.model_type.as_deref().unwrap_or("bert") {
-            "bert" => Family::Bert,
-            "mpnet" => Family::MPNet,
-            other => return Err(unsupported(path, "model_type", other, "bert or mpnet")),
+        let model_type = hf.model_type.as_deref().unwrap_or("bert");
+        let Some(family) = Family::from_model_type(model_type) else {
+            let families = format!("one of the families ringtune builds: {}", Family::model_types());
+            return Err(unsupported(path, "model_type", model_type, &families));
         };
+        if hf.sinusoidal_pos_embds == Some(true) {
+            return Err(unsupported(path, "sinusoidal_pos_embds", "true", "learned position embeddings (false)"));
+        }
         let num_labels = hf.num_labels.or(hf.id2label.as_ref().map(|m| m.len())).unwrap_or(2);
         let problem = match hf.problem_type.as_deref() {
             Some("regression") => ProblemType::Regression,
@@ -148,13 +122,20 @@ impl ModelConfig {
             family,
             vocab_size: positive(path, "vocab_size", hf.vocab_size)?,
             hidden_size: positive(path, "hidden_size", hf.hidden_size)?,
+            embedding_size: match (family, hf.embedding_size) {
+                (Family::Electra, Some(width)) => positive(path, "embedding_size", width)?,
+                _ => hf.hidden_size,
+            },
             num_layers: positive(path, "num_hidden_layers", hf.num_hidden_layers)?,
             num_heads: positive(path, "num_attention_heads", hf.num_attention_heads)?,
             intermediate_size: positive(path, "intermediate_size", hf.intermediate_size)?,
             max_position_embeddings: positive(path, "max_position_embeddings", hf.max_position_embeddings)?,
             type_vocab_size: match family {
-                Family::Bert => positive(path, "type_vocab_size", hf.type_vocab_size.unwrap_or(2))?,
-                Family::MPNet => 0,
+                Family::Bert | Family::Electra => positive(path, "type_vocab_size", hf.type_vocab_size.unwrap_or(2))?,
+                Family::Roberta | Family::XlmRoberta | Family::Camembert => {
+                    positive(path, "type_vocab_size", hf.type_vocab_size.unwrap_or(1))?
+                }
+                Family::MPNet | Family::DistilBert => 0,
             },
             layer_norm_eps: hf.layer_norm_eps.unwrap_or(1e-12),
             initializer_range: hf.initializer_range.unwrap_or(0.02),
@@ -164,15 +145,12 @@ impl ModelConfig {
             num_labels,
             problem,
             id2label,
-            pad_token_id: hf.pad_token_id.unwrap_or(match family {
-                Family::Bert => 0,
-                Family::MPNet => 1,
-            }),
+            pad_token_id: hf.pad_token_id.unwrap_or(family.default_pad_id()),
             relative_attention_buckets: match family {
-                Family::Bert => 0,
                 Family::MPNet => {
                     positive(path, "relative_attention_num_buckets", hf.relative_attention_num_buckets.unwrap_or(32))?
                 }
+                _ => 0,
             },
         };
         config.check(path)?;
@@ -235,19 +213,14 @@ impl ModelConfig {
         self.hidden_dropout > 0.0 || self.attention_dropout > 0.0 || self.classifier_dropout > 0.0
     }
 
-    /// The config as Hugging Face `config.json` for `BertForSequenceClassification` or
-    /// `MPNetForSequenceClassification`.
+    /// The config as Hugging Face `config.json` for the family's `...ForSequenceClassification`.
     pub fn to_hf_json(&self) -> Json {
         let labels: serde_json::Map<String, Json> =
             self.id2label.iter().enumerate().map(|(i, name)| (i.to_string(), Json::from(name.as_str()))).collect();
         let ids: serde_json::Map<String, Json> =
             self.id2label.iter().enumerate().map(|(i, name)| (name.clone(), Json::from(i))).collect();
-        let architecture = match self.family {
-            Family::Bert => "BertForSequenceClassification",
-            Family::MPNet => "MPNetForSequenceClassification",
-        };
         let mut json = serde_json::json!({
-            "architectures": [architecture],
+            "architectures": [self.family.architecture()],
             "model_type": self.family.model_type(),
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
@@ -269,11 +242,37 @@ impl ModelConfig {
             "label2id": ids,
             "problem_type": self.problem.hf_name(),
         });
-        if self.family == Family::MPNet {
-            json["relative_attention_num_buckets"] = Json::from(self.relative_attention_buckets);
-            if let Some(map) = json.as_object_mut() {
+        let Some(map) = json.as_object_mut() else { return json };
+        match self.family {
+            Family::Bert | Family::Roberta | Family::XlmRoberta | Family::Camembert => {}
+            Family::MPNet => {
+                map.insert("relative_attention_num_buckets".into(), Json::from(self.relative_attention_buckets));
                 map.remove("type_vocab_size");
                 map.remove("position_embedding_type");
+            }
+            Family::Electra => {
+                map.insert("embedding_size".into(), Json::from(self.embedding_size));
+            }
+            Family::DistilBert => {
+                // DistilBertConfig's own names; its LayerNorm epsilon is fixed at 1e-12.
+                for (ours, theirs) in [
+                    ("hidden_size", "dim"),
+                    ("num_hidden_layers", "n_layers"),
+                    ("num_attention_heads", "n_heads"),
+                    ("intermediate_size", "hidden_dim"),
+                    ("hidden_act", "activation"),
+                    ("hidden_dropout_prob", "dropout"),
+                    ("attention_probs_dropout_prob", "attention_dropout"),
+                    ("classifier_dropout", "seq_classif_dropout"),
+                ] {
+                    if let Some(value) = map.remove(ours) {
+                        map.insert(theirs.into(), value);
+                    }
+                }
+                map.insert("sinusoidal_pos_embds".into(), Json::from(false));
+                for unused in ["type_vocab_size", "position_embedding_type", "layer_norm_eps"] {
+                    map.remove(unused);
+                }
             }
         }
         json
@@ -282,25 +281,36 @@ impl ModelConfig {
 
 /// The keys of a Hugging Face `config.json` that shape the model (others are ignored);
 /// `null` reads as absent, as `transformers` treats it.
+/// DistilBERT's names for BERT's keys (`dim`, `n_layers`, ...) are read as aliases.
 #[derive(Deserialize)]
 struct HfConfig {
     model_type: Option<String>,
     vocab_size: usize,
+    #[serde(alias = "dim")]
     hidden_size: usize,
+    embedding_size: Option<usize>,
+    #[serde(alias = "n_layers")]
     num_hidden_layers: usize,
+    #[serde(alias = "n_heads")]
     num_attention_heads: usize,
+    #[serde(alias = "hidden_dim")]
     intermediate_size: usize,
     max_position_embeddings: usize,
+    sinusoidal_pos_embds: Option<bool>,
     type_vocab_size: Option<usize>,
     layer_norm_eps: Option<f64>,
     initializer_range: Option<f64>,
+    #[serde(alias = "dropout")]
     hidden_dropout_prob: Option<f64>,
+    #[serde(alias = "attention_dropout")]
     attention_probs_dropout_prob: Option<f64>,
+    #[serde(alias = "seq_classif_dropout")]
     classifier_dropout: Option<f64>,
     num_labels: Option<usize>,
     id2label: Option<serde_json::Map<String, Json>>,
     pad_token_id: Option<i64>,
     relative_attention_num_buckets: Option<usize>,
+    #[serde(alias = "activation")]
     hidden_act: Option<String>,
     position_embedding_type: Option<String>,
     is_decoder: Option<bool>,
@@ -403,7 +413,33 @@ mod tests {
     }
 
     #[test]
+    fn every_family_reads_back_the_config_it_writes() {
+        for family in Family::ALL {
+            let text = MINI.replace("\"bert\"", &format!("\"{}\"", family.model_type()));
+            let c = parse(&text).unwrap_or_else(|e| panic!("{family:?}: {e}"));
+            assert_eq!((c.family, c.embedding_size), (family, 32), "{family:?}");
+            let json = c.to_hf_json();
+            assert_eq!(json["architectures"][0], family.architecture());
+            assert_eq!(json["model_type"], family.model_type());
+            assert_eq!(parse(&json.to_string()).expect("written config reads back"), c, "{family:?}");
+        }
+        let distil = parse(&MINI.replace("\"bert\"", "\"distilbert\"")).expect("distilbert").to_hf_json();
+        assert_eq!((distil["dim"].as_u64(), distil["n_layers"].as_u64()), (Some(32), Some(2)), "its own names");
+        assert!(distil.get("hidden_size").is_none());
+        let electra = MINI.replace("\"bert\"", "\"electra\"").replace("}", r#", "embedding_size": 16}"#);
+        let electra = parse(&electra).expect("electra");
+        assert_eq!((electra.embedding_size, electra.to_hf_json()["embedding_size"].as_u64()), (16, Some(16)));
+        let roberta = parse(&MINI.replace("\"bert\"", "\"xlm-roberta\"")).expect("xlm-roberta");
+        assert_eq!((roberta.pad_token_id, roberta.type_vocab_size), (1, 1), "RoBERTa's defaults");
+    }
+
+    #[test]
     fn refuses_unsupported_values_by_name() {
+        let err = parse(&MINI.replace("\"bert\"", "\"albert\"")).expect_err("albert").to_string();
+        assert!(err.contains("model_type") && err.contains("albert"), "{err}");
+        assert!(err.contains("bert, mpnet, roberta, xlm-roberta, camembert, distilbert, electra"), "{err}");
+        let sinusoidal = MINI.replace("\"bert\"", "\"distilbert\"").replace("}", r#", "sinusoidal_pos_embds": true}"#);
+        assert!(parse(&sinusoidal).expect_err("sinusoidal").to_string().contains("sinusoidal_pos_embds"));
         let err = parse(&MINI.replace("\"gelu\"", "\"relu\"")).expect_err("relu").to_string();
         assert!(err.contains("hidden_act") && err.contains("relu"), "{err}");
         let err = parse(&MINI.replace("\"bert\"", "\"gpt2\"")).expect_err("gpt2").to_string();

@@ -1,5 +1,6 @@
 //! The forward graph of a sequence classifier, exact to Hugging Face's
-//! `BertForSequenceClassification` (and, with `mpnet.rs`, `MPNetForSequenceClassification`).
+//! `...ForSequenceClassification` of each family: the layers every family shares here, what a
+//! family says differently in its module of `families/`.
 //!
 //! Hidden states run as 2-D `[batch*seq, hidden]` so that every dense layer is one `Gemm` with
 //! `transB` (Hugging Face stores weights as `[out, in]`): no transposed weight copies, and the
@@ -8,7 +9,7 @@
 use ringtune_onnx_ir::{shape, DType, Dim, Graph, Tensor, Value};
 
 use crate::layer_names::LayerNames;
-use crate::{Family, ModelConfig, ModelError, ParamLayout, ProblemType};
+use crate::{ModelConfig, ModelError, ParamLayout, ProblemType};
 
 /// Graph input names of a batch.
 pub const INPUT_IDS: &str = "input_ids";
@@ -127,6 +128,17 @@ struct RealTokens {
     first_positions: Value,
 }
 
+/// What every layer's attention scores take besides the layer's own projections.
+#[derive(Clone, Copy)]
+struct Attention<'a> {
+    /// `[batch, 1, 1, seq]`: 0 at real tokens, `f32::MIN` at padding.
+    mask: &'a Value,
+    /// `[batch, seq, heads, head size]` as a shape.
+    split_heads: &'a Value,
+    /// `[1, heads, seq, seq]` added to the scores where the family has it (MPNet).
+    bias: Option<&'a Value>,
+}
+
 /// The rows an encoder layer's hidden states hold.
 #[derive(Clone, Copy)]
 enum Tokens<'a> {
@@ -179,11 +191,9 @@ impl Builder<'_> {
         }
 
         let dims = self.g.shape_of(&ids)?;
-        let (x, position_bias) = match (c.family, &types) {
-            (Family::Bert, Some(types)) => (self.embeddings(&ids, types, &dims)?, None),
-            (Family::MPNet, _) => (self.mpnet_embeddings(&ids)?, Some(self.mpnet_position_bias(&dims)?)),
-            (Family::Bert, None) => return Err(ringtune_onnx_ir::IrError::UnknownValue(TOKEN_TYPE_IDS.into()).into()),
-        };
+        let rules = c.family.rules();
+        let x = rules.embeddings(self, &ids, types.as_ref(), &dims)?;
+        let position_bias = rules.position_bias(self, &dims)?;
         let h = c.hidden_size as i64;
         let mut x = self.g.reshape(&x, &[-1, h])?;
         let real = match self.options.padding {
@@ -198,27 +208,19 @@ impl Builder<'_> {
         let split_heads = self.g.concat(&[&dims, &heads], 0)?;
         for layer in 0..c.num_layers {
             self.g.push_scope(&layer_scope(layer));
-            let names = LayerNames::of(c.family, layer);
+            let names = rules.layer_names(c, layer);
             let tokens = match &real {
                 None => Tokens::Padded,
                 Some(real) if layer + 1 == c.num_layers => Tokens::RealThenFirst(real),
                 Some(real) => Tokens::Real(real),
             };
-            x = self.encoder_layer(&names, &x, &additive_mask, &split_heads, position_bias.as_ref(), tokens)?;
+            let attention = Attention { mask: &additive_mask, split_heads: &split_heads, bias: position_bias.as_ref() };
+            x = self.encoder_layer(&names, &x, attention, tokens)?;
             self.g.pop_scope();
         }
 
         let first = self.first_tokens(&x, &dims, real.as_ref())?;
-        let logits = match c.family {
-            Family::Bert => {
-                // Pooler (dense + tanh on the first token), dropout, classifier.
-                let pooled = self.dense(&first, "bert.pooler.dense")?;
-                let pooled = self.g.tanh(&pooled)?;
-                let pooled = self.dropout(&pooled, c.classifier_dropout)?;
-                self.dense(&pooled, "classifier")?
-            }
-            Family::MPNet => self.mpnet_head(&first)?,
-        };
+        let logits = rules.head(self, &first)?;
         let logits = self.g.output_as(&logits, LOGITS)?;
         let loss = match labels {
             Some(labels) => {
@@ -255,24 +257,6 @@ impl Builder<'_> {
             Some(i) => Ok(self.params[i].clone()),
             None => Err(ringtune_onnx_ir::IrError::UnknownValue(name.to_string()).into()),
         }
-    }
-
-    /// word + token type + position embeddings, LayerNorm, dropout: `[batch, seq, hidden]`.
-    fn embeddings(&mut self, ids: &Value, types: &Value, dims: &Value) -> Result<Value, ModelError> {
-        let word = self.param("bert.embeddings.word_embeddings.weight")?;
-        let position = self.param("bert.embeddings.position_embeddings.weight")?;
-        let token_type = self.param("bert.embeddings.token_type_embeddings.weight")?;
-        let words = self.g.gather(&word, ids, 0)?;
-        let type_rows = self.g.gather(&token_type, types, 0)?;
-        let one = self.g.constant(Tensor::scalar_i64(1))?;
-        let zero = self.g.constant(Tensor::scalar_i64(0))?;
-        let seq = self.g.gather(dims, &one, 0)?;
-        let positions = self.g.range(&zero, &seq, &one)?;
-        let position_rows = self.g.gather(&position, &positions, 0)?;
-        let sum = self.g.add(&words, &type_rows)?;
-        let sum = self.g.add(&sum, &position_rows)?;
-        let normed = self.layer_norm(&sum, "bert.embeddings.LayerNorm")?;
-        self.dropout(&normed, self.config.hidden_dropout)
     }
 
     /// Each sequence's first token (`[batch, hidden]`) of the last layer's output `x`, whose rows
@@ -323,15 +307,12 @@ impl Builder<'_> {
         Ok(self.g.unsqueeze(&additive, &[1, 2])?)
     }
 
-    /// One encoder layer; `position_bias` (`[1, heads, seq, seq]`) is added to the scores
-    /// when the family has one. `x` holds the rows `tokens` says.
+    /// One encoder layer. `x` holds the rows `tokens` says.
     fn encoder_layer(
         &mut self,
         names: &LayerNames,
         x: &Value,
-        mask: &Value,
-        split_heads: &Value,
-        position_bias: Option<&Value>,
+        Attention { mask, split_heads, bias: position_bias }: Attention<'_>,
         tokens: Tokens<'_>,
     ) -> Result<Value, ModelError> {
         let c = self.config;
@@ -374,7 +355,11 @@ impl Builder<'_> {
         };
 
         let attended = self.dense(&context, &names.attention_out)?;
-        let attended = self.dropout(&attended, c.hidden_dropout)?;
+        let attended = if c.family.rules().attention_output_dropout() {
+            self.dropout(&attended, c.hidden_dropout)?
+        } else {
+            attended
+        };
         let attended = self.g.add(&attended, &x)?;
         let attended = self.layer_norm(&attended, &names.attention_norm)?;
 

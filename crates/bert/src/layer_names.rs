@@ -1,10 +1,11 @@
-//! The names of an encoder layer's parameters, by model family: the one place the families'
-//! Hugging Face module names differ inside a layer.
+//! The names of an encoder layer's parameters: every family's layer has the same parts in the
+//! same order, under its own Hugging Face module names (each family's module says them).
 
-use crate::Family;
+use crate::families::shared::{linear, norm};
+use crate::families::AddParam;
 
 /// The names of one encoder layer's parameters (prefixes of Hugging Face linear and
-/// LayerNorm modules), which differ between families.
+/// LayerNorm modules).
 pub(crate) struct LayerNames {
     pub query: String,
     pub key: String,
@@ -16,42 +17,16 @@ pub(crate) struct LayerNames {
     pub output_norm: String,
 }
 
-/// BERT's layer `l` (`BertModel`'s module names).
-fn bert(l: usize) -> LayerNames {
-    let p = format!("bert.encoder.layer.{l}.");
-    LayerNames {
-        query: format!("{p}attention.self.query"),
-        key: format!("{p}attention.self.key"),
-        value: format!("{p}attention.self.value"),
-        attention_out: format!("{p}attention.output.dense"),
-        attention_norm: format!("{p}attention.output.LayerNorm"),
-        intermediate: format!("{p}intermediate.dense"),
-        output: format!("{p}output.dense"),
-        output_norm: format!("{p}output.LayerNorm"),
-    }
-}
-
 impl LayerNames {
-    /// Layer `layer`'s names in a model of `family`.
-    pub(crate) fn of(family: Family, layer: usize) -> Self {
-        match family {
-            Family::Bert => bert(layer),
-            Family::MPNet => mpnet(layer),
+    /// The layer's parameters with their shapes, in layout order, for hidden size `h` and
+    /// feed-forward size `i`.
+    pub(crate) fn params(&self, h: usize, i: usize, add: AddParam<'_>) {
+        for projection in [&self.query, &self.key, &self.value, &self.attention_out] {
+            linear(add, projection, h, h);
         }
-    }
-}
-
-/// MPNet's layer `l` (`MPNetModel`'s module names).
-fn mpnet(l: usize) -> LayerNames {
-    let p = format!("mpnet.encoder.layer.{l}.");
-    LayerNames {
-        query: format!("{p}attention.attn.q"),
-        key: format!("{p}attention.attn.k"),
-        value: format!("{p}attention.attn.v"),
-        attention_out: format!("{p}attention.attn.o"),
-        attention_norm: format!("{p}attention.LayerNorm"),
-        intermediate: format!("{p}intermediate.dense"),
-        output: format!("{p}output.dense"),
-        output_norm: format!("{p}output.LayerNorm"),
+        norm(add, &self.attention_norm, h);
+        linear(add, &self.intermediate, h, i);
+        linear(add, &self.output, i, h);
+        norm(add, &self.output_norm, h);
     }
 }

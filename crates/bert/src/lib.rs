@@ -1,8 +1,9 @@
-//! BERT-family models as ONNX graphs.
+//! Encoder models for sequence classification as ONNX graphs: BERT, MPNet, RoBERTa (and
+//! XLM-RoBERTa, CamemBERT), DistilBERT and ELECTRA, each family a module of `families/`.
 //!
 //! Owns: the model config (from Hugging Face `config.json`, unsupported values refused by name),
-//! checkpoints (`model.safetensors` in, with or without the `bert.` prefix; Hugging Face names
-//! out), the flat parameter layout shared by gradients, optimizer, checkpoints and the
+//! checkpoints (`model.safetensors` in, with or without the family's prefix, `bert.` or
+//! `roberta.` say; Hugging Face names out), the flat parameter layout shared by gradients, optimizer, checkpoints and the
 //! all-reduce, seeded initialisation, the forward graph with parameters as graph inputs, and the
 //! self-contained inference export, in float or with int8 linear layers.
 //!
@@ -26,17 +27,18 @@
 mod checkpoint;
 mod config;
 mod error;
+mod families;
 mod forward;
 mod int8;
 mod layer_names;
 mod layout;
-mod mpnet;
 mod params;
 mod tensor_file;
 
 pub use checkpoint::{load_params, save_params, LoadReport};
-pub use config::{Family, ModelConfig, ProblemType};
+pub use config::{ModelConfig, ProblemType};
 pub use error::ModelError;
+pub use families::Family;
 pub use forward::{
     export_inference, forward_graph, layer_prefixes, layer_scope, ForwardGraph, GraphOptions, Padding, Params,
     ATTENTION_MASK, INPUT_IDS, LABELS, LOGITS, LOSS, TOKEN_TYPE_IDS,

@@ -5,7 +5,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 
-use crate::{Family, ModelConfig, ParamEntry, ParamLayout};
+use crate::{ModelConfig, ParamEntry, ParamLayout};
 
 /// The word-embedding table's name: the one parameter whose gradient is nonzero only on the rows
 /// a batch's token ids name.
@@ -13,71 +13,17 @@ pub fn word_embeddings_name(config: &ModelConfig) -> String {
     format!("{}embeddings.word_embeddings.weight", config.family.prefix())
 }
 
-/// Every parameter of the model with its Hugging Face name and shape, in layout order.
+/// Every parameter of the model with its Hugging Face name and shape, in layout order: the
+/// embeddings, each layer's, then what the family has after them (shared tables, the head).
 pub fn param_shapes(config: &ModelConfig) -> Vec<(String, Vec<usize>)> {
-    let (h, i) = (config.hidden_size, config.intermediate_size);
-    let p = config.family.prefix();
+    let rules = config.family.rules();
     let mut out: Vec<(String, Vec<usize>)> = Vec::new();
     let mut add = |name: String, shape: Vec<usize>| out.push((name, shape));
-    match config.family {
-        Family::Bert => {
-            add(word_embeddings_name(config), vec![config.vocab_size, h]);
-            add(format!("{p}embeddings.position_embeddings.weight"), vec![config.max_position_embeddings, h]);
-            add(format!("{p}embeddings.token_type_embeddings.weight"), vec![config.type_vocab_size, h]);
-            add(format!("{p}embeddings.LayerNorm.weight"), vec![h]);
-            add(format!("{p}embeddings.LayerNorm.bias"), vec![h]);
-            for l in 0..config.num_layers {
-                let layer = format!("{p}encoder.layer.{l}.");
-                for proj in ["query", "key", "value"] {
-                    add(format!("{layer}attention.self.{proj}.weight"), vec![h, h]);
-                    add(format!("{layer}attention.self.{proj}.bias"), vec![h]);
-                }
-                add(format!("{layer}attention.output.dense.weight"), vec![h, h]);
-                add(format!("{layer}attention.output.dense.bias"), vec![h]);
-                add(format!("{layer}attention.output.LayerNorm.weight"), vec![h]);
-                add(format!("{layer}attention.output.LayerNorm.bias"), vec![h]);
-                add(format!("{layer}intermediate.dense.weight"), vec![i, h]);
-                add(format!("{layer}intermediate.dense.bias"), vec![i]);
-                add(format!("{layer}output.dense.weight"), vec![h, i]);
-                add(format!("{layer}output.dense.bias"), vec![h]);
-                add(format!("{layer}output.LayerNorm.weight"), vec![h]);
-                add(format!("{layer}output.LayerNorm.bias"), vec![h]);
-            }
-            add(format!("{p}pooler.dense.weight"), vec![h, h]);
-            add(format!("{p}pooler.dense.bias"), vec![h]);
-            add("classifier.weight".into(), vec![config.num_labels, h]);
-            add("classifier.bias".into(), vec![config.num_labels]);
-        }
-        Family::MPNet => {
-            add(word_embeddings_name(config), vec![config.vocab_size, h]);
-            add(format!("{p}embeddings.position_embeddings.weight"), vec![config.max_position_embeddings, h]);
-            add(format!("{p}embeddings.LayerNorm.weight"), vec![h]);
-            add(format!("{p}embeddings.LayerNorm.bias"), vec![h]);
-            for l in 0..config.num_layers {
-                let layer = format!("{p}encoder.layer.{l}.");
-                for proj in ["q", "k", "v", "o"] {
-                    add(format!("{layer}attention.attn.{proj}.weight"), vec![h, h]);
-                    add(format!("{layer}attention.attn.{proj}.bias"), vec![h]);
-                }
-                add(format!("{layer}attention.LayerNorm.weight"), vec![h]);
-                add(format!("{layer}attention.LayerNorm.bias"), vec![h]);
-                add(format!("{layer}intermediate.dense.weight"), vec![i, h]);
-                add(format!("{layer}intermediate.dense.bias"), vec![i]);
-                add(format!("{layer}output.dense.weight"), vec![h, i]);
-                add(format!("{layer}output.dense.bias"), vec![h]);
-                add(format!("{layer}output.LayerNorm.weight"), vec![h]);
-                add(format!("{layer}output.LayerNorm.bias"), vec![h]);
-            }
-            add(
-                format!("{p}encoder.relative_attention_bias.weight"),
-                vec![config.relative_attention_buckets, config.num_heads],
-            );
-            add("classifier.dense.weight".into(), vec![h, h]);
-            add("classifier.dense.bias".into(), vec![h]);
-            add("classifier.out_proj.weight".into(), vec![config.num_labels, h]);
-            add("classifier.out_proj.bias".into(), vec![config.num_labels]);
-        }
+    rules.embedding_params(config, &mut add);
+    for layer in 0..config.num_layers {
+        rules.layer_names(config, layer).params(config.hidden_size, config.intermediate_size, &mut add);
     }
+    rules.final_params(config, &mut add);
     out
 }
 
@@ -89,14 +35,15 @@ pub fn layout(config: &ModelConfig) -> ParamLayout {
 /// Whether a parameter belongs to a task head, which a pre-trained checkpoint may lack and
 /// which is then initialised from the seed.
 pub fn is_head(config: &ModelConfig, name: &str) -> bool {
-    name.starts_with("classifier.") || name.starts_with(&format!("{}pooler.", config.family.prefix()))
+    config.family.rules().is_head(name)
 }
 
 /// Initialises one parameter as Hugging Face does: normal(0, `initializer_range`) for weights
 /// and embeddings, zeros for biases, ones for LayerNorm scales. The stream depends only on
 /// `seed` and the parameter's name.
 pub fn init_param(config: &ModelConfig, entry: &ParamEntry, seed: u64, out: &mut [f32]) {
-    if entry.name.ends_with("LayerNorm.weight") {
+    // DistilBERT names its layers' norms `..._layer_norm`.
+    if entry.name.ends_with("LayerNorm.weight") || entry.name.ends_with("layer_norm.weight") {
         out.fill(1.0);
     } else if entry.name.ends_with("bias") {
         out.fill(0.0);
@@ -162,5 +109,36 @@ mod tests {
         assert!(a[ln.range()].iter().all(|&v| v == 1.0));
         init_all(&c, &l, 8, &mut b);
         assert_ne!(a[w.range()], b[w.range()]);
+    }
+
+    #[test]
+    fn each_family_names_its_own_parameters() {
+        let with = |model_type: &str, extra: &str| {
+            ModelConfig::from_json(
+                &format!(
+                    r#"{{"model_type": "{model_type}", "vocab_size": 50, "hidden_size": 8, "num_hidden_layers": 1,
+                        "num_attention_heads": 2, "intermediate_size": 16, "max_position_embeddings": 12{extra}}}"#
+                ),
+                Path::new("config.json"),
+            )
+            .expect("config")
+        };
+        let names = |c: &ModelConfig| param_shapes(c).into_iter().map(|(n, _)| n).collect::<Vec<_>>();
+        let narrow = with("electra", r#", "embedding_size": 4"#);
+        let shapes = param_shapes(&narrow);
+        assert!(shapes.contains(&("electra.embeddings_project.weight".into(), vec![8, 4])), "{shapes:?}");
+        assert!(shapes.contains(&("electra.embeddings.word_embeddings.weight".into(), vec![50, 4])));
+        assert!(!names(&with("electra", "")).iter().any(|n| n.contains("embeddings_project")), "as wide: none");
+        let distil = with("distilbert", "");
+        assert!(names(&distil).contains(&"distilbert.transformer.layer.0.ffn.lin2.weight".to_string()));
+        assert!(is_head(&distil, "pre_classifier.weight") && !is_head(&distil, "distilbert.embeddings.LayerNorm.bias"));
+        let roberta = names(&with("camembert", ""));
+        assert!(roberta.iter().all(|n| n.starts_with("roberta.") || n.starts_with("classifier.")), "{roberta:?}");
+        assert!(!roberta.iter().any(|n| n.contains("pooler")), "no pooler");
+        let l = layout(&distil);
+        let mut params = vec![0.0; l.total_len()];
+        init_all(&distil, &l, 3, &mut params);
+        let norm = l.get("distilbert.transformer.layer.0.sa_layer_norm.weight").expect("norm");
+        assert!(params[norm.range()].iter().all(|&v| v == 1.0), "a norm's scale starts at one");
     }
 }

@@ -6,37 +6,73 @@
 
 use ringtune_onnx_ir::{DType, Tensor, Value};
 
+use crate::families::shared::{linear, norm};
+use crate::families::{AddParam, Rules};
 use crate::forward::Builder;
-use crate::ModelError;
+use crate::layer_names::LayerNames;
+use crate::{ModelConfig, ModelError};
 
 /// Buckets of the relative positions, whatever the config says (as Hugging Face computes them).
 const BUCKETS: i64 = 32;
 /// Distances at and beyond this share the last bucket.
 const MAX_DISTANCE: f64 = 128.0;
 
-impl Builder<'_> {
-    /// word + position embeddings, LayerNorm, dropout; a token's position is
-    /// `padding_idx + (number of non-pad tokens up to and including it)`, pads get `padding_idx`.
-    pub(crate) fn mpnet_embeddings(&mut self, ids: &Value) -> Result<Value, ModelError> {
-        let pad = self.config.pad_token_id;
-        let word = self.param("mpnet.embeddings.word_embeddings.weight")?;
-        let position = self.param("mpnet.embeddings.position_embeddings.weight")?;
-        let pad_id = self.g.constant(Tensor::scalar_i64(pad))?;
-        let is_pad = self.g.equal(ids, &pad_id)?;
-        let real = self.g.not(&is_pad)?;
-        let real = self.g.cast(&real, DType::I64)?;
-        let counted = self.g.cumsum(&real, 1)?;
-        let counted = self.g.mul(&counted, &real)?;
-        let positions = self.g.add(&counted, &pad_id)?;
-        let words = self.g.gather(&word, ids, 0)?;
-        let position_rows = self.g.gather(&position, &positions, 0)?;
-        let sum = self.g.add(&words, &position_rows)?;
-        let normed = self.layer_norm(&sum, "mpnet.embeddings.LayerNorm")?;
-        self.dropout(&normed, self.config.hidden_dropout)
+pub(crate) struct MPNet;
+
+impl Rules for MPNet {
+    fn embedding_params(&self, c: &ModelConfig, add: AddParam<'_>) {
+        add("mpnet.embeddings.word_embeddings.weight".into(), vec![c.vocab_size, c.hidden_size]);
+        add("mpnet.embeddings.position_embeddings.weight".into(), vec![c.max_position_embeddings, c.hidden_size]);
+        norm(add, "mpnet.embeddings.LayerNorm", c.hidden_size);
     }
 
+    fn final_params(&self, c: &ModelConfig, add: AddParam<'_>) {
+        add("mpnet.encoder.relative_attention_bias.weight".into(), vec![c.relative_attention_buckets, c.num_heads]);
+        linear(add, "classifier.dense", c.hidden_size, c.hidden_size);
+        linear(add, "classifier.out_proj", c.hidden_size, c.num_labels);
+    }
+
+    /// `MPNetModel`'s module names.
+    fn layer_names(&self, _c: &ModelConfig, l: usize) -> LayerNames {
+        let p = format!("mpnet.encoder.layer.{l}.");
+        LayerNames {
+            query: format!("{p}attention.attn.q"),
+            key: format!("{p}attention.attn.k"),
+            value: format!("{p}attention.attn.v"),
+            attention_out: format!("{p}attention.attn.o"),
+            attention_norm: format!("{p}attention.LayerNorm"),
+            intermediate: format!("{p}intermediate.dense"),
+            output: format!("{p}output.dense"),
+            output_norm: format!("{p}output.LayerNorm"),
+        }
+    }
+
+    /// word + position embeddings, LayerNorm, dropout; positions counted after the padding.
+    fn embeddings(
+        &self,
+        b: &mut Builder<'_>,
+        ids: &Value,
+        _types: Option<&Value>,
+        _dims: &Value,
+    ) -> Result<Value, ModelError> {
+        let words = b.rows("mpnet.embeddings.word_embeddings.weight", ids)?;
+        let positions = b.positions_after_padding(ids)?;
+        let position_rows = b.rows("mpnet.embeddings.position_embeddings.weight", &positions)?;
+        b.embedding_sum(&[words, position_rows], "mpnet.embeddings.LayerNorm")
+    }
+
+    fn position_bias(&self, b: &mut Builder<'_>, dims: &Value) -> Result<Option<Value>, ModelError> {
+        Ok(Some(b.mpnet_position_bias(dims)?))
+    }
+
+    fn head(&self, b: &mut Builder<'_>, first: &Value) -> Result<Value, ModelError> {
+        b.dense_tanh_head(first)
+    }
+}
+
+impl Builder<'_> {
     /// `[1, heads, seq, seq]`: the shared table looked up at each (query, key) pair's bucket.
-    pub(crate) fn mpnet_position_bias(&mut self, dims: &Value) -> Result<Value, ModelError> {
+    fn mpnet_position_bias(&mut self, dims: &Value) -> Result<Value, ModelError> {
         let table = self.param("mpnet.encoder.relative_attention_bias.weight")?;
         let bucket = self.relative_buckets(dims)?;
         let rows = self.g.gather(&table, &bucket, 0)?;
@@ -81,15 +117,5 @@ impl Builder<'_> {
         let large = g.min(&large, &last)?;
         let offset = g.where_(&is_small, &n, &large)?;
         Ok(g.add(&base, &offset)?)
-    }
-
-    /// Dropout, dense + tanh, dropout, output projection on the first token.
-    pub(crate) fn mpnet_head(&mut self, first: &Value) -> Result<Value, ModelError> {
-        let p = self.config.classifier_dropout;
-        let x = self.dropout(first, p)?;
-        let x = self.dense(&x, "classifier.dense")?;
-        let x = self.g.tanh(&x)?;
-        let x = self.dropout(&x, p)?;
-        self.dense(&x, "classifier.out_proj")
     }
 }

@@ -1,0 +1,69 @@
+//! ELECTRA's discriminator (`electra.`, exact to transformers'
+//! `ElectraForSequenceClassification`): BERT's embeddings at `embedding_size`, projected to the
+//! hidden size by `embeddings_project` where the two differ; BERT's layers; the head is dropout,
+//! dense + GELU on the first token, dropout, `out_proj`.
+
+use ringtune_onnx_ir::Value;
+
+use crate::families::shared::{bert_layer_names, linear, norm};
+use crate::families::{AddParam, Rules};
+use crate::forward::Builder;
+use crate::layer_names::LayerNames;
+use crate::{ModelConfig, ModelError, TOKEN_TYPE_IDS};
+
+pub(crate) struct Electra;
+
+/// The projection from the embedding to the hidden size.
+const PROJECT: &str = "electra.embeddings_project";
+
+impl Rules for Electra {
+    fn embedding_params(&self, c: &ModelConfig, add: AddParam<'_>) {
+        let e = c.embedding_size;
+        add("electra.embeddings.word_embeddings.weight".into(), vec![c.vocab_size, e]);
+        add("electra.embeddings.position_embeddings.weight".into(), vec![c.max_position_embeddings, e]);
+        add("electra.embeddings.token_type_embeddings.weight".into(), vec![c.type_vocab_size, e]);
+        norm(add, "electra.embeddings.LayerNorm", e);
+        if e != c.hidden_size {
+            linear(add, PROJECT, e, c.hidden_size);
+        }
+    }
+
+    fn final_params(&self, c: &ModelConfig, add: AddParam<'_>) {
+        linear(add, "classifier.dense", c.hidden_size, c.hidden_size);
+        linear(add, "classifier.out_proj", c.hidden_size, c.num_labels);
+    }
+
+    fn layer_names(&self, _c: &ModelConfig, layer: usize) -> LayerNames {
+        bert_layer_names("electra.", layer)
+    }
+
+    fn embeddings(
+        &self,
+        b: &mut Builder<'_>,
+        ids: &Value,
+        types: Option<&Value>,
+        dims: &Value,
+    ) -> Result<Value, ModelError> {
+        let types = types.ok_or_else(|| ringtune_onnx_ir::IrError::UnknownValue(TOKEN_TYPE_IDS.into()))?;
+        let words = b.rows("electra.embeddings.word_embeddings.weight", ids)?;
+        let type_rows = b.rows("electra.embeddings.token_type_embeddings.weight", types)?;
+        let positions = b.absolute_positions(dims)?;
+        let position_rows = b.rows("electra.embeddings.position_embeddings.weight", &positions)?;
+        let embedded = b.embedding_sum(&[words, type_rows, position_rows], "electra.embeddings.LayerNorm")?;
+        if b.config.embedding_size == b.config.hidden_size {
+            return Ok(embedded);
+        }
+        // The projection reads the tokens as rows; the layers take them as rows too.
+        let rows = b.g.reshape(&embedded, &[-1, b.config.embedding_size as i64])?;
+        b.dense(&rows, PROJECT)
+    }
+
+    fn head(&self, b: &mut Builder<'_>, first: &Value) -> Result<Value, ModelError> {
+        let p = b.config.classifier_dropout;
+        let x = b.dropout(first, p)?;
+        let x = b.dense(&x, "classifier.dense")?;
+        let x = b.g.gelu(&x)?;
+        let x = b.dropout(&x, p)?;
+        b.dense(&x, "classifier.out_proj")
+    }
+}

@@ -1,0 +1,167 @@
+//! The encoder families, each a small module saying only how it differs from the shared layers
+//! (`forward.rs`: attention, feed-forward, post-LayerNorm residuals; `shared.rs`: the pieces
+//! several families use): its parameters' names, its embeddings, its classification head.
+//! Adding a family is one module here, one [`Family`] variant and its row in [`Family::ALL`].
+
+mod bert;
+mod distilbert;
+mod electra;
+mod mpnet;
+mod roberta;
+pub(crate) mod shared;
+
+use ringtune_onnx_ir::Value;
+
+use crate::forward::Builder;
+use crate::layer_names::LayerNames;
+use crate::{ModelConfig, ModelError};
+
+/// The model family, read from `config.json`'s `model_type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// BERT (`BertForSequenceClassification`).
+    Bert,
+    /// MPNet (`MPNetForSequenceClassification`): relative attention bias, no token types.
+    MPNet,
+    /// RoBERTa (`RobertaForSequenceClassification`): BERT's layers, positions counted from the
+    /// padding id, no token types fed, no pooler.
+    Roberta,
+    /// XLM-RoBERTa (`XLMRobertaForSequenceClassification`): RoBERTa's model.
+    XlmRoberta,
+    /// CamemBERT (`CamembertForSequenceClassification`): RoBERTa's model.
+    Camembert,
+    /// DistilBERT (`DistilBertForSequenceClassification`): no token types, its own layer names,
+    /// a ReLU head.
+    DistilBert,
+    /// ELECTRA's discriminator (`ElectraForSequenceClassification`): BERT's layers over an
+    /// embedding that may be narrower than the hidden size, a GELU head.
+    Electra,
+}
+
+impl Family {
+    /// Every family, as `model_type` names it.
+    pub const ALL: [Family; 7] = [
+        Family::Bert,
+        Family::MPNet,
+        Family::Roberta,
+        Family::XlmRoberta,
+        Family::Camembert,
+        Family::DistilBert,
+        Family::Electra,
+    ];
+
+    /// The family of a `model_type`, if we build it.
+    pub fn from_model_type(model_type: &str) -> Option<Family> {
+        Family::ALL.into_iter().find(|f| f.model_type() == model_type)
+    }
+
+    /// The `model_type` in `config.json`.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Family::Bert => "bert",
+            Family::MPNet => "mpnet",
+            Family::Roberta => "roberta",
+            Family::XlmRoberta => "xlm-roberta",
+            Family::Camembert => "camembert",
+            Family::DistilBert => "distilbert",
+            Family::Electra => "electra",
+        }
+    }
+
+    /// The `model_type`s we build, for errors: `bert, mpnet, ...`.
+    pub fn model_types() -> String {
+        Family::ALL.map(Family::model_type).join(", ")
+    }
+
+    /// The class transformers loads an export as.
+    pub fn architecture(self) -> &'static str {
+        match self {
+            Family::Bert => "BertForSequenceClassification",
+            Family::MPNet => "MPNetForSequenceClassification",
+            Family::Roberta => "RobertaForSequenceClassification",
+            Family::XlmRoberta => "XLMRobertaForSequenceClassification",
+            Family::Camembert => "CamembertForSequenceClassification",
+            Family::DistilBert => "DistilBertForSequenceClassification",
+            Family::Electra => "ElectraForSequenceClassification",
+        }
+    }
+
+    /// The prefix of the encoder's parameter names (`bert.`, `roberta.`, ...).
+    pub fn prefix(self) -> &'static str {
+        match self {
+            Family::Bert => "bert.",
+            Family::MPNet => "mpnet.",
+            Family::Roberta | Family::XlmRoberta | Family::Camembert => "roberta.",
+            Family::DistilBert => "distilbert.",
+            Family::Electra => "electra.",
+        }
+    }
+
+    /// Whether the family reads token types (segment ids): the others' tokenizers give none
+    /// (RoBERTa's embedding adds its one type row to every token).
+    pub fn has_token_types(self) -> bool {
+        matches!(self, Family::Bert | Family::Electra)
+    }
+
+    /// The padding id where `config.json` gives none.
+    pub(crate) fn default_pad_id(self) -> i64 {
+        match self {
+            Family::MPNet | Family::Roberta | Family::XlmRoberta | Family::Camembert => 1,
+            Family::Bert | Family::DistilBert | Family::Electra => 0,
+        }
+    }
+
+    /// How the family differs from the shared layers.
+    pub(crate) fn rules(self) -> &'static dyn Rules {
+        match self {
+            Family::Bert => &bert::Bert,
+            Family::MPNet => &mpnet::MPNet,
+            Family::Roberta | Family::XlmRoberta | Family::Camembert => &roberta::Roberta,
+            Family::DistilBert => &distilbert::DistilBert,
+            Family::Electra => &electra::Electra,
+        }
+    }
+}
+
+/// Where a family's parameters are named with their shapes, in layout order.
+pub(crate) type AddParam<'a> = &'a mut dyn FnMut(String, Vec<usize>);
+
+/// What a family says differently from the shared layers.
+pub(crate) trait Rules: Sync {
+    /// The embeddings' parameters (before the layers, in layout order).
+    fn embedding_params(&self, config: &ModelConfig, add: AddParam<'_>);
+
+    /// Parameters after the layers (shared tables, the head), in layout order.
+    fn final_params(&self, config: &ModelConfig, add: AddParam<'_>);
+
+    /// Layer `layer`'s parameter names.
+    fn layer_names(&self, config: &ModelConfig, layer: usize) -> LayerNames;
+
+    /// `[batch, seq, hidden]` (or its rows, `[batch * seq, hidden]`) from the ids
+    /// (`[batch, seq]`), the token types where the family has them, and the batch's shape `dims`.
+    fn embeddings(
+        &self,
+        b: &mut Builder<'_>,
+        ids: &Value,
+        types: Option<&Value>,
+        dims: &Value,
+    ) -> Result<Value, ModelError>;
+
+    /// `[1, heads, seq, seq]` added to every layer's attention scores, where the family has it.
+    fn position_bias(&self, _b: &mut Builder<'_>, _dims: &Value) -> Result<Option<Value>, ModelError> {
+        Ok(None)
+    }
+
+    /// Whether the attention's output projection is followed by dropout (DistilBERT's is not).
+    fn attention_output_dropout(&self) -> bool {
+        true
+    }
+
+    /// The logits from each sequence's first token (`[batch, hidden]`).
+    fn head(&self, b: &mut Builder<'_>, first: &Value) -> Result<Value, ModelError>;
+
+    /// Whether parameter `name` is the head's (a pre-trained checkpoint may lack it).
+    fn is_head(&self, name: &str) -> bool {
+        name.starts_with("classifier.")
+    }
+}
