@@ -179,6 +179,17 @@ impl ModelConfig {
         Ok(())
     }
 
+    /// The most tokens a sequence may have: the position table's rows, less those a family
+    /// that counts positions from the padding id never reaches (RoBERTa's 514 rows take 512).
+    pub fn max_tokens(&self) -> usize {
+        if self.family.rules().positions_follow_padding() {
+            let unused = usize::try_from(self.pad_token_id).map_or(0, |pad| pad + 1);
+            self.max_position_embeddings.saturating_sub(unused)
+        } else {
+            self.max_position_embeddings
+        }
+    }
+
     /// Size of one attention head.
     pub fn head_size(&self) -> usize {
         self.hidden_size / self.num_heads
@@ -431,6 +442,7 @@ mod tests {
         assert_eq!((electra.embedding_size, electra.to_hf_json()["embedding_size"].as_u64()), (16, Some(16)));
         let roberta = parse(&MINI.replace("\"bert\"", "\"xlm-roberta\"")).expect("xlm-roberta");
         assert_eq!((roberta.pad_token_id, roberta.type_vocab_size), (1, 1), "RoBERTa's defaults");
+        assert_eq!((roberta.max_tokens(), parse(MINI).expect("bert").max_tokens()), (62, 64), "positions from 2");
     }
 
     #[test]

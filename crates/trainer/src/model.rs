@@ -36,12 +36,20 @@ impl ModelDir {
     /// Refuses a `--max-len` past the model's position embeddings (ONNX Runtime would otherwise
     /// fail later, on an index out of the table).
     pub fn check_max_len(&self, max_len: usize) -> Result<(), TrainError> {
-        let positions = self.config.max_position_embeddings;
-        if max_len > positions {
+        let (tokens, positions) = (self.config.max_tokens(), self.config.max_position_embeddings);
+        if max_len > tokens {
+            let counted = if tokens < positions {
+                format!(" (positions counted from the padding id {})", self.config.pad_token_id)
+            } else {
+                String::new()
+            };
             return Err(TrainError::Setting {
                 flag: "max-len",
                 value: max_len.to_string(),
-                expected: format!("at most {}'s max_position_embeddings, {positions}", self.dir.display()),
+                expected: format!(
+                    "at most {tokens}, what {}'s max_position_embeddings {positions} take{counted}",
+                    self.dir.display()
+                ),
             });
         }
         Ok(())

@@ -152,6 +152,12 @@ pub(crate) trait Rules: Sync {
         Ok(None)
     }
 
+    /// Whether positions are counted from the padding id (`padding_idx + 1` for the first
+    /// token), which leaves `padding_idx + 1` rows of the position table unused.
+    fn positions_follow_padding(&self) -> bool {
+        false
+    }
+
     /// Whether the attention's output projection is followed by dropout (DistilBERT's is not).
     fn attention_output_dropout(&self) -> bool {
         true

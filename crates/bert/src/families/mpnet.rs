@@ -65,6 +65,10 @@ impl Rules for MPNet {
         Ok(Some(b.mpnet_position_bias(dims)?))
     }
 
+    fn positions_follow_padding(&self) -> bool {
+        true
+    }
+
     fn head(&self, b: &mut Builder<'_>, first: &Value) -> Result<Value, ModelError> {
         b.dense_tanh_head(first)
     }

@@ -48,6 +48,10 @@ impl Rules for Roberta {
         b.embedding_sum(&[words, type_row, position_rows], "roberta.embeddings.LayerNorm")
     }
 
+    fn positions_follow_padding(&self) -> bool {
+        true
+    }
+
     fn head(&self, b: &mut Builder<'_>, first: &Value) -> Result<Value, ModelError> {
         b.dense_tanh_head(first)
     }

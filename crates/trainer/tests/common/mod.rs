@@ -9,6 +9,7 @@ use ringtune_trainer::metrics::{read_records, Record, StepRecord};
 use ringtune_trainer::TrainConfig;
 
 pub(crate) mod cluster;
+pub(crate) mod families;
 
 pub(crate) fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
