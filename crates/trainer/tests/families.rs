@@ -1,7 +1,8 @@
 //! Every encoder family beyond BERT and MPNet end to end on a small slice of MRPC, each a tiny
 //! model with a tokenizer of its family's kind (`common::families`): training lowers the loss and
 //! writes every output, the export names the family's class, the trained model scores dev alone
-//! as training scored it, and two nodes reach one node's parameters.
+//! as training scored it, two nodes reach one node's parameters, and (with `RINGTUNE_PYTORCH`)
+//! transformers loads the exported folder with the same logits.
 
 mod common;
 
@@ -64,6 +65,7 @@ fn every_family_trains_exports_and_splits_over_two_nodes() {
         let dev = alone.evaluate(&cfg.data.as_ref().expect("data").join("dev.tsv"), 8).expect("scored");
         let scored = summary.dev.as_ref().expect("dev scores");
         assert_eq!((scored.loss, scored.accuracy), (dev.loss, dev.accuracy), "{model_type}");
+        loaded_by_transformers(&cfg.output, &cfg.data.as_ref().expect("data").join("dev.tsv"));
 
         let certs = certs(dir.path(), 2);
         let single = TrainConfig { epochs: 1, output: dir.path().join("single"), ..cfg.clone() };
@@ -74,4 +76,20 @@ fn every_family_trains_exports_and_splits_over_two_nodes() {
         let max = a.iter().zip(&m).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
         assert!(max < 1e-5, "{model_type}: two nodes' parameters differ from one node's by up to {max:e}");
     }
+}
+
+/// Where `RINGTUNE_PYTORCH` names a Python with torch, transformers and onnxruntime (as for
+/// `ringtune-bench`; CI has none): the run's folder loads in transformers as its family's class,
+/// with logits within 1e-4 of its `model.onnx` on the first dev pairs
+/// (`tools/check/transformers_export.py`).
+fn loaded_by_transformers(run: &std::path::Path, dev: &std::path::Path) {
+    let Some(python) = std::env::var_os("RINGTUNE_PYTORCH") else {
+        eprintln!("RINGTUNE_PYTORCH is not set: {} is not loaded in transformers", run.display());
+        return;
+    };
+    let script = common::root().join("tools/check/transformers_export.py");
+    let out = std::process::Command::new(python).arg(script).arg(run).arg(dev).output().expect("python runs");
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}: {text}", run.display());
+    eprintln!("{}", text.lines().filter(|l| l.contains("largest logit difference")).collect::<Vec<_>>().join("\n"));
 }
