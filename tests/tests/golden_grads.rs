@@ -71,7 +71,7 @@ fn three_label_and_regression_head_gradients_match_pytorch() {
 
 /// Every family beyond BERT and MPNet (`tests/fixtures/families`, made by its
 /// `make_families.py` with transformers' own classes: RoBERTa, XLM-RoBERTa with three labels,
-/// DistilBERT, ELECTRA with an embedding narrower than its hidden size; 3 heads of 8): loss and
+/// DistilBERT, ELECTRA with an embedding narrower than its hidden size, CamemBERT; 3 heads of 8): loss and
 /// logits within 1e-4 of PyTorch's in fp32, every parameter's gradient within 1e-3 relative,
 /// on every kernel choice.
 #[test]
@@ -82,6 +82,7 @@ fn every_family_matches_pytorch() {
         ("tiny-xlm-roberta", ringtune_bert::Family::XlmRoberta),
         ("tiny-distilbert", ringtune_bert::Family::DistilBert),
         ("tiny-electra", ringtune_bert::Family::Electra),
+        ("tiny-camembert", ringtune_bert::Family::Camembert),
     ];
     for (case, family) in cases {
         let dir = families.join(case);
