@@ -243,19 +243,31 @@ pub fn input_maxima(
     let mut evaluator = Evaluator::embedded(Runtime::get()?, &model, &SessionOptions::default())?;
     let names: Vec<&str> = layers.iter().map(|(_, output)| output.as_str()).collect();
     let mut maxima: Vec<Vec<f32>> = vec![Vec::new(); layers.len()];
+    // Each layer's input width: its weight is `[out, in]`.
+    let widths = layers
+        .iter()
+        .map(|(weight, _)| layout.get(weight).and_then(|e| e.shape.last().copied()).filter(|&w| w > 0))
+        .collect::<Vec<_>>();
     for batch in batches {
-        for (largest, values) in maxima.iter_mut().zip(evaluator.embedded_outputs(&batch, &names)?) {
-            // `[tokens, width]`, one row a position of the batch.
+        let outputs = evaluator.embedded_outputs(&batch, &names)?;
+        for ((largest, values), width) in maxima.iter_mut().zip(outputs).zip(&widths) {
             let tokens = batch.attention_mask.len();
-            let width = values.len() / tokens.max(1);
-            if width == 0 || values.len() != tokens * width {
-                return Err(TrainError::Other(format!("calibration: {} values for {tokens} tokens", values.len())));
-            }
+            let width = width.ok_or_else(|| TrainError::Other("calibration: a layer of no known width".into()))?;
+            // `[tokens, width]`, one row a position of the batch (a feed-forward block's), or
+            // `[rows, width]`, one a sequence (a head's, on the first tokens: all real).
+            let real: Vec<bool> = if values.len() == tokens * width {
+                batch.attention_mask.iter().map(|&m| m != 0).collect()
+            } else if values.len() == batch.rows * width {
+                vec![true; batch.rows]
+            } else {
+                let found = values.len();
+                return Err(TrainError::Other(format!(
+                    "calibration: {found} values of width {width} for {tokens} tokens"
+                )));
+            };
             largest.resize(width, 0.0);
-            for (token, &mask) in values.chunks_exact(width).zip(&batch.attention_mask) {
-                if mask != 0 {
-                    largest.iter_mut().zip(token).for_each(|(m, v)| *m = m.max(v.abs()));
-                }
+            for (row, _) in values.chunks_exact(width).zip(&real).filter(|(_, &real)| real) {
+                largest.iter_mut().zip(row).for_each(|(m, v)| *m = m.max(v.abs()));
             }
         }
     }

@@ -1,7 +1,7 @@
 //! Every encoder family beyond BERT and MPNet end to end on a small slice of MRPC, each a tiny
 //! model with a tokenizer of its family's kind (`common::families`): training lowers the loss and
 //! writes every output, the export names the family's class, the trained model scores dev alone
-//! as training scored it, two nodes reach one node's parameters, and (with `RINGTUNE_PYTORCH`)
+//! as training scored it and its int8 model close to it, a requeued run resumes as finished, two nodes reach one node's parameters, and (with `RINGTUNE_PYTORCH`)
 //! transformers loads the exported folder with the same logits.
 
 mod common;
@@ -12,6 +12,7 @@ use common::{losses, small_mrpc};
 use ringtune_collective::Wire;
 use ringtune_runtime::SessionOptions;
 use ringtune_trainer::predict::{Precision, Predictor};
+use ringtune_trainer::quantize::Quantization;
 use ringtune_trainer::sync::SyncMode;
 use ringtune_trainer::train::Start;
 use ringtune_trainer::TrainConfig;
@@ -45,6 +46,7 @@ fn every_family_trains_exports_and_splits_over_two_nodes() {
             eval_batch_size: 8,
             // fp32 MLAS: the nodes are compared to float tolerance.
             kernels: ringtune_ops::KernelChoice::Mlas,
+            quantize: Some(Quantization::Int8),
             ..TrainConfig::default()
         };
         let summary = ringtune_trainer::train::train(&cfg, dir.path(), Start::Fresh, None).expect(model_type);
@@ -66,6 +68,14 @@ fn every_family_trains_exports_and_splits_over_two_nodes() {
         let scored = summary.dev.as_ref().expect("dev scores");
         assert_eq!((scored.loss, scored.accuracy), (dev.loss, dev.accuracy), "{model_type}");
         loaded_by_transformers(&cfg.output, &cfg.data.as_ref().expect("data").join("dev.tsv"));
+        // Its int8 model (quantized at the run's end) scores dev within two of its 40 rows.
+        let int8 = summary.int8.as_ref().expect("an int8 model");
+        let int8_accuracy = int8.evaluations["dev"].accuracy.expect("accuracy");
+        let float_accuracy = scored.accuracy.expect("accuracy");
+        assert!((int8_accuracy - float_accuracy).abs() <= 2.0 / 40.0 + 1e-9, "{model_type}: {int8:?}");
+        // A requeued job over the finished run trains nothing and says what it had.
+        let again = ringtune_trainer::train::train(&cfg, dir.path(), Start::Resume, None).expect("resumed");
+        assert_eq!((again.steps, again.dev), (summary.steps, summary.dev), "{model_type}");
 
         let certs = certs(dir.path(), 2);
         let single = TrainConfig { epochs: 1, output: dir.path().join("single"), ..cfg.clone() };
