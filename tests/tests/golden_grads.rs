@@ -83,6 +83,8 @@ fn every_family_matches_pytorch() {
         ("tiny-distilbert", ringtune_bert::Family::DistilBert),
         ("tiny-electra", ringtune_bert::Family::Electra),
         ("tiny-camembert", ringtune_bert::Family::Camembert),
+        ("tiny-modernbert", ringtune_bert::Family::ModernBert),
+        ("tiny-modernbert-mean", ringtune_bert::Family::ModernBert),
     ];
     for (case, family) in cases {
         let dir = families.join(case);

@@ -68,6 +68,121 @@ pub struct ModelConfig {
     pub pad_token_id: i64,
     /// Rows of MPNet's relative attention bias table (0 for BERT).
     pub relative_attention_buckets: usize,
+    /// What only ModernBERT has (`None` for the other families).
+    pub modernbert: Option<ModernBertSettings>,
+}
+
+/// ModernBERT's settings beyond BERT's (its config names).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModernBertSettings {
+    /// Whether each layer's attention is global (`full_attention`) rather than a sliding window.
+    pub global_layers: Vec<bool>,
+    /// How far a sliding-window layer's token sees either side (`local_attention / 2`).
+    pub sliding_window: usize,
+    /// The rotary theta of the global layers.
+    pub global_theta: f64,
+    /// The rotary theta of the sliding-window layers.
+    pub local_theta: f64,
+    /// The head pools the real tokens' mean (`classifier_pooling` `mean`), else the first token.
+    pub mean_pooling: bool,
+    /// Dropout after the embeddings' norm.
+    pub embedding_dropout: f64,
+    /// `norm_bias`, `attention_bias`, `mlp_bias`, `classifier_bias`.
+    pub norm_bias: bool,
+    /// Biases on `Wqkv` and the attention's `Wo`.
+    pub attention_bias: bool,
+    /// Biases on `Wi` and the feed-forward's `Wo`.
+    pub mlp_bias: bool,
+    /// A bias on the head's dense layer.
+    pub classifier_bias: bool,
+}
+
+impl ModernBertSettings {
+    /// From `config.json`'s ModernBERT keys: `layer_types`, or `global_attn_every_n_layers`
+    /// (every n-th layer global from the first); `rope_parameters`' thetas, or
+    /// `global_rope_theta` / `local_rope_theta`.
+    fn read(hf: &HfConfig, path: &Path) -> Result<Self, ModelError> {
+        let layers = hf.num_hidden_layers;
+        let global_layers = match &hf.layer_types {
+            Some(types) => types
+                .iter()
+                .map(|t| match t.as_str() {
+                    "full_attention" => Ok(true),
+                    "sliding_attention" => Ok(false),
+                    other => Err(unsupported(path, "layer_types", other, "full_attention or sliding_attention")),
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+            None => {
+                let every = positive(path, "global_attn_every_n_layers", hf.global_attn_every_n_layers.unwrap_or(3))?;
+                (0..layers).map(|l| l % every == 0).collect()
+            }
+        };
+        if global_layers.len() != layers {
+            let found = global_layers.len().to_string();
+            return Err(unsupported(path, "layer_types", &found, &format!("one per layer, {layers}")));
+        }
+        let theta = |kind: &str, flat: Option<f64>, default: f64| -> Result<f64, ModelError> {
+            let params = hf.rope_parameters.as_ref().and_then(|r| r.get(kind));
+            if let Some(rope) = params.and_then(|p| p.get("rope_type")).and_then(Json::as_str) {
+                if rope != "default" {
+                    return Err(unsupported(path, "rope_type", rope, "default"));
+                }
+            }
+            Ok(params.and_then(|p| p.get("rope_theta")).and_then(Json::as_f64).or(flat).unwrap_or(default))
+        };
+        for (field, value) in
+            [("hidden_activation", &hf.hidden_act), ("classifier_activation", &hf.classifier_activation)]
+        {
+            if let Some(act) = value.as_deref().filter(|a| *a != "gelu") {
+                return Err(unsupported(path, field, act, "only `gelu`, the exact erf form"));
+            }
+        }
+        let mean_pooling = match hf.classifier_pooling.as_deref().unwrap_or("cls") {
+            "cls" => false,
+            "mean" => true,
+            other => return Err(unsupported(path, "classifier_pooling", other, "cls or mean")),
+        };
+        Ok(ModernBertSettings {
+            global_layers,
+            sliding_window: positive(path, "local_attention", hf.local_attention.unwrap_or(128))? / 2,
+            global_theta: theta("full_attention", hf.global_rope_theta, 160_000.0)?,
+            local_theta: theta("sliding_attention", hf.local_rope_theta, 10_000.0)?,
+            mean_pooling,
+            embedding_dropout: hf.embedding_dropout.unwrap_or(0.0),
+            norm_bias: hf.norm_bias.unwrap_or(false),
+            attention_bias: hf.attention_bias.unwrap_or(false),
+            mlp_bias: hf.mlp_bias.unwrap_or(false),
+            classifier_bias: hf.classifier_bias.unwrap_or(false),
+        })
+    }
+
+    /// The keys transformers' `ModernBertConfig` reads them from.
+    fn write(&self, map: &mut serde_json::Map<String, Json>) {
+        let types: Vec<Json> = self
+            .global_layers
+            .iter()
+            .map(|&g| Json::from(if g { "full_attention" } else { "sliding_attention" }))
+            .collect();
+        map.insert("layer_types".into(), Json::from(types));
+        map.insert("local_attention".into(), Json::from(self.sliding_window * 2));
+        map.insert(
+            "rope_parameters".into(),
+            serde_json::json!({
+                "full_attention": {"rope_type": "default", "rope_theta": self.global_theta},
+                "sliding_attention": {"rope_type": "default", "rope_theta": self.local_theta},
+            }),
+        );
+        map.insert("classifier_pooling".into(), Json::from(if self.mean_pooling { "mean" } else { "cls" }));
+        map.insert("embedding_dropout".into(), Json::from(self.embedding_dropout));
+        for (key, on) in [
+            ("norm_bias", self.norm_bias),
+            ("attention_bias", self.attention_bias),
+            ("mlp_bias", self.mlp_bias),
+            ("classifier_bias", self.classifier_bias),
+        ] {
+            map.insert(key.into(), Json::from(on));
+        }
+    }
 }
 
 impl ModelConfig {
@@ -135,9 +250,9 @@ impl ModelConfig {
                 Family::Roberta | Family::XlmRoberta | Family::Camembert => {
                     positive(path, "type_vocab_size", hf.type_vocab_size.unwrap_or(1))?
                 }
-                Family::MPNet | Family::DistilBert => 0,
+                Family::MPNet | Family::DistilBert | Family::ModernBert => 0,
             },
-            layer_norm_eps: hf.layer_norm_eps.unwrap_or(1e-12),
+            layer_norm_eps: hf.layer_norm_eps.unwrap_or(if family == Family::ModernBert { 1e-5 } else { 1e-12 }),
             initializer_range: hf.initializer_range.unwrap_or(0.02),
             hidden_dropout,
             attention_dropout: hf.attention_probs_dropout_prob.unwrap_or(0.1),
@@ -151,6 +266,10 @@ impl ModelConfig {
                     positive(path, "relative_attention_num_buckets", hf.relative_attention_num_buckets.unwrap_or(32))?
                 }
                 _ => 0,
+            },
+            modernbert: match family {
+                Family::ModernBert => Some(ModernBertSettings::read(&hf, path)?),
+                _ => None,
             },
         };
         config.check(path)?;
@@ -200,6 +319,9 @@ impl ModelConfig {
         self.hidden_dropout = p;
         self.attention_dropout = p;
         self.classifier_dropout = p;
+        if let Some(modernbert) = &mut self.modernbert {
+            modernbert.embedding_dropout = p;
+        }
         self
     }
 
@@ -264,6 +386,25 @@ impl ModelConfig {
             Family::Electra => {
                 map.insert("embedding_size".into(), Json::from(self.embedding_size));
             }
+            Family::ModernBert => {
+                for (ours, theirs) in [
+                    ("layer_norm_eps", "norm_eps"),
+                    ("hidden_act", "hidden_activation"),
+                    ("hidden_dropout_prob", "mlp_dropout"),
+                    ("attention_probs_dropout_prob", "attention_dropout"),
+                ] {
+                    if let Some(value) = map.remove(ours) {
+                        map.insert(theirs.into(), value);
+                    }
+                }
+                map.insert("classifier_activation".into(), Json::from("gelu"));
+                for unused in ["type_vocab_size", "position_embedding_type"] {
+                    map.remove(unused);
+                }
+                if let Some(settings) = &self.modernbert {
+                    settings.write(map);
+                }
+            }
             Family::DistilBert => {
                 // DistilBertConfig's own names; its LayerNorm epsilon is fixed at 1e-12.
                 for (ours, theirs) in [
@@ -292,7 +433,8 @@ impl ModelConfig {
 
 /// The keys of a Hugging Face `config.json` that shape the model (others are ignored);
 /// `null` reads as absent, as `transformers` treats it.
-/// DistilBERT's names for BERT's keys (`dim`, `n_layers`, ...) are read as aliases.
+/// DistilBERT's and ModernBERT's names for BERT's keys (`dim`, `n_layers`, `norm_eps`, ...) are
+/// read as aliases.
 #[derive(Deserialize)]
 struct HfConfig {
     model_type: Option<String>,
@@ -304,14 +446,28 @@ struct HfConfig {
     num_hidden_layers: usize,
     #[serde(alias = "n_heads")]
     num_attention_heads: usize,
+    layer_types: Option<Vec<String>>,
+    global_attn_every_n_layers: Option<usize>,
+    local_attention: Option<usize>,
+    global_rope_theta: Option<f64>,
+    local_rope_theta: Option<f64>,
+    rope_parameters: Option<Json>,
+    classifier_pooling: Option<String>,
+    classifier_activation: Option<String>,
+    embedding_dropout: Option<f64>,
+    norm_bias: Option<bool>,
+    attention_bias: Option<bool>,
+    mlp_bias: Option<bool>,
+    classifier_bias: Option<bool>,
     #[serde(alias = "hidden_dim")]
     intermediate_size: usize,
     max_position_embeddings: usize,
     sinusoidal_pos_embds: Option<bool>,
     type_vocab_size: Option<usize>,
+    #[serde(alias = "norm_eps")]
     layer_norm_eps: Option<f64>,
     initializer_range: Option<f64>,
-    #[serde(alias = "dropout")]
+    #[serde(alias = "dropout", alias = "mlp_dropout")]
     hidden_dropout_prob: Option<f64>,
     #[serde(alias = "attention_dropout")]
     attention_probs_dropout_prob: Option<f64>,
@@ -321,7 +477,7 @@ struct HfConfig {
     id2label: Option<serde_json::Map<String, Json>>,
     pad_token_id: Option<i64>,
     relative_attention_num_buckets: Option<usize>,
-    #[serde(alias = "activation")]
+    #[serde(alias = "activation", alias = "hidden_activation")]
     hidden_act: Option<String>,
     position_embedding_type: Option<String>,
     is_decoder: Option<bool>,
@@ -443,6 +599,34 @@ mod tests {
         let roberta = parse(&MINI.replace("\"bert\"", "\"xlm-roberta\"")).expect("xlm-roberta");
         assert_eq!((roberta.pad_token_id, roberta.type_vocab_size), (1, 1), "RoBERTa's defaults");
         assert_eq!((roberta.max_tokens(), parse(MINI).expect("bert").max_tokens()), (62, 64), "positions from 2");
+    }
+
+    #[test]
+    fn modernbert_reads_its_layers_windows_and_thetas() {
+        let modern = |extra: &str| parse(&MINI.replace("\"bert\"", "\"modernbert\"").replace("}", extra));
+        let four =
+            MINI.replace("\"num_hidden_layers\": 2", "\"num_hidden_layers\": 4").replace("\"bert\"", "\"modernbert\"");
+        let flat = parse(&four.replace(
+            "}",
+            r#", "global_attn_every_n_layers": 3, "local_attention": 6, "global_rope_theta": 8e4,
+               "classifier_pooling": "mean", "mlp_bias": true}"#,
+        ));
+        let m = flat.expect("modernbert").modernbert.expect("its settings");
+        assert_eq!(m.global_layers, [true, false, false, true]);
+        assert_eq!((m.sliding_window, m.global_theta, m.local_theta), (3, 8e4, 1e4));
+        assert!(m.mean_pooling && m.mlp_bias && !m.norm_bias);
+        let typed = modern(
+            r#", "layer_types": ["sliding_attention", "full_attention"],
+               "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 5.0}}}"#,
+        );
+        let m = typed.expect("layer types").modernbert.expect("its settings");
+        assert_eq!((m.global_layers, m.global_theta), (vec![false, true], 5.0));
+        let yarn = modern(r#", "rope_parameters": {"sliding_attention": {"rope_type": "yarn"}}}"#);
+        assert!(yarn.expect_err("yarn").to_string().contains("rope_type"));
+        let pooling = modern(r#", "classifier_pooling": "max"}"#).expect_err("max").to_string();
+        assert!(pooling.contains("classifier_pooling") && pooling.contains("cls or mean"), "{pooling}");
+        let short = modern(r#", "layer_types": ["full_attention"]}"#).expect_err("one of two").to_string();
+        assert!(short.contains("one per layer, 2"), "{short}");
     }
 
     #[test]

@@ -193,33 +193,10 @@ impl Builder<'_> {
         let dims = self.g.shape_of(&ids)?;
         let rules = c.family.rules();
         let x = rules.embeddings(self, &ids, types.as_ref(), &dims)?;
-        let position_bias = rules.position_bias(self, &dims)?;
-        let h = c.hidden_size as i64;
-        let mut x = self.g.reshape(&x, &[-1, h])?;
-        let real = match self.options.padding {
-            Padding::Computed => None,
-            Padding::Skipped => Some(self.real_tokens(&mask, &dims)?),
+        let first = match rules.encoder(self, &x, &mask, &dims)? {
+            Some(pooled) => pooled,
+            None => self.shared_encoder(&x, &mask, &dims)?,
         };
-        if let Some(real) = &real {
-            x = self.g.gather(&x, &real.positions, 0)?;
-        }
-        let additive_mask = self.additive_mask(&mask)?;
-        let heads = self.g.const_i64(&[c.num_heads as i64, c.head_size() as i64])?;
-        let split_heads = self.g.concat(&[&dims, &heads], 0)?;
-        for layer in 0..c.num_layers {
-            self.g.push_scope(&layer_scope(layer));
-            let names = rules.layer_names(c, layer);
-            let tokens = match &real {
-                None => Tokens::Padded,
-                Some(real) if layer + 1 == c.num_layers => Tokens::RealThenFirst(real),
-                Some(real) => Tokens::Real(real),
-            };
-            let attention = Attention { mask: &additive_mask, split_heads: &split_heads, bias: position_bias.as_ref() };
-            x = self.encoder_layer(&names, &x, attention, tokens)?;
-            self.g.pop_scope();
-        }
-
-        let first = self.first_tokens(&x, &dims, real.as_ref())?;
         let logits = rules.head(self, &first)?;
         let logits = self.g.output_as(&logits, LOGITS)?;
         let loss = match labels {
@@ -230,6 +207,47 @@ impl Builder<'_> {
             None => None,
         };
         Ok((logits, loss))
+    }
+
+    /// The shared layers over the embeddings `x`, then each sequence's first token
+    /// (`[batch, hidden]`).
+    fn shared_encoder(&mut self, x: &Value, mask: &Value, dims: &Value) -> Result<Value, ModelError> {
+        let c = self.config;
+        let rules = c.family.rules();
+        let position_bias = rules.position_bias(self, dims)?;
+        let h = c.hidden_size as i64;
+        let mut x = self.g.reshape(x, &[-1, h])?;
+        let real = match self.options.padding {
+            Padding::Computed => None,
+            Padding::Skipped => Some(self.real_tokens(mask, dims)?),
+        };
+        if let Some(real) = &real {
+            x = self.g.gather(&x, &real.positions, 0)?;
+        }
+        let additive_mask = self.additive_mask(mask)?;
+        let split_heads = self.split_heads(dims)?;
+        for layer in 0..c.num_layers {
+            self.g.push_scope(&layer_scope(layer));
+            let names = rules
+                .layer_names(c, layer)
+                .ok_or_else(|| ringtune_onnx_ir::IrError::Invalid(format!("{:?} has no shared layers", c.family)))?;
+            let tokens = match &real {
+                None => Tokens::Padded,
+                Some(real) if layer + 1 == c.num_layers => Tokens::RealThenFirst(real),
+                Some(real) => Tokens::Real(real),
+            };
+            let attention = Attention { mask: &additive_mask, split_heads: &split_heads, bias: position_bias.as_ref() };
+            x = self.encoder_layer(&names, &x, attention, tokens)?;
+            self.g.pop_scope();
+        }
+        self.first_tokens(&x, dims, real.as_ref())
+    }
+
+    /// `[batch, seq, heads, head size]` as a shape, from the batch's `dims`.
+    pub(crate) fn split_heads(&mut self, dims: &Value) -> Result<Value, ModelError> {
+        let c = self.config;
+        let heads = self.g.const_i64(&[c.num_heads as i64, c.head_size() as i64])?;
+        Ok(self.g.concat(&[dims, &heads], 0)?)
     }
 
     /// The loss Hugging Face's heads compute: mean cross-entropy over the classes, or for a
@@ -299,7 +317,7 @@ impl Builder<'_> {
     }
 
     /// `(1 - mask) * f32::MIN` as `[batch, 1, 1, seq]`, added to attention scores.
-    fn additive_mask(&mut self, mask: &Value) -> Result<Value, ModelError> {
+    pub(crate) fn additive_mask(&mut self, mask: &Value) -> Result<Value, ModelError> {
         let m = self.g.cast(mask, DType::F32)?;
         let one = self.g.scalar(DType::F32, 1.0)?;
         let inverted = self.g.sub(&one, &m)?;

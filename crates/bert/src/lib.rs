@@ -1,5 +1,6 @@
 //! Encoder models for sequence classification as ONNX graphs: BERT, MPNet, RoBERTa (and
-//! XLM-RoBERTa, CamemBERT), DistilBERT and ELECTRA, each family a module of `families/`.
+//! XLM-RoBERTa, CamemBERT), DistilBERT, ELECTRA and ModernBERT, each family a module of
+//! `families/`.
 //!
 //! Owns: the model config (from Hugging Face `config.json`, unsupported values refused by name),
 //! checkpoints (`model.safetensors` in, with or without the family's prefix, `bert.` or
@@ -36,7 +37,7 @@ mod params;
 mod tensor_file;
 
 pub use checkpoint::{load_params, save_params, LoadReport};
-pub use config::{ModelConfig, ProblemType};
+pub use config::{ModelConfig, ModernBertSettings, ProblemType};
 pub use error::ModelError;
 pub use families::Family;
 pub use forward::{

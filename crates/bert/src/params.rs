@@ -10,7 +10,7 @@ use crate::{ModelConfig, ParamEntry, ParamLayout};
 /// The word-embedding table's name: the one parameter whose gradient is nonzero only on the rows
 /// a batch's token ids name.
 pub fn word_embeddings_name(config: &ModelConfig) -> String {
-    format!("{}embeddings.word_embeddings.weight", config.family.prefix())
+    config.family.rules().word_embeddings(config)
 }
 
 /// Every parameter of the model with its Hugging Face name and shape, in layout order: the
@@ -21,7 +21,7 @@ pub fn param_shapes(config: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     let mut add = |name: String, shape: Vec<usize>| out.push((name, shape));
     rules.embedding_params(config, &mut add);
     for layer in 0..config.num_layers {
-        rules.layer_names(config, layer).params(config.hidden_size, config.intermediate_size, &mut add);
+        rules.layer_params(config, layer, &mut add);
     }
     rules.final_params(config, &mut add);
     out
@@ -42,8 +42,8 @@ pub fn is_head(config: &ModelConfig, name: &str) -> bool {
 /// and embeddings, zeros for biases, ones for LayerNorm scales. The stream depends only on
 /// `seed` and the parameter's name.
 pub fn init_param(config: &ModelConfig, entry: &ParamEntry, seed: u64, out: &mut [f32]) {
-    // DistilBERT names its layers' norms `..._layer_norm`.
-    if entry.name.ends_with("LayerNorm.weight") || entry.name.ends_with("layer_norm.weight") {
+    // DistilBERT names its layers' norms `..._layer_norm`, ModernBERT `norm`, `attn_norm`, ...
+    if entry.name.ends_with("LayerNorm.weight") || entry.name.ends_with("norm.weight") {
         out.fill(1.0);
     } else if entry.name.ends_with("bias") {
         out.fill(0.0);

@@ -25,8 +25,8 @@ impl Rules for Bert {
         linear(add, "classifier", c.hidden_size, c.num_labels);
     }
 
-    fn layer_names(&self, c: &ModelConfig, layer: usize) -> LayerNames {
-        bert_layer_names(c.family.prefix(), layer)
+    fn layer_names(&self, c: &ModelConfig, layer: usize) -> Option<LayerNames> {
+        Some(bert_layer_names(c.family.prefix(), layer))
     }
 
     fn embeddings(

@@ -27,9 +27,9 @@ impl Rules for DistilBert {
         linear(add, "classifier", c.hidden_size, c.num_labels);
     }
 
-    fn layer_names(&self, _c: &ModelConfig, l: usize) -> LayerNames {
+    fn layer_names(&self, _c: &ModelConfig, l: usize) -> Option<LayerNames> {
         let p = format!("distilbert.transformer.layer.{l}.");
-        LayerNames {
+        Some(LayerNames {
             query: format!("{p}attention.q_lin"),
             key: format!("{p}attention.k_lin"),
             value: format!("{p}attention.v_lin"),
@@ -38,7 +38,7 @@ impl Rules for DistilBert {
             intermediate: format!("{p}ffn.lin1"),
             output: format!("{p}ffn.lin2"),
             output_norm: format!("{p}output_layer_norm"),
-        }
+        })
     }
 
     fn embeddings(

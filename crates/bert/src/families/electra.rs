@@ -33,8 +33,8 @@ impl Rules for Electra {
         linear(add, "classifier.out_proj", c.hidden_size, c.num_labels);
     }
 
-    fn layer_names(&self, _c: &ModelConfig, layer: usize) -> LayerNames {
-        bert_layer_names("electra.", layer)
+    fn layer_names(&self, _c: &ModelConfig, layer: usize) -> Option<LayerNames> {
+        Some(bert_layer_names("electra.", layer))
     }
 
     fn embeddings(

@@ -6,6 +6,7 @@
 mod bert;
 mod distilbert;
 mod electra;
+mod modernbert;
 mod mpnet;
 mod roberta;
 pub(crate) mod shared;
@@ -36,11 +37,14 @@ pub enum Family {
     /// ELECTRA's discriminator (`ElectraForSequenceClassification`): BERT's layers over an
     /// embedding that may be narrower than the hidden size, a GELU head.
     Electra,
+    /// ModernBERT (`ModernBertForSequenceClassification`): pre-norm layers of its own, rotary
+    /// positions, global and sliding-window attention, a GeGLU feed-forward.
+    ModernBert,
 }
 
 impl Family {
     /// Every family, as `model_type` names it.
-    pub const ALL: [Family; 7] = [
+    pub const ALL: [Family; 8] = [
         Family::Bert,
         Family::MPNet,
         Family::Roberta,
@@ -48,6 +52,7 @@ impl Family {
         Family::Camembert,
         Family::DistilBert,
         Family::Electra,
+        Family::ModernBert,
     ];
 
     /// The family of a `model_type`, if we build it.
@@ -65,6 +70,7 @@ impl Family {
             Family::Camembert => "camembert",
             Family::DistilBert => "distilbert",
             Family::Electra => "electra",
+            Family::ModernBert => "modernbert",
         }
     }
 
@@ -83,6 +89,7 @@ impl Family {
             Family::Camembert => "CamembertForSequenceClassification",
             Family::DistilBert => "DistilBertForSequenceClassification",
             Family::Electra => "ElectraForSequenceClassification",
+            Family::ModernBert => "ModernBertForSequenceClassification",
         }
     }
 
@@ -94,6 +101,7 @@ impl Family {
             Family::Roberta | Family::XlmRoberta | Family::Camembert => "roberta.",
             Family::DistilBert => "distilbert.",
             Family::Electra => "electra.",
+            Family::ModernBert => "model.",
         }
     }
 
@@ -108,6 +116,7 @@ impl Family {
         match self {
             Family::MPNet | Family::Roberta | Family::XlmRoberta | Family::Camembert => 1,
             Family::Bert | Family::DistilBert | Family::Electra => 0,
+            Family::ModernBert => 50283,
         }
     }
 
@@ -119,6 +128,7 @@ impl Family {
             Family::Roberta | Family::XlmRoberta | Family::Camembert => &roberta::Roberta,
             Family::DistilBert => &distilbert::DistilBert,
             Family::Electra => &electra::Electra,
+            Family::ModernBert => &modernbert::ModernBert,
         }
     }
 }
@@ -134,8 +144,35 @@ pub(crate) trait Rules: Sync {
     /// Parameters after the layers (shared tables, the head), in layout order.
     fn final_params(&self, config: &ModelConfig, add: AddParam<'_>);
 
-    /// Layer `layer`'s parameter names.
-    fn layer_names(&self, config: &ModelConfig, layer: usize) -> LayerNames;
+    /// Layer `layer`'s parameter names, for a family built of the shared layers (`None`: the
+    /// family builds its own, [`Rules::encoder`]).
+    fn layer_names(&self, config: &ModelConfig, layer: usize) -> Option<LayerNames>;
+
+    /// Layer `layer`'s parameters, in layout order.
+    fn layer_params(&self, config: &ModelConfig, layer: usize, add: AddParam<'_>) {
+        if let Some(names) = self.layer_names(config, layer) {
+            names.params(config.hidden_size, config.intermediate_size, add);
+        }
+    }
+
+    /// The word-embedding table's name: the one parameter whose gradient is nonzero only on
+    /// the rows a batch's token ids name.
+    fn word_embeddings(&self, config: &ModelConfig) -> String {
+        format!("{}embeddings.word_embeddings.weight", config.family.prefix())
+    }
+
+    /// A family that builds its own layers (ModernBERT) returns each sequence's pooled
+    /// `[batch, hidden]` from the embeddings `x`, the batch's 0/1 `mask` and shape `dims`
+    /// (every padded position computed); `None`: the shared layers run.
+    fn encoder(
+        &self,
+        _b: &mut Builder<'_>,
+        _x: &Value,
+        _mask: &Value,
+        _dims: &Value,
+    ) -> Result<Option<Value>, ModelError> {
+        Ok(None)
+    }
 
     /// `[batch, seq, hidden]` (or its rows, `[batch * seq, hidden]`) from the ids
     /// (`[batch, seq]`), the token types where the family has them, and the batch's shape `dims`.

@@ -33,9 +33,9 @@ impl Rules for MPNet {
     }
 
     /// `MPNetModel`'s module names.
-    fn layer_names(&self, _c: &ModelConfig, l: usize) -> LayerNames {
+    fn layer_names(&self, _c: &ModelConfig, l: usize) -> Option<LayerNames> {
         let p = format!("mpnet.encoder.layer.{l}.");
-        LayerNames {
+        Some(LayerNames {
             query: format!("{p}attention.attn.q"),
             key: format!("{p}attention.attn.k"),
             value: format!("{p}attention.attn.v"),
@@ -44,7 +44,7 @@ impl Rules for MPNet {
             intermediate: format!("{p}intermediate.dense"),
             output: format!("{p}output.dense"),
             output_norm: format!("{p}output.LayerNorm"),
-        }
+        })
     }
 
     /// word + position embeddings, LayerNorm, dropout; positions counted after the padding.

@@ -28,8 +28,8 @@ impl Rules for Roberta {
         linear(add, "classifier.out_proj", c.hidden_size, c.num_labels);
     }
 
-    fn layer_names(&self, _c: &ModelConfig, layer: usize) -> LayerNames {
-        bert_layer_names("roberta.", layer)
+    fn layer_names(&self, _c: &ModelConfig, layer: usize) -> Option<LayerNames> {
+        Some(bert_layer_names("roberta.", layer))
     }
 
     fn embeddings(
