@@ -85,6 +85,8 @@ fn every_family_matches_pytorch() {
         ("tiny-camembert", ringtune_bert::Family::Camembert),
         ("tiny-modernbert", ringtune_bert::Family::ModernBert),
         ("tiny-modernbert-mean", ringtune_bert::Family::ModernBert),
+        ("tiny-deberta-v3", ringtune_bert::Family::DebertaV2),
+        ("tiny-deberta-v2-c2p", ringtune_bert::Family::DebertaV2),
     ];
     for (case, family) in cases {
         let dir = families.join(case);

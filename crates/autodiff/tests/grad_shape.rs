@@ -46,6 +46,18 @@ fn gather_rows_repeated_ids() {
     check(DType::F64, &[table, ids], |g, v| g.gather(&v[0], &v[1], 0));
 }
 
+/// DeBERTa's relative-position lookups: each row reads its own columns, many of them twice.
+#[test]
+fn gather_elements_along_the_last_axis_with_repeated_indices() {
+    let scores = float("scores", &[2, 3, 5], -1.0, 1.0, 67);
+    let index: Vec<i64> = (0..2 * 3 * 4).map(|i| [0, 4, 4, 2, 1, 1, 3, 0][i % 8]).collect();
+    let index = int("index", &[2, 3, 4], index);
+    check(DType::F64, &[scores, index], |g, v| g.gather_elements(&v[0], &v[1], 2));
+    let rows = float("rows", &[4, 3], -1.0, 1.0, 68);
+    let down = int("down", &[2, 3], vec![3, 0, 0, 3, 2, 1]);
+    check(DType::F64, &[rows, down], |g, v| g.gather_elements(&v[0], &v[1], 0));
+}
+
 #[test]
 fn reductions() {
     let x = float("x", &[2, 3, 4], -1.0, 1.0, 66);

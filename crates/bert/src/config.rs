@@ -70,6 +70,109 @@ pub struct ModelConfig {
     pub relative_attention_buckets: usize,
     /// What only ModernBERT has (`None` for the other families).
     pub modernbert: Option<ModernBertSettings>,
+    /// What only DeBERTa has (`None` for the other families).
+    pub deberta: Option<DebertaSettings>,
+}
+
+/// DeBERTa's settings beyond BERT's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DebertaSettings {
+    /// The disentangled attention (`relative_attention`); `None`: content to content alone.
+    pub relative: Option<RelativeAttention>,
+    /// The embeddings add absolute positions (`position_biased_input`; v3: no).
+    pub position_biased_input: bool,
+    /// Dropout before the pooler's dense layer.
+    pub pooler_dropout: f64,
+}
+
+/// DeBERTa's relative attention.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RelativeAttention {
+    /// `position_buckets` (0: none, every distance its own up to the span).
+    pub buckets: usize,
+    /// `max_relative_positions` (the config's, or `max_position_embeddings` where it is below 1).
+    pub max_relative: usize,
+    /// Rows of the relative table each side: the buckets, else `max_relative`.
+    pub span: usize,
+    /// Content to position (`pos_att_type` has `c2p`).
+    pub c2p: bool,
+    /// Position to content (`pos_att_type` has `p2c`).
+    pub p2c: bool,
+    /// The positions are projected by the layer's own key and query projections.
+    pub share_att_key: bool,
+    /// The table is normalised (`norm_rel_ebd` has `layer_norm`).
+    pub normalized: bool,
+}
+
+impl DebertaSettings {
+    /// From `config.json`'s DeBERTa keys; what transformers' DeBERTa-v2 can do and ours does not
+    /// (a convolution beside the first layer, another pooler width or activation) is refused.
+    fn read(hf: &HfConfig, path: &Path) -> Result<Self, ModelError> {
+        if hf.conv_kernel_size.unwrap_or(0) > 0 {
+            let size = hf.conv_kernel_size.unwrap_or(0).to_string();
+            return Err(unsupported(path, "conv_kernel_size", &size, "0: no convolution layer"));
+        }
+        if let Some(width) = hf.pooler_hidden_size.filter(|&w| w != hf.hidden_size) {
+            return Err(unsupported(path, "pooler_hidden_size", &width.to_string(), "the hidden size"));
+        }
+        if let Some(act) = hf.pooler_hidden_act.as_deref().filter(|a| *a != "gelu") {
+            return Err(unsupported(path, "pooler_hidden_act", act, "only `gelu`"));
+        }
+        let relative = if hf.relative_attention.unwrap_or(false) {
+            let kinds: Vec<String> = match &hf.pos_att_type {
+                Some(Json::String(text)) => text.split('|').map(|k| k.trim().to_lowercase()).collect(),
+                Some(Json::Array(list)) => list.iter().filter_map(Json::as_str).map(str::to_lowercase).collect(),
+                _ => Vec::new(),
+            };
+            if let Some(other) = kinds.iter().find(|k| !matches!(k.as_str(), "c2p" | "p2c")) {
+                return Err(unsupported(path, "pos_att_type", other, "c2p and p2c"));
+            }
+            let max_relative = match hf.max_relative_positions {
+                Some(m) if m >= 1 => m as usize,
+                _ => hf.max_position_embeddings,
+            };
+            let buckets = hf.position_buckets.filter(|&b| b > 0).map_or(0, |b| b as usize);
+            let normalized = hf
+                .norm_rel_ebd
+                .as_deref()
+                .unwrap_or("none")
+                .to_lowercase()
+                .split('|')
+                .any(|k| k.trim() == "layer_norm");
+            Some(RelativeAttention {
+                buckets,
+                max_relative,
+                span: if buckets > 0 { buckets } else { max_relative },
+                c2p: kinds.iter().any(|k| k == "c2p"),
+                p2c: kinds.iter().any(|k| k == "p2c"),
+                share_att_key: hf.share_att_key.unwrap_or(false),
+                normalized,
+            })
+        } else {
+            None
+        };
+        Ok(DebertaSettings {
+            relative,
+            position_biased_input: hf.position_biased_input.unwrap_or(true),
+            pooler_dropout: hf.pooler_dropout.unwrap_or(0.0),
+        })
+    }
+
+    /// The keys transformers' `DebertaV2Config` reads them from.
+    fn write(&self, map: &mut serde_json::Map<String, Json>) {
+        map.insert("position_biased_input".into(), Json::from(self.position_biased_input));
+        map.insert("pooler_dropout".into(), Json::from(self.pooler_dropout));
+        map.insert("pooler_hidden_act".into(), Json::from("gelu"));
+        map.insert("relative_attention".into(), Json::from(self.relative.is_some()));
+        if let Some(rel) = &self.relative {
+            let kinds: Vec<&str> = [("p2c", rel.p2c), ("c2p", rel.c2p)].iter().filter(|k| k.1).map(|k| k.0).collect();
+            map.insert("pos_att_type".into(), Json::from(kinds.join("|")));
+            map.insert("position_buckets".into(), Json::from(if rel.buckets > 0 { rel.buckets as i64 } else { -1 }));
+            map.insert("max_relative_positions".into(), Json::from(rel.max_relative));
+            map.insert("share_att_key".into(), Json::from(rel.share_att_key));
+            map.insert("norm_rel_ebd".into(), Json::from(if rel.normalized { "layer_norm" } else { "none" }));
+        }
+    }
 }
 
 /// ModernBERT's settings beyond BERT's (its config names).
@@ -238,25 +341,24 @@ impl ModelConfig {
             vocab_size: positive(path, "vocab_size", hf.vocab_size)?,
             hidden_size: positive(path, "hidden_size", hf.hidden_size)?,
             embedding_size: match (family, hf.embedding_size) {
-                (Family::Electra, Some(width)) => positive(path, "embedding_size", width)?,
+                (Family::Electra | Family::DebertaV2, Some(width)) => positive(path, "embedding_size", width)?,
                 _ => hf.hidden_size,
             },
             num_layers: positive(path, "num_hidden_layers", hf.num_hidden_layers)?,
             num_heads: positive(path, "num_attention_heads", hf.num_attention_heads)?,
             intermediate_size: positive(path, "intermediate_size", hf.intermediate_size)?,
             max_position_embeddings: positive(path, "max_position_embeddings", hf.max_position_embeddings)?,
-            type_vocab_size: match family {
-                Family::Bert | Family::Electra => positive(path, "type_vocab_size", hf.type_vocab_size.unwrap_or(2))?,
-                Family::Roberta | Family::XlmRoberta | Family::Camembert => {
-                    positive(path, "type_vocab_size", hf.type_vocab_size.unwrap_or(1))?
-                }
-                Family::MPNet | Family::DistilBert | Family::ModernBert => 0,
-            },
+            type_vocab_size: type_vocab_size(family, &hf, path)?,
             layer_norm_eps: hf.layer_norm_eps.unwrap_or(if family == Family::ModernBert { 1e-5 } else { 1e-12 }),
             initializer_range: hf.initializer_range.unwrap_or(0.02),
             hidden_dropout,
             attention_dropout: hf.attention_probs_dropout_prob.unwrap_or(0.1),
-            classifier_dropout: hf.classifier_dropout.unwrap_or(hidden_dropout),
+            // DeBERTa's head reads `cls_dropout` (its config may carry a `classifier_dropout` too).
+            classifier_dropout: match family {
+                Family::DebertaV2 => hf.cls_dropout,
+                _ => hf.classifier_dropout,
+            }
+            .unwrap_or(hidden_dropout),
             num_labels,
             problem,
             id2label,
@@ -269,6 +371,10 @@ impl ModelConfig {
             },
             modernbert: match family {
                 Family::ModernBert => Some(ModernBertSettings::read(&hf, path)?),
+                _ => None,
+            },
+            deberta: match family {
+                Family::DebertaV2 => Some(DebertaSettings::read(&hf, path)?),
                 _ => None,
             },
         };
@@ -307,6 +413,11 @@ impl ModelConfig {
         } else {
             self.max_position_embeddings
         }
+    }
+
+    /// Whether the graph takes token types: the family's, or a DeBERTa's with a type table.
+    pub fn reads_token_types(&self) -> bool {
+        self.family.has_token_types() || (self.family == Family::DebertaV2 && self.type_vocab_size > 0)
     }
 
     /// Size of one attention head.
@@ -375,7 +486,14 @@ impl ModelConfig {
             "label2id": ids,
             "problem_type": self.problem.hf_name(),
         });
-        let Some(map) = json.as_object_mut() else { return json };
+        if let Some(map) = json.as_object_mut() {
+            self.family_keys(map);
+        }
+        json
+    }
+
+    /// Where a family's `config.json` names or holds what BERT's does not.
+    fn family_keys(&self, map: &mut serde_json::Map<String, Json>) {
         match self.family {
             Family::Bert | Family::Roberta | Family::XlmRoberta | Family::Camembert => {}
             Family::MPNet => {
@@ -385,6 +503,17 @@ impl ModelConfig {
             }
             Family::Electra => {
                 map.insert("embedding_size".into(), Json::from(self.embedding_size));
+            }
+            Family::DebertaV2 => {
+                map.insert("embedding_size".into(), Json::from(self.embedding_size));
+                map.insert("pooler_hidden_size".into(), Json::from(self.hidden_size));
+                map.remove("position_embedding_type");
+                if let Some(p) = map.remove("classifier_dropout") {
+                    map.insert("cls_dropout".into(), p);
+                }
+                if let Some(settings) = &self.deberta {
+                    settings.write(map);
+                }
             }
             Family::ModernBert => {
                 for (ours, theirs) in [
@@ -427,7 +556,6 @@ impl ModelConfig {
                 }
             }
         }
-        json
     }
 }
 
@@ -446,6 +574,18 @@ struct HfConfig {
     num_hidden_layers: usize,
     #[serde(alias = "n_heads")]
     num_attention_heads: usize,
+    relative_attention: Option<bool>,
+    max_relative_positions: Option<i64>,
+    position_buckets: Option<i64>,
+    pos_att_type: Option<Json>,
+    share_att_key: Option<bool>,
+    norm_rel_ebd: Option<String>,
+    position_biased_input: Option<bool>,
+    pooler_hidden_size: Option<usize>,
+    pooler_dropout: Option<f64>,
+    cls_dropout: Option<f64>,
+    pooler_hidden_act: Option<String>,
+    conv_kernel_size: Option<usize>,
     layer_types: Option<Vec<String>>,
     global_attn_every_n_layers: Option<usize>,
     local_attention: Option<usize>,
@@ -520,6 +660,19 @@ fn label_names(id2label: Option<&serde_json::Map<String, Json>>, num_labels: usi
                 .map_or_else(|| format!("LABEL_{i}"), str::to_string)
         })
         .collect()
+}
+
+/// Token-type rows: BERT's and ELECTRA's 2 unless said, RoBERTa's 1, DeBERTa's 0 (v3 has none),
+/// none for the families that read no types.
+fn type_vocab_size(family: Family, hf: &HfConfig, path: &Path) -> Result<usize, ModelError> {
+    Ok(match family {
+        Family::Bert | Family::Electra => positive(path, "type_vocab_size", hf.type_vocab_size.unwrap_or(2))?,
+        Family::Roberta | Family::XlmRoberta | Family::Camembert => {
+            positive(path, "type_vocab_size", hf.type_vocab_size.unwrap_or(1))?
+        }
+        Family::MPNet | Family::DistilBert | Family::ModernBert => 0,
+        Family::DebertaV2 => hf.type_vocab_size.unwrap_or(0),
+    })
 }
 
 fn unsupported(path: &Path, field: &str, value: &str, hint: &str) -> ModelError {
@@ -630,10 +783,39 @@ mod tests {
     }
 
     #[test]
+    fn deberta_reads_its_relative_attention() {
+        let deberta = |extra: &str| parse(&MINI.replace("\"bert\"", "\"deberta-v2\"").replace("}", extra));
+        let v3 = deberta(
+            r#", "relative_attention": true, "position_buckets": 256, "max_relative_positions": -1,
+               "pos_att_type": "p2c|c2p", "share_att_key": true, "norm_rel_ebd": "layer_norm",
+               "position_biased_input": false, "type_vocab_size": 0}"#,
+        )
+        .expect("v3");
+        let d = v3.deberta.clone().expect("its settings");
+        let rel = d.relative.expect("relative attention");
+        assert_eq!((rel.buckets, rel.max_relative, rel.span), (256, 64, 256), "max_position_embeddings when -1");
+        assert!(rel.c2p && rel.p2c && rel.share_att_key && rel.normalized && !d.position_biased_input);
+        assert!(!v3.reads_token_types(), "no type table");
+        let listed = deberta(r#", "relative_attention": true, "pos_att_type": ["c2p"], "type_vocab_size": 2}"#)
+            .expect("a list of kinds");
+        let rel = listed.deberta.as_ref().and_then(|d| d.relative.clone()).expect("relative");
+        assert!(rel.c2p && !rel.p2c && rel.span == 64 && listed.reads_token_types());
+        let conv = deberta(r#", "conv_kernel_size": 3}"#).expect_err("conv").to_string();
+        assert!(conv.contains("conv_kernel_size"), "{conv}");
+        let kind = deberta(r#", "relative_attention": true, "pos_att_type": "p2p"}"#).expect_err("p2p").to_string();
+        assert!(kind.contains("pos_att_type") && kind.contains("p2p"), "{kind}");
+        let cls = deberta(r#", "classifier_dropout": 0.3, "cls_dropout": 0.2}"#).expect("both keys");
+        assert_eq!(cls.classifier_dropout, 0.2, "its head reads cls_dropout");
+    }
+
+    #[test]
     fn refuses_unsupported_values_by_name() {
         let err = parse(&MINI.replace("\"bert\"", "\"albert\"")).expect_err("albert").to_string();
         assert!(err.contains("model_type") && err.contains("albert"), "{err}");
-        assert!(err.contains("bert, mpnet, roberta, xlm-roberta, camembert, distilbert, electra"), "{err}");
+        assert!(
+            err.contains("bert, mpnet, roberta, xlm-roberta, camembert, distilbert, electra, modernbert, deberta-v2"),
+            "{err}"
+        );
         let sinusoidal = MINI.replace("\"bert\"", "\"distilbert\"").replace("}", r#", "sinusoidal_pos_embds": true}"#);
         assert!(parse(&sinusoidal).expect_err("sinusoidal").to_string().contains("sinusoidal_pos_embds"));
         let err = parse(&MINI.replace("\"gelu\"", "\"relu\"")).expect_err("relu").to_string();

@@ -164,7 +164,7 @@ impl Builder<'_> {
         let c = self.config;
         let batch_seq = shape(&["batch", "seq"]);
         let ids = self.g.input(INPUT_IDS, DType::I64, batch_seq.clone())?;
-        let types = if c.family.has_token_types() {
+        let types = if c.reads_token_types() {
             Some(self.g.input(TOKEN_TYPE_IDS, DType::I64, batch_seq.clone())?)
         } else {
             None

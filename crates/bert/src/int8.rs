@@ -388,6 +388,12 @@ impl Linear {
     /// The weight as `[inputs, outputs]` (int8, or uint8 for [`WeightRange::Unsigned`]), its
     /// scale and zero point per output, added to the graph as initialisers; their names.
     fn int8_weight(&self, graph: &mut Graph, range: WeightRange) -> Result<[String; 3], ModelError> {
+        let names = ["int8", "scale", "zero_point"].map(|part| format!("{}_{part}", self.weight_name));
+        // A weight two products share (DeBERTa's key projection reads the tokens and the
+        // relative positions) is quantized once.
+        if names.iter().all(|name| graph.has_value(name)) {
+            return Ok(names);
+        }
         let (q, scales) = quantize_per_output(&self.weight, self.outputs, self.inputs, range);
         let (k, n) = (self.inputs as i64, self.outputs as i64);
         let (weight, zero) = match range {
@@ -399,10 +405,11 @@ impl Linear {
                 (Tensor::from_i8(&[k, n], &q), Tensor::from_i8(&[n], &vec![0; self.outputs]))
             }
         };
-        let weight = graph.initializer(&format!("{}_int8", self.weight_name), weight)?;
-        let scale = graph.initializer(&format!("{}_scale", self.weight_name), Tensor::from_f32(&[n], &scales))?;
-        let zero = graph.initializer(&format!("{}_zero_point", self.weight_name), zero)?;
-        Ok([weight, scale, zero].map(|t| t.name().to_string()))
+        let [weight_name, scale_name, zero_name] = &names;
+        graph.initializer(weight_name, weight)?;
+        graph.initializer(scale_name, Tensor::from_f32(&[n], &scales))?;
+        graph.initializer(zero_name, zero)?;
+        Ok(names)
     }
 
     /// This layer with its weight's input columns multiplied by the smoothing factors of

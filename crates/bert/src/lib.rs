@@ -1,6 +1,6 @@
 //! Encoder models for sequence classification as ONNX graphs: BERT, MPNet, RoBERTa (and
-//! XLM-RoBERTa, CamemBERT), DistilBERT, ELECTRA and ModernBERT, each family a module of
-//! `families/`.
+//! XLM-RoBERTa, CamemBERT), DistilBERT, ELECTRA, ModernBERT and DeBERTa-v2/v3, each family a
+//! module of `families/`.
 //!
 //! Owns: the model config (from Hugging Face `config.json`, unsupported values refused by name),
 //! checkpoints (`model.safetensors` in, with or without the family's prefix, `bert.` or
@@ -37,7 +37,7 @@ mod params;
 mod tensor_file;
 
 pub use checkpoint::{load_params, save_params, LoadReport};
-pub use config::{ModelConfig, ModernBertSettings, ProblemType};
+pub use config::{DebertaSettings, ModelConfig, ModernBertSettings, ProblemType, RelativeAttention};
 pub use error::ModelError;
 pub use families::Family;
 pub use forward::{

@@ -1,5 +1,6 @@
 //! Shape and indexing family: `Reshape`, `Unsqueeze`, `Squeeze`, `Transpose`, `Slice`,
 //! `Concat`, `Expand`, `Gather` (an embedding's gradient is a scatter-add into a zero table),
+//! `GatherElements` (a scatter-add of elements, DeBERTa's relative positions),
 //! `ReduceSum`, `ReduceMean`.
 
 use std::collections::HashMap;
@@ -19,6 +20,7 @@ pub(super) fn register(rules: &mut HashMap<&'static str, Rule>) {
     rules.insert("Concat", concat);
     rules.insert("Expand", expand);
     rules.insert("Gather", gather);
+    rules.insert("GatherElements", gather_elements);
     rules.insert("ReduceSum", reduce_sum);
     rules.insert("ReduceMean", reduce_mean);
 }
@@ -147,6 +149,16 @@ fn gather(ctx: &mut RuleCtx<'_>) -> Result<Vec<Option<Value>>, AutodiffError> {
     let zeros = ctx.graph.zeros_like(&data)?;
     let index = ctx.graph.unsqueeze(&indices, &[-1])?;
     Ok(vec![Some(ctx.graph.scatter_nd(&zeros, &index, &dy, "add")?), None])
+}
+
+/// `GatherElements(data, indices, axis)`: the data gradient adds each element of `dy` into a
+/// zero tensor at its index along `axis` (`ScatterElements` with `reduction = add`); elements
+/// never gathered stay exactly zero.
+fn gather_elements(ctx: &mut RuleCtx<'_>) -> Result<Vec<Option<Value>>, AutodiffError> {
+    let axis = ctx.node.int("axis").unwrap_or(0);
+    let (data, indices, dy) = (ctx.input(0), ctx.input(1), ctx.dy(0)?);
+    let zeros = ctx.graph.zeros_like(&data)?;
+    Ok(vec![Some(ctx.graph.scatter_elements(&zeros, &indices, &dy, axis, "add")?), None])
 }
 
 /// The reduced axes (normalised), and whether they were kept.

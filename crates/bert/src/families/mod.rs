@@ -4,6 +4,7 @@
 //! Adding a family is one module here, one [`Family`] variant and its row in [`Family::ALL`].
 
 mod bert;
+pub(crate) mod deberta;
 mod distilbert;
 mod electra;
 mod modernbert;
@@ -40,11 +41,14 @@ pub enum Family {
     /// ModernBERT (`ModernBertForSequenceClassification`): pre-norm layers of its own, rotary
     /// positions, global and sliding-window attention, a GeGLU feed-forward.
     ModernBert,
+    /// DeBERTa-v2 and v3 (`DebertaV2ForSequenceClassification`, `model_type` `deberta-v2`):
+    /// disentangled attention over log-bucketed relative positions.
+    DebertaV2,
 }
 
 impl Family {
     /// Every family, as `model_type` names it.
-    pub const ALL: [Family; 8] = [
+    pub const ALL: [Family; 9] = [
         Family::Bert,
         Family::MPNet,
         Family::Roberta,
@@ -53,6 +57,7 @@ impl Family {
         Family::DistilBert,
         Family::Electra,
         Family::ModernBert,
+        Family::DebertaV2,
     ];
 
     /// The family of a `model_type`, if we build it.
@@ -71,6 +76,7 @@ impl Family {
             Family::DistilBert => "distilbert",
             Family::Electra => "electra",
             Family::ModernBert => "modernbert",
+            Family::DebertaV2 => "deberta-v2",
         }
     }
 
@@ -90,6 +96,7 @@ impl Family {
             Family::DistilBert => "DistilBertForSequenceClassification",
             Family::Electra => "ElectraForSequenceClassification",
             Family::ModernBert => "ModernBertForSequenceClassification",
+            Family::DebertaV2 => "DebertaV2ForSequenceClassification",
         }
     }
 
@@ -102,11 +109,13 @@ impl Family {
             Family::DistilBert => "distilbert.",
             Family::Electra => "electra.",
             Family::ModernBert => "model.",
+            Family::DebertaV2 => "deberta.",
         }
     }
 
     /// Whether the family reads token types (segment ids): the others' tokenizers give none
-    /// (RoBERTa's embedding adds its one type row to every token).
+    /// (RoBERTa's embedding adds its one type row to every token; a DeBERTa reads them where its
+    /// config has a type table, `ModelConfig::reads_token_types`).
     pub fn has_token_types(self) -> bool {
         matches!(self, Family::Bert | Family::Electra)
     }
@@ -115,7 +124,7 @@ impl Family {
     pub(crate) fn default_pad_id(self) -> i64 {
         match self {
             Family::MPNet | Family::Roberta | Family::XlmRoberta | Family::Camembert => 1,
-            Family::Bert | Family::DistilBert | Family::Electra => 0,
+            Family::Bert | Family::DistilBert | Family::Electra | Family::DebertaV2 => 0,
             Family::ModernBert => 50283,
         }
     }
@@ -129,6 +138,7 @@ impl Family {
             Family::DistilBert => &distilbert::DistilBert,
             Family::Electra => &electra::Electra,
             Family::ModernBert => &modernbert::ModernBert,
+            Family::DebertaV2 => &deberta::Deberta,
         }
     }
 }

@@ -1,4 +1,4 @@
-//! Indexing: `Gather`, `ScatterND`, `ScatterElements`, `OneHot`, `NonZero`.
+//! Indexing: `Gather`, `GatherElements`, `ScatterND`, `ScatterElements`, `OneHot`, `NonZero`.
 
 use std::collections::HashMap;
 
@@ -7,6 +7,7 @@ use crate::{Attribute, DType, Dim, Graph, IrError, NodeSpec, Value, ValueType};
 
 pub(super) fn register(rules: &mut HashMap<&'static str, Rule>) {
     rules.insert("Gather", gather);
+    rules.insert("GatherElements", gather_elements);
     rules.insert("ScatterND", scatter);
     rules.insert("ScatterElements", scatter);
     rules.insert("OneHot", one_hot);
@@ -40,6 +41,18 @@ fn gather(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
     Ok(inferred)
 }
 
+/// `GatherElements(data, indices)`: `data`'s element type, `indices`' shape.
+fn gather_elements(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
+    let dtype = ctx.dtype(0)?;
+    if ctx.dtype(1)?.is_float() {
+        return Err("indices must be integers".into());
+    }
+    Ok(Inferred::one(match ctx.shape(1)? {
+        Some(indices) => ValueType::new(dtype, indices.clone()),
+        None => ValueType::unranked(dtype),
+    }))
+}
+
 fn scatter(ctx: &InferCtx<'_>) -> Result<Inferred, String> {
     if ctx.dtype(2)? != ctx.dtype(0)? {
         return Err("updates and data differ in element type".into());
@@ -64,6 +77,12 @@ impl Graph {
     /// `Gather(data, indices, axis)`.
     pub fn gather(&mut self, data: &Value, indices: &Value, axis: i64) -> Result<Value, IrError> {
         self.op1("Gather", &[data, indices], vec![("axis", Attribute::Int(axis))])
+    }
+
+    /// `GatherElements(data, indices, axis)`: `out[.., i, ..] = data[.., indices[.., i, ..], ..]`
+    /// along `axis`, every other index as `indices`' own.
+    pub fn gather_elements(&mut self, data: &Value, indices: &Value, axis: i64) -> Result<Value, IrError> {
+        self.op1("GatherElements", &[data, indices], vec![("axis", Attribute::Int(axis))])
     }
 
     /// `ScatterND(data, indices, updates)` with `reduction` (`none` or `add`).

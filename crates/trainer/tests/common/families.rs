@@ -1,5 +1,5 @@
 //! A tiny model of every encoder family with a `tokenizer.json` of its family's kind: RoBERTa's
-//! and ModernBERT's byte-level BPE and XLM-R's Unigram trained here on the sentences of the test's MRPC slice (so
+//! and ModernBERT's byte-level BPE and XLM-R's and DeBERTa's Unigram trained here on the sentences of the test's MRPC slice (so
 //! nothing derived from MRPC is kept), DistilBERT's and ELECTRA's WordPiece (MiniLM's).
 
 use std::path::{Path, PathBuf};
@@ -15,7 +15,7 @@ use tokenizers::{AddedToken, TokenizerBuilder};
 use super::root;
 
 /// The families beyond BERT and MPNet, by `model_type`.
-pub(crate) const FAMILIES: [&str; 5] = ["roberta", "xlm-roberta", "distilbert", "electra", "modernbert"];
+pub(crate) const FAMILIES: [&str; 6] = ["roberta", "xlm-roberta", "distilbert", "electra", "modernbert", "deberta-v2"];
 
 /// RoBERTa's and XLM-R's special tokens, in id order (`<pad>` is 1).
 const SPECIAL: [&str; 4] = ["<s>", "<pad>", "</s>", "<unk>"];
@@ -46,6 +46,16 @@ pub(crate) fn tiny_family_model(dir: &Path, model_type: &str, mrpc: &Path) -> Pa
                 r#"{{"model_type": "modernbert", "vocab_size": {vocab}, "num_hidden_layers": 3, "num_attention_heads": 3,
                     "hidden_size": 24, "intermediate_size": 48, "max_position_embeddings": 140,
                     "global_attn_every_n_layers": 3, "local_attention": 16, "pad_token_id": 1}}"#
+            )
+        }
+        "deberta-v2" => {
+            let vocab = unigram(&sentences(mrpc), &tokenizer);
+            // DeBERTa-v3's settings: relative attention both ways over 16 log buckets.
+            format!(
+                r#"{{"model_type": "deberta-v2", "vocab_size": {vocab}, {layers}, "max_position_embeddings": 140,
+                    "relative_attention": true, "position_buckets": 16, "norm_rel_ebd": "layer_norm",
+                    "share_att_key": true, "pos_att_type": "p2c|c2p", "position_biased_input": false,
+                    "type_vocab_size": 0, "layer_norm_eps": 1e-7, "pad_token_id": 1}}"#
             )
         }
         "distilbert" | "electra" => {
