@@ -12,7 +12,7 @@ use tokenizers::processors::roberta::RobertaProcessing;
 use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::{AddedToken, TokenizerBuilder};
 
-use super::root;
+use super::{root, with_seeded_weights};
 
 /// The families beyond BERT and MPNet, by `model_type`.
 pub(crate) const FAMILIES: [&str; 6] = ["roberta", "xlm-roberta", "distilbert", "electra", "modernbert", "deberta-v2"];
@@ -73,12 +73,7 @@ pub(crate) fn tiny_family_model(dir: &Path, model_type: &str, mrpc: &Path) -> Pa
         }
         other => panic!("no tiny model for {other}"),
     };
-    std::fs::write(model.join("config.json"), config).expect("config");
-    let c = ringtune_bert::ModelConfig::from_dir(&model).expect("parse");
-    let layout = ringtune_bert::layout(&c);
-    let mut params = vec![0.0; layout.total_len()];
-    ringtune_bert::init_all(&c, &layout, 3, &mut params);
-    ringtune_bert::save_params(&model.join("model.safetensors"), &layout, &params).expect("weights");
+    with_seeded_weights(&model, &config);
     model
 }
 

@@ -33,14 +33,19 @@ pub(crate) fn tiny_model(dir: &Path) -> PathBuf {
     let config = r#"{"model_type": "bert", "vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 2,
         "num_attention_heads": 4, "intermediate_size": 64, "max_position_embeddings": 512, "hidden_act": "gelu",
         "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}"#;
+    with_seeded_weights(&model, config);
+    std::fs::copy(minilm.join("tokenizer.json"), model.join("tokenizer.json")).expect("tokenizer");
+    model
+}
+
+/// Writes `config` as `model/config.json` and weights seeded from 3 beside it.
+pub(crate) fn with_seeded_weights(model: &Path, config: &str) {
     std::fs::write(model.join("config.json"), config).expect("config");
-    let c = ringtune_bert::ModelConfig::from_dir(&model).expect("parse");
+    let c = ringtune_bert::ModelConfig::from_dir(model).expect("parse");
     let layout = ringtune_bert::layout(&c);
     let mut params = vec![0.0; layout.total_len()];
     ringtune_bert::init_all(&c, &layout, 3, &mut params);
     ringtune_bert::save_params(&model.join("model.safetensors"), &layout, &params).expect("weights");
-    std::fs::copy(minilm.join("tokenizer.json"), model.join("tokenizer.json")).expect("tokenizer");
-    model
 }
 
 /// The first `train` and `dev` rows of the real MRPC files, as a data folder.
