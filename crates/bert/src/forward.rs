@@ -347,8 +347,7 @@ impl Builder<'_> {
         // The key bias adds `q_i . b_k` to every score of row i, which softmax cancels exactly:
         // it cannot change the output, so the graph leaves it out and its gradient is exactly
         // zero (computing it would only add rounding noise that Adam would then amplify).
-        let key_weight = self.param(&format!("{}.weight", names.key))?;
-        let k = self.g.gemm(x, &key_weight, None, false, true)?;
+        let k = self.dense_without_bias(x, &names.key)?;
         let k = heads(self, k, &[0, 2, 3, 1])?;
         let v = self.dense(x, &names.value)?;
         let v = heads(self, v, &[0, 2, 1, 3])?;
@@ -358,12 +357,7 @@ impl Builder<'_> {
             Some(bias) => self.g.add(&scores, bias)?,
             None => scores,
         };
-        let scores = self.g.add(&scores, mask)?;
-        let probs = self.g.softmax(&scores, -1)?;
-        let probs = self.dropout(&probs, c.attention_dropout)?;
-        let context = self.g.matmul(&probs, &v)?;
-        let context = self.g.transpose(&context, &[0, 2, 1, 3])?;
-        let context = self.g.reshape(&context, &[-1, c.hidden_size as i64])?;
+        let context = self.attend(&scores, mask, &v)?;
         let (context, x) = match tokens {
             Tokens::Padded => (context, x.clone()),
             Tokens::Real(real) => (self.g.gather(&context, &real.positions, 0)?, x.clone()),
@@ -371,14 +365,39 @@ impl Builder<'_> {
                 (self.g.gather(&context, &real.first_positions, 0)?, self.g.gather(x, &real.first_rows, 0)?)
             }
         };
+        self.post_norm_output(names, &context, &x)
+    }
 
-        let attended = self.dense(&context, &names.attention_out)?;
+    /// The attention's probabilities and what they read: `scores` plus the additive `mask`,
+    /// softmax over the keys, dropout, times `v` (`[batch, heads, seq, head size]`), as rows
+    /// `[batch * seq, hidden]`.
+    pub(crate) fn attend(&mut self, scores: &Value, mask: &Value, v: &Value) -> Result<Value, ModelError> {
+        let c = self.config;
+        let scores = self.g.add(scores, mask)?;
+        let probs = self.g.softmax(&scores, -1)?;
+        let probs = self.dropout(&probs, c.attention_dropout)?;
+        let context = self.g.matmul(&probs, v)?;
+        let context = self.g.transpose(&context, &[0, 2, 1, 3])?;
+        Ok(self.g.reshape(&context, &[-1, c.hidden_size as i64])?)
+    }
+
+    /// A post-norm layer past its attention: the output projection of `context` (with the
+    /// family's dropout) added to `x` and normalised, then the GELU feed-forward block added and
+    /// normalised.
+    pub(crate) fn post_norm_output(
+        &mut self,
+        names: &LayerNames,
+        context: &Value,
+        x: &Value,
+    ) -> Result<Value, ModelError> {
+        let c = self.config;
+        let attended = self.dense(context, &names.attention_out)?;
         let attended = if c.family.rules().attention_output_dropout() {
             self.dropout(&attended, c.hidden_dropout)?
         } else {
             attended
         };
-        let attended = self.g.add(&attended, &x)?;
+        let attended = self.g.add(&attended, x)?;
         let attended = self.layer_norm(&attended, &names.attention_norm)?;
 
         let inner = self.dense(&attended, &names.intermediate)?;
@@ -387,6 +406,12 @@ impl Builder<'_> {
         let out = self.dropout(&out, c.hidden_dropout)?;
         let out = self.g.add(&out, &attended)?;
         self.layer_norm(&out, &names.output_norm)
+    }
+
+    /// `x @ W^T` for a Hugging Face linear layer named `prefix`, its bias (if any) left out.
+    pub(crate) fn dense_without_bias(&mut self, x: &Value, prefix: &str) -> Result<Value, ModelError> {
+        let w = self.param(&format!("{prefix}.weight"))?;
+        Ok(self.g.gemm(x, &w, None, false, true)?)
     }
 
     /// `x @ W^T + b` for a Hugging Face linear layer named `prefix`.

@@ -27,6 +27,21 @@ fn settings(c: &ModelConfig) -> Result<&DebertaSettings, ModelError> {
 const RELATIVE: &str = "deberta.encoder.rel_embeddings.weight";
 const RELATIVE_NORM: &str = "deberta.encoder.LayerNorm";
 
+/// Layer `l`'s names (`DebertaV2Layer`'s modules).
+fn layer_names(l: usize) -> LayerNames {
+    let p = format!("deberta.encoder.layer.{l}.");
+    LayerNames {
+        query: format!("{p}attention.self.query_proj"),
+        key: format!("{p}attention.self.key_proj"),
+        value: format!("{p}attention.self.value_proj"),
+        attention_out: format!("{p}attention.output.dense"),
+        attention_norm: format!("{p}attention.output.LayerNorm"),
+        intermediate: format!("{p}intermediate.dense"),
+        output: format!("{p}output.dense"),
+        output_norm: format!("{p}output.LayerNorm"),
+    }
+}
+
 fn layer_prefix(l: usize) -> String {
     format!("deberta.encoder.layer.{l}.attention.self.")
 }
@@ -74,17 +89,7 @@ impl Rules for Deberta {
     }
 
     fn layer_names(&self, _c: &ModelConfig, l: usize) -> Option<LayerNames> {
-        let p = format!("deberta.encoder.layer.{l}.");
-        Some(LayerNames {
-            query: format!("{p}attention.self.query_proj"),
-            key: format!("{p}attention.self.key_proj"),
-            value: format!("{p}attention.self.value_proj"),
-            attention_out: format!("{p}attention.output.dense"),
-            attention_norm: format!("{p}attention.output.LayerNorm"),
-            intermediate: format!("{p}intermediate.dense"),
-            output: format!("{p}output.dense"),
-            output_norm: format!("{p}output.LayerNorm"),
-        })
+        Some(layer_names(l))
     }
 
     fn embeddings(
@@ -194,15 +199,9 @@ impl Builder<'_> {
     /// its bias or (`bias` false) without.
     fn relative_heads(&mut self, table: &Value, prefix: &str, bias: bool) -> Result<Value, ModelError> {
         let c = self.config;
-        let projected = if bias { self.dense(table, prefix)? } else { self.unbiased(table, prefix)? };
+        let projected = if bias { self.dense(table, prefix)? } else { self.dense_without_bias(table, prefix)? };
         let split = self.g.reshape(&projected, &[-1, c.num_heads as i64, c.head_size() as i64])?;
         Ok(self.g.transpose(&split, &[1, 0, 2])?)
-    }
-
-    /// `x @ W^T` of the linear layer `prefix`, its bias left out.
-    fn unbiased(&mut self, x: &Value, prefix: &str) -> Result<Value, ModelError> {
-        let w = self.param(&format!("{prefix}.weight"))?;
-        Ok(self.g.gemm(x, &w, None, false, true)?)
     }
 
     /// Layer `l`'s content-to-position and position-to-content scores (`[batch, heads, seq,
@@ -266,7 +265,7 @@ impl Builder<'_> {
         };
         for l in 0..c.num_layers {
             self.g.push_scope(&crate::layer_scope(l));
-            let names = Deberta.layer_names(c, l).ok_or_else(|| ringtune_onnx_ir::IrError::Invalid("names".into()))?;
+            let names = layer_names(l);
             let heads = |b: &mut Self, projected: Value| -> Result<Value, ModelError> {
                 let split = b.g.reshape_to(&projected, &split_heads)?;
                 Ok(b.g.transpose(&split, &[0, 2, 1, 3])?)
@@ -277,7 +276,11 @@ impl Builder<'_> {
             // and the content-to-position terms alike), which softmax cancels exactly: left out
             // unless position-to-content reads the keys, its gradient is exactly zero, as BERT's.
             let keys_read_positions = relative.as_ref().is_some_and(|r| r.rel.p2c);
-            let k = if keys_read_positions { self.dense(&x, &names.key)? } else { self.unbiased(&x, &names.key)? };
+            let k = if keys_read_positions {
+                self.dense(&x, &names.key)?
+            } else {
+                self.dense_without_bias(&x, &names.key)?
+            };
             let k = heads(self, k)?;
             let v = self.dense(&x, &names.value)?;
             let v = heads(self, v)?;
@@ -288,22 +291,8 @@ impl Builder<'_> {
                 scores = self.g.add(&scores, &terms)?;
             }
             let scores = self.g.scale(&scores, scale)?;
-            let scores = self.g.add(&scores, &additive_mask)?;
-            let probs = self.g.softmax(&scores, -1)?;
-            let probs = self.dropout(&probs, c.attention_dropout)?;
-            let context = self.g.matmul(&probs, &v)?;
-            let context = self.g.transpose(&context, &[0, 2, 1, 3])?;
-            let context = self.g.reshape(&context, &[-1, h])?;
-            let attended = self.dense(&context, &names.attention_out)?;
-            let attended = self.dropout(&attended, c.hidden_dropout)?;
-            let attended = self.g.add(&attended, &x)?;
-            let attended = self.layer_norm(&attended, &names.attention_norm)?;
-            let inner = self.dense(&attended, &names.intermediate)?;
-            let inner = self.g.gelu(&inner)?;
-            let out = self.dense(&inner, &names.output)?;
-            let out = self.dropout(&out, c.hidden_dropout)?;
-            let out = self.g.add(&out, &attended)?;
-            x = self.layer_norm(&out, &names.output_norm)?;
+            let context = self.attend(&scores, &additive_mask, &v)?;
+            x = self.post_norm_output(&names, &context, &x)?;
             self.g.pop_scope();
         }
         let hidden = self.g.const_i64(&[h])?;

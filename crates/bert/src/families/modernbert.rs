@@ -138,10 +138,10 @@ impl Builder<'_> {
     /// A linear layer, with its bias where `bias`.
     fn modern_linear(&mut self, x: &Value, prefix: &str, bias: bool) -> Result<Value, ModelError> {
         if bias {
-            return self.dense(x, prefix);
+            self.dense(x, prefix)
+        } else {
+            self.dense_without_bias(x, prefix)
         }
-        let w = self.param(&format!("{prefix}.weight"))?;
-        Ok(self.g.gemm(x, &w, None, false, true)?)
     }
 
     /// A LayerNorm, shifted only where `bias` (else by zeros, as `bias=False` computes it).
@@ -226,12 +226,7 @@ impl Builder<'_> {
             let k = self.g.transpose(&k, &[0, 1, 3, 2])?;
             let scores = self.g.matmul(&q, &k)?;
             let scores = self.g.scale(&scores, scale)?;
-            let scores = self.g.add(&scores, &kind.mask)?;
-            let probs = self.g.softmax(&scores, -1)?;
-            let probs = self.dropout(&probs, c.attention_dropout)?;
-            let context = self.g.matmul(&probs, &heads[2])?;
-            let context = self.g.transpose(&context, &[0, 2, 1, 3])?;
-            let context = self.g.reshape(&context, &[-1, h])?;
+            let context = self.attend(&scores, &kind.mask, &heads[2])?;
             let attended = self.modern_linear(&context, &format!("{p}attn.Wo"), m.attention_bias)?;
             let attended = self.dropout(&attended, c.attention_dropout)?;
             x = self.g.add(&x, &attended)?;
