@@ -302,14 +302,8 @@ impl ModelConfig {
 
     /// Parses config JSON (`path` is named in errors, with the line of a value of the wrong type).
     pub fn from_json(text: &str, path: &Path) -> Result<Self, ModelError> {
-        let hf: HfConfig =
-            serde_json::from_str(text).map_err(|e| ModelError::Config { path: path.into(), reason: e.to_string() })?;
+        let (family, hf) = HfConfig::read(text, path)?;
         hf.check_supported(path)?;
-        let model_type = hf.model_type.as_deref().unwrap_or("bert");
-        let Some(family) = Family::from_model_type(model_type) else {
-            let families = format!("one of the families ringtune builds: {}", Family::model_types());
-            return Err(unsupported(path, "model_type", model_type, &families));
-        };
         if hf.sinusoidal_pos_embds == Some(true) {
             return Err(unsupported(path, "sinusoidal_pos_embds", "true", "learned position embeddings (false)"));
         }
@@ -516,16 +510,7 @@ impl ModelConfig {
                 }
             }
             Family::ModernBert => {
-                for (ours, theirs) in [
-                    ("layer_norm_eps", "norm_eps"),
-                    ("hidden_act", "hidden_activation"),
-                    ("hidden_dropout_prob", "mlp_dropout"),
-                    ("attention_probs_dropout_prob", "attention_dropout"),
-                ] {
-                    if let Some(value) = map.remove(ours) {
-                        map.insert(theirs.into(), value);
-                    }
-                }
+                self.family.write_own_names(map);
                 map.insert("classifier_activation".into(), Json::from("gelu"));
                 for unused in ["type_vocab_size", "position_embedding_type"] {
                     map.remove(unused);
@@ -535,21 +520,8 @@ impl ModelConfig {
                 }
             }
             Family::DistilBert => {
-                // DistilBertConfig's own names; its LayerNorm epsilon is fixed at 1e-12.
-                for (ours, theirs) in [
-                    ("hidden_size", "dim"),
-                    ("num_hidden_layers", "n_layers"),
-                    ("num_attention_heads", "n_heads"),
-                    ("intermediate_size", "hidden_dim"),
-                    ("hidden_act", "activation"),
-                    ("hidden_dropout_prob", "dropout"),
-                    ("attention_probs_dropout_prob", "attention_dropout"),
-                    ("classifier_dropout", "seq_classif_dropout"),
-                ] {
-                    if let Some(value) = map.remove(ours) {
-                        map.insert(theirs.into(), value);
-                    }
-                }
+                // Its LayerNorm epsilon is fixed at 1e-12.
+                self.family.write_own_names(map);
                 map.insert("sinusoidal_pos_embds".into(), Json::from(false));
                 for unused in ["type_vocab_size", "position_embedding_type", "layer_norm_eps"] {
                     map.remove(unused);
@@ -562,17 +534,13 @@ impl ModelConfig {
 /// The keys of a Hugging Face `config.json` that shape the model (others are ignored);
 /// `null` reads as absent, as `transformers` treats it.
 /// DistilBERT's and ModernBERT's names for BERT's keys (`dim`, `n_layers`, `norm_eps`, ...) are
-/// read as aliases.
+/// renamed to BERT's before it is read ([`Family::config_names`]).
 #[derive(Deserialize)]
 struct HfConfig {
-    model_type: Option<String>,
     vocab_size: usize,
-    #[serde(alias = "dim")]
     hidden_size: usize,
     embedding_size: Option<usize>,
-    #[serde(alias = "n_layers")]
     num_hidden_layers: usize,
-    #[serde(alias = "n_heads")]
     num_attention_heads: usize,
     relative_attention: Option<bool>,
     max_relative_positions: Option<i64>,
@@ -599,25 +567,19 @@ struct HfConfig {
     attention_bias: Option<bool>,
     mlp_bias: Option<bool>,
     classifier_bias: Option<bool>,
-    #[serde(alias = "hidden_dim")]
     intermediate_size: usize,
     max_position_embeddings: usize,
     sinusoidal_pos_embds: Option<bool>,
     type_vocab_size: Option<usize>,
-    #[serde(alias = "norm_eps")]
     layer_norm_eps: Option<f64>,
     initializer_range: Option<f64>,
-    #[serde(alias = "dropout", alias = "mlp_dropout")]
     hidden_dropout_prob: Option<f64>,
-    #[serde(alias = "attention_dropout")]
     attention_probs_dropout_prob: Option<f64>,
-    #[serde(alias = "seq_classif_dropout")]
     classifier_dropout: Option<f64>,
     num_labels: Option<usize>,
     id2label: Option<serde_json::Map<String, Json>>,
     pad_token_id: Option<i64>,
     relative_attention_num_buckets: Option<usize>,
-    #[serde(alias = "activation", alias = "hidden_activation")]
     hidden_act: Option<String>,
     position_embedding_type: Option<String>,
     is_decoder: Option<bool>,
@@ -626,6 +588,37 @@ struct HfConfig {
 }
 
 impl HfConfig {
+    /// The family and its keys from config JSON, the family's own names read as BERT's.
+    fn read(text: &str, path: &Path) -> Result<(Family, HfConfig), ModelError> {
+        let config_error = |e: serde_json::Error| ModelError::Config { path: path.into(), reason: e.to_string() };
+        let mut keys: serde_json::Map<String, Json> = serde_json::from_str(text).map_err(config_error)?;
+        let model_type = match keys.get("model_type") {
+            None | Some(Json::Null) => "bert",
+            Some(Json::String(name)) => name.as_str(),
+            Some(other) => return Err(unsupported(path, "model_type", &other.to_string(), "a family's name as text")),
+        };
+        let Some(family) = Family::from_model_type(model_type) else {
+            let families = format!("one of the families ringtune builds: {}", Family::model_types());
+            return Err(unsupported(path, "model_type", model_type, &families));
+        };
+        // A family's own names stand for BERT's and win where a config holds both (ModernBERT
+        // checkpoints carry `layer_norm_eps` beside `norm_eps`; transformers reads only its own).
+        // The text is parsed as written where nothing is renamed, so errors keep their line.
+        let renamed = family.config_names().iter().fold(false, |renamed, (bert, own)| match keys.remove(*own) {
+            Some(value) => {
+                keys.insert((*bert).to_string(), value);
+                true
+            }
+            None => renamed,
+        });
+        let hf = if renamed {
+            serde_json::from_value(Json::Object(keys)).map_err(config_error)?
+        } else {
+            serde_json::from_str(text).map_err(config_error)?
+        };
+        Ok((family, hf))
+    }
+
     /// Refuses, by name, settings of a model that is not an encoder for single-label
     /// classification with exact GELU and absolute positions.
     fn check_supported(&self, path: &Path) -> Result<(), ModelError> {
@@ -780,6 +773,22 @@ mod tests {
         assert!(pooling.contains("classifier_pooling") && pooling.contains("cls or mean"), "{pooling}");
         let short = modern(r#", "layer_types": ["full_attention"]}"#).expect_err("one of two").to_string();
         assert!(short.contains("one per layer, 2"), "{short}");
+    }
+
+    #[test]
+    fn a_familys_own_name_wins_over_berts_where_a_config_holds_both() {
+        let modern = MINI.replace("\"bert\"", "\"modernbert\"");
+        let both = parse(&modern.replace("}", r#", "layer_norm_eps": 1e-12, "norm_eps": 1e-6}"#)).expect("both");
+        assert_eq!(both.layer_norm_eps, 1e-6, "ModernBERT reads norm_eps");
+        let distil = MINI.replace("\"bert\"", "\"distilbert\"").replace("}", r#", "dim": 48, "n_heads": 6}"#);
+        let c = parse(&distil).expect("dim beside hidden_size");
+        assert_eq!((c.hidden_size, c.num_heads), (48, 6));
+        let wrong = parse(&distil.replace("\"dim\": 48", "\"dim\": \"wide\"")).expect_err("text width").to_string();
+        assert!(wrong.contains("config.json") && wrong.contains("wide"), "{wrong}");
+        let bert = parse(&MINI.replace("}", r#", "norm_eps": 1e-6}"#)).expect("another family's name is ignored");
+        assert_eq!(bert.layer_norm_eps, 1e-12);
+        let numbered = parse(&MINI.replace("\"bert\"", "7")).expect_err("model_type a number").to_string();
+        assert!(numbered.contains("model_type"), "{numbered}");
     }
 
     #[test]

@@ -91,7 +91,7 @@ pub(crate) fn int8(args: &Int8Args) -> Result<()> {
     let vnni = CpuFeatures::detect().avx512_vnni;
     let quantize = QuantizeOptions::default();
     let fp32 = export_inference(&config, &layout, &params)?;
-    let batch = synthetic_batch(args.batch, args.seq, args.shortest, config.vocab_size, 0);
+    let batch = synthetic_batch(args.batch, args.seq, args.shortest, &config, 0);
     // The smoothing's factors from the timed batch: the speed does not depend on them.
     let maxima = input_maxima(&config, &layout, &params, [batch.clone()])?;
     let int8_with = |feed_forward, padding| {
@@ -111,7 +111,7 @@ pub(crate) fn int8(args: &Int8Args) -> Result<()> {
     let (padded, _) = int8_with(FeedForwardInput::Smoothed(&maxima), Padding::Computed)?;
     // What the feed-forward block's first layer would cost with its input per token instead.
     let (per_token, _) = int8_with(FeedForwardInput::PerToken, Padding::Skipped)?;
-    let single = synthetic_batch(1, args.seq, args.shortest, config.vocab_size, 1);
+    let single = synthetic_batch(1, args.seq, args.shortest, &config, 1);
     let options = SessionOptions {
         threads: args.threads,
         arena: args.arena,

@@ -23,7 +23,8 @@ use serde::{Deserialize, Serialize};
 /// What `one` measures.
 #[derive(Parser, Clone, Serialize, Deserialize)]
 pub(crate) struct One {
-    /// bert-base, bert-large, minilm, bert-mini, or a folder with config.json.
+    /// A shape in models/ (bert-base, bert-large, bert-mini, roberta-base, deberta-v3-base,
+    /// modernbert-base), minilm, or a folder with config.json.
     #[arg(long)]
     pub(crate) model: String,
     /// What to time.
@@ -126,18 +127,20 @@ impl MemoryBreakdown {
 
 const MIB: f64 = 1024.0 * 1024.0;
 
-/// The configuration of `model`: bert-base, bert-large, bert-mini, minilm, or a folder's.
+/// The configuration of `model`: a shape in `models/` ([`SHAPES`]), minilm, or a folder's.
 pub(crate) fn config_of(model: &str) -> Result<ModelConfig> {
     ModelConfig::from_file(&config_path(model)).with_context(|| "run `just setup` for MiniLM's config")
 }
 
+/// The base-size shapes whose `config.json` is `models/<name>.json` (as the Hub ships them).
+pub(crate) const SHAPES: [&str; 6] =
+    ["bert-base", "bert-large", "bert-mini", "roberta-base", "deberta-v3-base", "modernbert-base"];
+
 /// The file [`config_of`] reads for `model`.
 pub(crate) fn config_path(model: &str) -> PathBuf {
     match model {
-        "bert-base" => crate::root().join("models/bert-base.json"),
-        "bert-large" => crate::root().join("models/bert-large.json"),
-        "bert-mini" => crate::root().join("models/bert-mini.json"),
         "minilm" => crate::root().join("models/all-MiniLM-L6-v2/config.json"),
+        shape if SHAPES.contains(&shape) => crate::root().join(format!("models/{shape}.json")),
         dir => Path::new(dir).join("config.json"),
     }
 }
@@ -145,14 +148,16 @@ pub(crate) fn config_path(model: &str) -> PathBuf {
 /// The shortest row of a synthetic batch, in real tokens (the reference's).
 pub(crate) const SHORTEST: usize = 40;
 
-/// A batch like the reference's: random ids, lengths `shortest..=seq` padded to seq, two
-/// segments.
-pub(crate) fn synthetic_batch(rows: usize, seq: usize, shortest: usize, vocab: usize, seed: u64) -> Batch {
+/// A batch like the reference's: random ids, lengths `shortest..=seq` padded to seq with the
+/// model's padding id, two segments where the model reads token types.
+pub(crate) fn synthetic_batch(rows: usize, seq: usize, shortest: usize, config: &ModelConfig, seed: u64) -> Batch {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let vocab = config.vocab_size as i64;
+    let segments = i64::from(config.reads_token_types() && config.type_vocab_size > 1);
     let mut b = Batch {
         rows,
         seq,
-        input_ids: vec![0; rows * seq],
+        input_ids: vec![config.pad_token_id; rows * seq],
         token_type_ids: vec![0; rows * seq],
         attention_mask: vec![0; rows * seq],
         labels: (0..rows).map(|_| rng.random_range(0..2)).collect(),
@@ -162,9 +167,9 @@ pub(crate) fn synthetic_batch(rows: usize, seq: usize, shortest: usize, vocab: u
     for r in 0..rows {
         let len = rng.random_range(shortest.min(seq)..=seq);
         for k in 0..len {
-            b.input_ids[r * seq + k] = rng.random_range(1000.min(vocab as i64 - 1)..vocab as i64);
+            b.input_ids[r * seq + k] = rng.random_range(1000.min(vocab - 1)..vocab);
             b.attention_mask[r * seq + k] = 1;
-            b.token_type_ids[r * seq + k] = (k >= len / 2) as i64;
+            b.token_type_ids[r * seq + k] = segments * i64::from(k >= len / 2);
         }
     }
     b
@@ -245,7 +250,7 @@ fn step_fn(one: &One, config: &ModelConfig, kernels: Kernels, batch: Batch) -> R
 pub(crate) fn measure(one: &One) -> Result<Measurement> {
     let config = config_of(&one.model)?;
     let rows = one.batch.unwrap_or(if one.task == Task::Train { 32 } else { 64 });
-    let batch = synthetic_batch(rows, one.seq, SHORTEST, config.vocab_size, 0);
+    let batch = synthetic_batch(rows, one.seq, SHORTEST, &config, 0);
     let kernels = Kernels::resolve(one.kernels, one.precision);
     let Stepper { mut step, memory } = step_fn(one, &config, kernels, batch)?;
     for _ in 0..one.warmup {
@@ -284,4 +289,21 @@ fn peak_rss_mib() -> f64 {
             s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
         })
         .map_or(0.0, |kib| kib / 1024.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_shape_reads_and_its_batch_pads_with_its_own_id() {
+        for shape in SHAPES {
+            let config = config_of(shape).unwrap_or_else(|e| panic!("{shape}: {e:#}"));
+            let batch = synthetic_batch(4, 64, SHORTEST, &config, 0);
+            let padded = batch.attention_mask.iter().position(|&m| m == 0).expect("a row shorter than 64");
+            assert_eq!(batch.input_ids[padded], config.pad_token_id, "{shape}");
+            let two_segments = batch.token_type_ids.iter().any(|&t| t == 1);
+            assert_eq!(two_segments, config.type_vocab_size > 1 && config.reads_token_types(), "{shape}");
+        }
+    }
 }

@@ -26,7 +26,8 @@ pub(crate) struct TableArgs {
     /// round).
     #[arg(long, default_value_t = 1)]
     rounds: usize,
-    /// Only these models (bert-base, minilm, bert-mini).
+    /// Only these models (minilm, bert-base, bert-mini, roberta-base, deberta-v3-base,
+    /// modernbert-base).
     #[arg(long)]
     only: Vec<String>,
     /// Forward values the training rows recompute (none, cheap, layer).
@@ -36,13 +37,27 @@ pub(crate) struct TableArgs {
     /// reference's own script, instead of quoted from the reference data file.
     #[arg(long, env = "RINGTUNE_PYTORCH")]
     pytorch: Option<PathBuf>,
-    /// The reference benchmark script.
+    /// The reference benchmark script (BERT's rows).
     #[arg(long, default_value = "../shared/reference/bench_bert.py")]
     pytorch_script: PathBuf,
+    /// Our script for the other families' rows, the reference's method over any `config.json`.
+    #[arg(long, default_value = "tools/bench/bench_family.py")]
+    pytorch_family_script: PathBuf,
     /// PyTorch's figures quoted when it is not measured (relative to the workspace).
     #[arg(long, default_value = "tools/bench/pytorch-reference.toml")]
     reference: PathBuf,
 }
+
+/// The table's models and what each is timed at: BERT's shapes at inference and training, the
+/// other families' base sizes at training (what a user of them runs here).
+const MODELS: [(&str, &[&str]); 6] = [
+    ("minilm", &["eval", "train"]),
+    ("bert-base", &["eval", "train"]),
+    ("bert-mini", &["eval", "train"]),
+    ("roberta-base", &["train"]),
+    ("deberta-v3-base", &["train"]),
+    ("modernbert-base", &["train"]),
+];
 
 /// PyTorch's quoted figures.
 #[derive(Deserialize)]
@@ -71,23 +86,27 @@ impl Reference {
     }
 }
 
-/// PyTorch measured in this run by the reference's script.
+/// PyTorch measured in this run: BERT by the reference's script, the other families by ours.
 struct PyTorch {
     python: PathBuf,
     script: PathBuf,
+    family_script: PathBuf,
 }
 
 impl PyTorch {
     /// One configuration's median samples/s and its process's peak RSS (the script's `RESULT` line).
     fn measure(&self, model: &str, task: &str, precision: &str, steps: usize, repeats: usize) -> Result<Anchored> {
-        let size = match model {
-            "bert-base" => "base",
-            "bert-mini" => "mini",
-            other => other,
-        };
-        let out = Command::new(&self.python)
-            .arg(&self.script)
-            .args(["--size", size, "--task", task, "--prec", precision, "--max-wait", "30"])
+        let mut command = Command::new(&self.python);
+        match model {
+            "bert-base" | "bert-mini" | "minilm" => {
+                command.arg(&self.script).args(["--size", model.trim_start_matches("bert-")]);
+            }
+            other => {
+                command.arg(&self.family_script).arg("--config").arg(crate::one::config_path(other));
+            }
+        }
+        let out = command
+            .args(["--task", task, "--prec", precision, "--max-wait", "30"])
             .args(["--steps", &steps.to_string(), "--repeats", &repeats.to_string()])
             .output()
             .with_context(|| format!("running {} {}", self.python.display(), self.script.display()))?;
@@ -200,10 +219,11 @@ fn print_breakdowns(recompute: ringtune_ops::Recompute, breakdowns: &[(String, S
 
 /// Prints the table.
 pub(crate) fn table(args: &TableArgs) -> Result<()> {
-    let pytorch = args
-        .pytorch
-        .as_ref()
-        .map(|python| PyTorch { python: python.clone(), script: crate::root().join(&args.pytorch_script) });
+    let pytorch = args.pytorch.as_ref().map(|python| PyTorch {
+        python: python.clone(),
+        script: crate::root().join(&args.pytorch_script),
+        family_script: crate::root().join(&args.pytorch_family_script),
+    });
     let reference = Reference::read(&crate::root().join(&args.reference))?;
     let bf16 = ringtune_ops::custom_ops(ringtune_ops::Kernels::OneDnn(ringtune_ops::Precision::Bf16), 1);
     let mut variants = vec![("mlas", "fp32"), ("onednn", "fp32")];
@@ -231,11 +251,8 @@ pub(crate) fn table(args: &TableArgs) -> Result<()> {
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let mut breakdowns = Vec::new();
-    for model in ["minilm", "bert-base", "bert-mini"]
-        .iter()
-        .filter(|m| args.only.is_empty() || args.only.iter().any(|o| o == *m))
-    {
-        for task in ["eval", "train"] {
+    for (model, tasks) in MODELS.iter().filter(|(m, _)| args.only.is_empty() || args.only.iter().any(|o| o == m)) {
+        for &task in *tasks {
             let anchor = match &pytorch {
                 Some(p) => Anchor::Measured(p, pytorch_bf16),
                 None => Anchor::Quoted(reference.get(model, task)),
@@ -269,7 +286,9 @@ pub(crate) fn table(args: &TableArgs) -> Result<()> {
     println!(
         "\ntrain = forward + backward (dropout on) + optimizer step on both sides: ringtune runs forward and backward \
          as one ONNX Runtime run, then global-norm clipping and AdamW on the flat buffers; PyTorch runs forward, \
-         backward, AdamW and zero_grad. Batches: random ids, lengths 40..128 padded to 128, as the reference's."
+         backward, AdamW and zero_grad. Batches: random ids, lengths 40..128 padded to 128, as the reference's. \
+         PyTorch's RoBERTa, DeBERTa-v3 and ModernBERT rows: tools/bench/bench_family.py, the reference's method \
+         over transformers' own class for each config (models/<name>.json, as the Hub ships it), random weights."
     );
     Ok(())
 }

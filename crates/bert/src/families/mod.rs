@@ -129,6 +129,38 @@ impl Family {
         }
     }
 
+    /// The family's own `config.json` names for BERT's keys, as (BERT's, its own).
+    pub fn config_names(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Family::DistilBert => &[
+                ("hidden_size", "dim"),
+                ("num_hidden_layers", "n_layers"),
+                ("num_attention_heads", "n_heads"),
+                ("intermediate_size", "hidden_dim"),
+                ("hidden_act", "activation"),
+                ("hidden_dropout_prob", "dropout"),
+                ("attention_probs_dropout_prob", "attention_dropout"),
+                ("classifier_dropout", "seq_classif_dropout"),
+            ],
+            Family::ModernBert => &[
+                ("layer_norm_eps", "norm_eps"),
+                ("hidden_act", "hidden_activation"),
+                ("hidden_dropout_prob", "mlp_dropout"),
+                ("attention_probs_dropout_prob", "attention_dropout"),
+            ],
+            _ => &[],
+        }
+    }
+
+    /// Renames BERT's keys in a `config.json` being written to the family's own names.
+    pub(crate) fn write_own_names(self, map: &mut serde_json::Map<String, serde_json::Value>) {
+        for (bert, own) in self.config_names() {
+            if let Some(value) = map.remove(*bert) {
+                map.insert((*own).to_string(), value);
+            }
+        }
+    }
+
     /// How the family differs from the shared layers.
     pub(crate) fn rules(self) -> &'static dyn Rules {
         match self {
