@@ -302,7 +302,7 @@ mod tests {
             let batch = synthetic_batch(4, 64, SHORTEST, &config, 0);
             let padded = batch.attention_mask.iter().position(|&m| m == 0).expect("a row shorter than 64");
             assert_eq!(batch.input_ids[padded], config.pad_token_id, "{shape}");
-            let two_segments = batch.token_type_ids.iter().any(|&t| t == 1);
+            let two_segments = batch.token_type_ids.contains(&1);
             assert_eq!(two_segments, config.type_vocab_size > 1 && config.reads_token_types(), "{shape}");
         }
     }
