@@ -71,7 +71,13 @@ fn check(case: Case) {
     let mut params = vec![0.0f32; layout.total_len()];
     let report = load_params(&case.weights, &case.config, &layout, 0, &mut params).expect("weights");
     assert!(report.initialized.is_empty(), "every parameter comes from the files: {report:?}");
-    let options = GraphOptions { params: Params::Inputs, with_loss: true, dropout: false, padding: Padding::Computed };
+    let options = GraphOptions {
+        params: Params::Inputs,
+        with_loss: true,
+        dropout: false,
+        label_smoothing: 0.0,
+        padding: Padding::Computed,
+    };
     let forward = forward_graph(&case.config, &layout, &options).expect("graph");
     let mut session =
         Session::from_bytes(runtime(), &forward.graph.to_bytes().expect("bytes"), &SessionOptions::default())

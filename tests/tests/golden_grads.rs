@@ -20,20 +20,16 @@ fn kernel_cases(test: &str) -> Vec<(Kernels, f64, f32)> {
 }
 
 fn engine(config: &ModelConfig, weights: &[std::path::PathBuf], kernels: Kernels) -> Engine {
+    engine_with(config, weights, GraphChoices { kernels, ..GraphChoices::default() })
+}
+
+fn engine_with(config: &ModelConfig, weights: &[std::path::PathBuf], choices: GraphChoices) -> Engine {
     let layout = ringtune_bert::layout(config);
     let mut params = FlatBuffer::zeros(layout.total_len());
     let report = load_params(weights, config, &layout, 0, &mut params).expect("weights");
     assert!(report.initialized.is_empty(), "{report:?}");
-    Engine::new(
-        runtime(),
-        config,
-        &layout,
-        params,
-        GraphChoices { kernels, ..GraphChoices::default() },
-        &SessionOptions::default(),
-        SyncHooks::default(),
-    )
-    .expect("engine")
+    Engine::new(runtime(), config, &layout, params, choices, &SessionOptions::default(), SyncHooks::default())
+        .expect("engine")
 }
 
 #[test]
@@ -51,11 +47,12 @@ fn tiny_mpnet_gradients_match_pytorch() {
 }
 
 /// Heads beyond two classes (`tests/fixtures/pytorch-heads`, made by its `make_heads.py`): three
-/// labels with mean cross-entropy, and a regression with mean squared error.
+/// labels with mean cross-entropy, with it label-smoothed (PyTorch's
+/// `CrossEntropyLoss(label_smoothing=0.1)`), and a regression with mean squared error.
 #[test]
 fn three_label_and_regression_head_gradients_match_pytorch() {
     let heads = ringtune_tests::root().join("tests/fixtures/pytorch-heads");
-    for case in ["tiny-bert-3label", "tiny-bert-regression"] {
+    for case in ["tiny-bert-3label", "tiny-bert-regression", "tiny-bert-3label-smoothed"] {
         let config = ModelConfig::from_dir(&heads.join(case)).expect("config");
         let expected = if case.ends_with("regression") {
             (1, ringtune_bert::ProblemType::Regression)
@@ -112,11 +109,19 @@ fn every_parameter(case: &str, kernels: Kernels, tol: f64, out_tol: f32) {
     fixture_gradients(&fixtures().join(case), kernels, tol, out_tol);
 }
 
-/// The fixture in `dir`: loss, logits and every parameter's gradient.
+/// The fixture in `dir`: loss, logits and every parameter's gradient (the loss label-smoothed
+/// where the fixture's `loss.json` says so).
 fn fixture_gradients(dir: &std::path::Path, kernels: Kernels, tol: f64, out_tol: f32) {
     let dir = dir.to_path_buf();
     let config = ModelConfig::from_dir(&dir).expect("config");
-    let mut engine = engine(&config, &[dir.join("model.safetensors")], kernels);
+    let label_smoothing = match std::fs::read_to_string(dir.join("loss.json")) {
+        Ok(text) => serde_json::from_str::<serde_json::Value>(&text).expect("loss.json")["label_smoothing"]
+            .as_f64()
+            .expect("label_smoothing"),
+        Err(_) => 0.0,
+    };
+    let choices = GraphChoices { kernels, label_smoothing, ..GraphChoices::default() };
+    let mut engine = engine_with(&config, &[dir.join("model.safetensors")], choices);
     let out = engine.step(&read_batch(&dir.join("batch.safetensors"))).expect("step");
     let want = read_tensor_file(&dir.join("outputs.safetensors")).expect("outputs");
     assert!((out.loss - want["loss"].f32s().expect("loss")[0]).abs() < out_tol, "{kernels:?}");

@@ -17,7 +17,7 @@ fn step(recompute: Recompute, kernels: Kernels) -> (f32, Vec<f32>, u64) {
     let mut params = FlatBuffer::zeros(layout.total_len());
     load_params(&[model.join("model.safetensors")], &config, &layout, 0, &mut params).expect("weights");
     let options = SessionOptions { threads: 2, arena: Arena::Session, ..SessionOptions::default() };
-    let choices = GraphChoices { dropout: true, kernels, recompute };
+    let choices = GraphChoices { dropout: true, kernels, recompute, ..GraphChoices::default() };
     let mut engine =
         Engine::new(runtime(), &config, &layout, params, choices, &options, SyncHooks::default()).expect("engine");
     let batch = read_batch(&fixtures().join("minilm-mrpc/batch.safetensors"));

@@ -23,7 +23,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let mut params = vec![0.0f32; layout.total_len()];
     init_all(&config, &layout, 42, &mut params);
-    let options = GraphOptions { params: Params::Inputs, with_loss: true, dropout: true, padding: Padding::Computed };
+    let options = GraphOptions {
+        params: Params::Inputs,
+        with_loss: true,
+        dropout: true,
+        label_smoothing: 0.0,
+        padding: Padding::Computed,
+    };
     let forward = forward_graph(&config, &layout, &options)?;
     println!(
         "training forward graph: {} nodes, inputs {} (batch and parameters)",

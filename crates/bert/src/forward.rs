@@ -59,6 +59,9 @@ pub struct GraphOptions<'a> {
     pub with_loss: bool,
     /// Apply the config's dropout (training mode).
     pub dropout: bool,
+    /// A classification loss's label smoothing ε, as PyTorch's
+    /// `CrossEntropyLoss(label_smoothing=ε)` (0: none; ignored without `with_loss`).
+    pub label_smoothing: f64,
     /// Whether the layers compute the padding: [`Padding::Skipped`] only without `with_loss`
     /// (an inference graph).
     pub padding: Padding,
@@ -67,7 +70,13 @@ pub struct GraphOptions<'a> {
 impl<'a> GraphOptions<'a> {
     /// A self-contained inference graph: `params` embedded, no loss, no dropout.
     pub fn inference(params: &'a [f32], padding: Padding) -> Self {
-        GraphOptions { params: Params::Embedded(params), with_loss: false, dropout: false, padding }
+        GraphOptions {
+            params: Params::Embedded(params),
+            with_loss: false,
+            dropout: false,
+            label_smoothing: 0.0,
+            padding,
+        }
     }
 }
 
@@ -250,24 +259,41 @@ impl Builder<'_> {
         Ok(self.g.concat(&[dims, &heads], 0)?)
     }
 
-    /// The loss Hugging Face's heads compute: mean cross-entropy over the classes, or for a
-    /// regression the mean of `(logits.squeeze() - labels)^2`.
+    /// The loss Hugging Face's heads compute: mean cross-entropy over the classes (with label
+    /// smoothing where asked), or for a regression the mean of `(logits.squeeze() - labels)^2`.
     fn loss(&mut self, logits: &Value, labels: &Value) -> Result<Value, ModelError> {
         match self.config.problem {
+            ProblemType::SingleLabel if self.options.label_smoothing > 0.0 => {
+                // PyTorch's smoothed cross-entropy: (1 - ε) NLL + ε times the mean over rows and
+                // classes of -log p (the loss against a target spread evenly over the classes).
+                let epsilon = self.options.label_smoothing;
+                let nll = self.g.softmax_cross_entropy(logits, labels)?.0;
+                let log_probs = self.g.log_softmax(logits, 1)?;
+                let total = self.g.reduce_sum(&log_probs, &[0, 1], false)?;
+                let rows = self.batch_rows(labels)?;
+                let per_row = self.g.div(&total, &rows)?;
+                let kept = self.g.scale(&nll, 1.0 - epsilon)?;
+                let spread = self.g.scale(&per_row, -epsilon / self.config.num_labels as f64)?;
+                Ok(self.g.add(&kept, &spread)?)
+            }
             ProblemType::SingleLabel => Ok(self.g.softmax_cross_entropy(logits, labels)?.0),
             ProblemType::Regression => {
                 let scores = self.g.reshape(logits, &[-1])?;
                 let error = self.g.sub(&scores, labels)?;
                 let squared = self.g.mul(&error, &error)?;
                 let total = self.g.reduce_sum(&squared, &[0], false)?;
-                // The batch is counted from the labels, which no gradient flows into.
-                let dims = self.g.shape_of(labels)?;
-                let zero = self.g.constant(Tensor::scalar_i64(0))?;
-                let rows = self.g.gather(&dims, &zero, 0)?;
-                let rows = self.g.cast(&rows, DType::F32)?;
+                let rows = self.batch_rows(labels)?;
                 Ok(self.g.div(&total, &rows)?)
             }
         }
+    }
+
+    /// The batch's rows as a float, counted from the labels, which no gradient flows into.
+    fn batch_rows(&mut self, labels: &Value) -> Result<Value, ModelError> {
+        let dims = self.g.shape_of(labels)?;
+        let zero = self.g.constant(Tensor::scalar_i64(0))?;
+        let rows = self.g.gather(&dims, &zero, 0)?;
+        Ok(self.g.cast(&rows, DType::F32)?)
     }
 
     pub(crate) fn param(&self, name: &str) -> Result<Value, ModelError> {
@@ -471,7 +497,8 @@ mod tests {
         .expect("config");
         let layout = crate::layout(&config);
         let graph = |with_loss, padding| {
-            let options = GraphOptions { params: Params::Inputs, with_loss, dropout: false, padding };
+            let options =
+                GraphOptions { params: Params::Inputs, with_loss, dropout: false, label_smoothing: 0.0, padding };
             forward_graph(&config, &layout, &options)
         };
         assert!(graph(true, Padding::Skipped).is_err(), "a training graph computes the padding");

@@ -19,7 +19,13 @@
 //!     Path::new("config.json"),
 //! ).unwrap();
 //! let layout = layout(&config);
-//! let options = GraphOptions { params: Params::Inputs, with_loss: true, dropout: false, padding: Padding::Computed };
+//! let options = GraphOptions {
+//!     params: Params::Inputs,
+//!     with_loss: true,
+//!     dropout: false,
+//!     label_smoothing: 0.0,
+//!     padding: Padding::Computed,
+//! };
 //! let forward = forward_graph(&config, &layout, &options).unwrap();
 //! assert_eq!(forward.params.len(), layout.entries().len());
 //! assert!(forward.graph.to_bytes().is_ok());

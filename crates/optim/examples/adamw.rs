@@ -4,7 +4,7 @@
 //!
 //! `cargo run -p ringtune-optim --example adamw`
 
-use ringtune_optim::{AdamW, AdamWConfig, Group, LinearWarmupDecay};
+use ringtune_optim::{AdamW, AdamWConfig, Group, LrSchedule, ScheduleKind};
 
 fn main() -> Result<(), ringtune_optim::OptimError> {
     let target = [3.0f32, -2.0, 0.5, 1.0];
@@ -12,7 +12,7 @@ fn main() -> Result<(), ringtune_optim::OptimError> {
     // Weight decay on the first two ("weights"), none on the last two ("biases").
     let groups = [Group { range: 0..2, weight_decay: 0.01 }, Group { range: 2..4, weight_decay: 0.0 }];
     let mut adam = AdamW::new(AdamWConfig::default(), &groups, params.len())?;
-    let schedule = LinearWarmupDecay { peak: 0.1, warmup: 20, total: 400 };
+    let schedule = LrSchedule { kind: ScheduleKind::Linear, peak: 0.1, warmup: 20, total: 400 };
     for step in 0..400 {
         let grads: Vec<f32> = params.iter().zip(&target).map(|(p, t)| 2.0 * (p - t)).collect();
         let norm = adam.clip_and_step(&mut params, &grads, 1.0, schedule.lr(step) as f32)?;

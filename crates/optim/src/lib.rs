@@ -2,8 +2,9 @@
 //!
 //! Owns: AdamW with bias correction and decoupled weight decay (PyTorch's `torch.optim.AdamW`),
 //! parameter groups as plain ranges of the flat buffer (Hugging Face Trainer's grouping is the
-//! caller's rule, handed over as ranges), global-norm gradient clipping, and the linear
-//! warmup-then-decay schedule (`get_linear_schedule_with_warmup`). The elementwise work runs on
+//! caller's rule, handed over as ranges), global-norm gradient clipping, and the learning-rate
+//! schedules of `transformers`' `get_scheduler` (linear, cosine, cosine with restarts,
+//! polynomial, constant, constant with warmup) at its default settings. The elementwise work runs on
 //! several threads in contiguous parts; results do not depend on the thread count.
 //!
 //! Does not own: the parameter layout (`bert`) or where gradients come from.
@@ -26,7 +27,7 @@ mod schedule;
 
 pub use adamw::{AdamW, AdamWConfig, AdamWState, Group};
 pub use clip::{clip_coefficient, clip_global_norm, global_norm, scale, squared_sums};
-pub use schedule::LinearWarmupDecay;
+pub use schedule::{LrSchedule, ScheduleKind, UnknownSchedule, POLYNOMIAL_END};
 
 /// What the optimizer refuses.
 #[derive(Debug, thiserror::Error, PartialEq)]

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::selection::Selection;
 use crate::TrainError;
 
 const MAGIC: &[u8; 8] = b"RTCKPT01";
@@ -28,7 +29,7 @@ pub struct Progress {
 }
 
 /// Checkpoint metadata.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Meta {
     /// Progress.
     pub progress: Progress,
@@ -51,6 +52,10 @@ pub struct Meta {
     /// when the order was not grouped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub length_groups: Option<usize>,
+    /// The best evaluation so far and the early stopping's count (checkpoints from before this
+    /// field: none yet).
+    #[serde(default)]
+    pub selection: Selection,
 }
 
 impl Meta {
@@ -241,11 +246,15 @@ pub fn set_aside(path: &Path) -> Result<PathBuf, TrainError> {
     Ok(aside)
 }
 
-/// Deletes all but the newest `keep` checkpoints.
-pub fn prune(dir: &Path, keep: usize) -> Result<(), TrainError> {
+/// Deletes all but the newest `keep` checkpoints and the one after step `also_keep` (the best
+/// evaluation's, whose weights the run ends with).
+pub fn prune(dir: &Path, keep: usize, also_keep: Option<u64>) -> Result<(), TrainError> {
     let files = list(dir);
+    let kept = also_keep.map(|step| dir.join(file_name(step)));
     for old in files.iter().take(files.len().saturating_sub(keep)) {
-        std::fs::remove_file(old).map_err(|e| err(old, e))?;
+        if kept.as_ref() != Some(old) {
+            std::fs::remove_file(old).map_err(|e| err(old, e))?;
+        }
     }
     Ok(())
 }
@@ -264,6 +273,7 @@ mod tests {
             world: 2,
             node_batch: Some(8),
             length_groups: None,
+            selection: Selection::default(),
         }
     }
 
@@ -295,8 +305,10 @@ mod tests {
             let p = vec![step as f32; 3];
             save(&dir.path().join(file_name(step)), &meta(step), &p, &[0.5; 3], &[0.25; 3]).expect("save");
         }
-        prune(dir.path(), 2).expect("prune");
+        prune(dir.path(), 2, None).expect("prune");
         assert_eq!(list(dir.path()).len(), 2);
+        prune(dir.path(), 1, Some(2)).expect("prune keeping step 2");
+        assert_eq!(list(dir.path()), [dir.path().join(file_name(2)), dir.path().join(file_name(3))]);
         let newest = dir.path().join(file_name(3));
         let c = load(&newest, "abc").expect("load");
         assert_eq!((c.params, c.m, c.meta), (vec![3.0; 3], vec![0.5; 3], meta(3)));
@@ -330,7 +342,7 @@ mod tests {
         assert!(aside.ends_with("step-00000005.ckpt.refused") && aside.exists(), "{}", aside.display());
         // The run goes on from step 1 and keeps one checkpoint: the one it just wrote.
         save_step(2);
-        prune(dir.path(), 1).expect("prune");
+        prune(dir.path(), 1, None).expect("prune");
         assert_eq!(list(dir.path()), vec![dir.path().join(file_name(2))]);
         assert_eq!(load(&dir.path().join(file_name(2)), "abc").expect("load").meta.progress.step, 2);
     }

@@ -5,9 +5,11 @@ use std::path::{Path, PathBuf};
 
 use ringtune_data::{Quoting, Task, TaskChoice};
 use ringtune_ops::{KernelChoice, Kernels, PrecisionChoice, Recompute};
+use ringtune_optim::{ScheduleKind, POLYNOMIAL_END};
 use ringtune_runtime::Provider;
 use serde::{Deserialize, Serialize};
 
+use crate::selection::Metric;
 use crate::TrainError;
 
 /// Everything a training run needs to know. Every field has a default; a TOML file may set
@@ -15,8 +17,11 @@ use crate::TrainError;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TrainConfig {
-    /// Model folder (config.json, model.safetensors, tokenizer.json or vocab.txt).
+    /// Model folder (config.json, model.safetensors, tokenizer.json or vocab.txt), or a
+    /// Hugging Face name (`org/name`) found in the Hugging Face cache.
     pub model: PathBuf,
+    /// The revision of a model given by name: a branch, a tag or a commit (default: main).
+    pub revision: Option<String>,
     /// A GLUE task: cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli (default: mrpc, unless
     /// `train_file` names the user's own data).
     pub task: Option<String>,
@@ -54,10 +59,21 @@ pub struct TrainConfig {
     /// Examples per step over all nodes; when set, each node takes its share (it must divide
     /// evenly) and `batch_size` is ignored.
     pub global_batch_size: Option<usize>,
+    /// Forward and backward passes per step, their gradients summed before the optimizer steps:
+    /// a step's batch is `batch_size` times this on each node, the math of that larger batch in
+    /// the memory of `batch_size`.
+    pub gradient_accumulation_steps: u32,
     /// Peak learning rate.
     pub learning_rate: f64,
     /// Share of the steps spent warming up linearly.
     pub warmup_ratio: f64,
+    /// Steps spent warming up linearly; when set, `warmup_ratio` is ignored (as the Trainer's
+    /// `warmup_steps`).
+    pub warmup_steps: Option<u64>,
+    /// The learning rate's shape, as `transformers`' `get_scheduler` names it: linear (the
+    /// default), cosine, cosine_with_restarts, polynomial (to 1e-7), constant (no warmup) or
+    /// constant_with_warmup.
+    pub lr_scheduler: ScheduleKind,
     /// Decoupled weight decay (not on biases and LayerNorm weights).
     pub weight_decay: f64,
     /// Maximum tokens per pair.
@@ -87,14 +103,34 @@ pub struct TrainConfig {
     pub recompute: Recompute,
     /// Global gradient-norm clip.
     pub max_grad_norm: f64,
+    /// Label smoothing ε of a classification head's loss, as PyTorch's
+    /// `CrossEntropyLoss(label_smoothing=ε)` and the Trainer's `label_smoothing_factor` (0: none).
+    pub label_smoothing: f64,
     /// Steps between metric lines.
     pub log_every: u64,
+    /// Where the metrics also go, beside `metrics.jsonl` and `training.png`: `tensorboard`
+    /// (event files in the output folder's `tensorboard/`), as the Trainer's `report_to`.
+    pub report_to: Vec<Report>,
     /// Steps between checkpoints (0: at epoch ends only).
     pub checkpoint_every: u64,
     /// Checkpoints kept.
     pub keep_checkpoints: usize,
     /// Rows per evaluation batch.
     pub eval_batch_size: usize,
+    /// Steps between evaluations (0: at each epoch's end); with steps, the run's last step is
+    /// evaluated too. The nodes share the evaluation set, each scoring its part.
+    pub eval_steps: u64,
+    /// The metric that picks the best evaluation: accuracy, f1, mcc, pearson, spearman or loss
+    /// (default: the task's main metric: CoLA's mcc, a regression's pearson, else accuracy).
+    pub metric_for_best_model: Option<Metric>,
+    /// End with the best evaluation's weights in the output folder (its checkpoint is kept
+    /// whatever `keep_checkpoints` says); `summary.json` says which step.
+    pub load_best_model_at_end: bool,
+    /// Stop once this many evaluations in a row have not improved on the best by more than
+    /// `early_stopping_threshold` (every node at the same step).
+    pub early_stopping_patience: Option<u32>,
+    /// How much an evaluation must improve on the best to reset the patience.
+    pub early_stopping_threshold: f64,
     /// Train for at most this many steps: the schedule shrinks to fit (0: every epoch).
     pub max_steps: u64,
     /// Train on the first this many examples of the training split (0: all of it), as
@@ -111,10 +147,19 @@ pub struct TrainConfig {
     pub min_nodes: usize,
 }
 
+/// Where a run's metrics also go (`--report-to`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Report {
+    /// TensorBoard's event files, in the output folder's `tensorboard/`.
+    Tensorboard,
+}
+
 impl Default for TrainConfig {
     fn default() -> Self {
         TrainConfig {
             model: PathBuf::from("models/all-MiniLM-L6-v2"),
+            revision: None,
             task: None,
             data: None,
             train_file: None,
@@ -131,8 +176,11 @@ impl Default for TrainConfig {
             epochs: 3,
             batch_size: 32,
             global_batch_size: None,
+            gradient_accumulation_steps: 1,
             learning_rate: 1e-4,
             warmup_ratio: 0.1,
+            warmup_steps: None,
+            lr_scheduler: ScheduleKind::Linear,
             weight_decay: 0.01,
             max_len: 128,
             seed: 42,
@@ -143,10 +191,17 @@ impl Default for TrainConfig {
             precision: PrecisionChoice::Auto,
             recompute: Recompute::Cheap,
             max_grad_norm: 1.0,
+            label_smoothing: 0.0,
             log_every: 10,
+            report_to: Vec::new(),
             checkpoint_every: 0,
             keep_checkpoints: 2,
             eval_batch_size: 64,
+            eval_steps: 0,
+            metric_for_best_model: None,
+            load_best_model_at_end: false,
+            early_stopping_patience: None,
+            early_stopping_threshold: 0.0,
             max_steps: 0,
             max_train_samples: 0,
             stop_after: 0,
@@ -167,15 +222,20 @@ impl TrainConfig {
         })
     }
 
-    /// Examples per step on each of `world` nodes.
+    /// Examples per forward and backward pass on each of `world` nodes (a step takes
+    /// `gradient_accumulation_steps` of them).
     pub fn node_batch(&self, world: usize) -> Result<usize, TrainError> {
+        let passes = world.max(1) * self.gradient_accumulation_steps.max(1) as usize;
         match self.global_batch_size {
             None => Ok(self.batch_size),
-            Some(global) if global.is_multiple_of(world.max(1)) => Ok(global / world.max(1)),
+            Some(global) if global.is_multiple_of(passes) => Ok(global / passes),
             Some(global) => Err(TrainError::Setting {
                 flag: "global-batch-size",
                 value: global.to_string(),
-                expected: format!("a multiple of the {world} nodes"),
+                expected: match self.gradient_accumulation_steps {
+                    0 | 1 => format!("a multiple of the {world} nodes"),
+                    steps => format!("a multiple of the {world} nodes times the {steps} accumulation steps"),
+                },
             }),
         }
     }
@@ -194,6 +254,9 @@ impl TrainConfig {
         if self.global_batch_size == Some(0) {
             return bad("global-batch-size", "0".into(), "use at least 1 example per step");
         }
+        if self.gradient_accumulation_steps == 0 {
+            return bad("gradient-accumulation-steps", "0".into(), "at least 1 pass a step");
+        }
         if self.eval_batch_size == 0 {
             return bad("eval-batch-size", "0".into(), "use at least 1");
         }
@@ -202,6 +265,19 @@ impl TrainConfig {
         }
         if !(0.0..=1.0).contains(&self.warmup_ratio) {
             return bad("warmup-ratio", self.warmup_ratio.to_string(), "a share of the steps in [0, 1]");
+        }
+        if self.lr_scheduler == ScheduleKind::Polynomial && self.learning_rate <= POLYNOMIAL_END {
+            let expected = format!("above the polynomial schedule's end, {POLYNOMIAL_END:e}");
+            return bad("learning-rate", self.learning_rate.to_string(), &expected);
+        }
+        if self.early_stopping_patience == Some(0) {
+            return bad("early-stopping-patience", "0".into(), "at least 1 evaluation without improvement");
+        }
+        if !(self.early_stopping_threshold.is_finite() && self.early_stopping_threshold >= 0.0) {
+            return bad("early-stopping-threshold", self.early_stopping_threshold.to_string(), "0 or more");
+        }
+        if !(0.0..1.0).contains(&self.label_smoothing) {
+            return bad("label-smoothing", self.label_smoothing.to_string(), "a share in [0, 1), e.g. 0.1");
         }
         if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
             return bad("weight-decay", self.weight_decay.to_string(), "must be 0 or more");

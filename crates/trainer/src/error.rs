@@ -44,6 +44,14 @@ pub enum TrainError {
         /// Nodes in the run (on several, another node's gradients may be the cause).
         nodes: usize,
     },
+    /// A model named as on the Hugging Face Hub that is not in the cache.
+    #[error("--model {model}: {reason}")]
+    ModelNotFound {
+        /// The name.
+        model: String,
+        /// Where it was looked for, and what to do.
+        reason: String,
+    },
     /// A file that could not be read or opened.
     #[error("{}: {source}", .path.display())]
     Io {

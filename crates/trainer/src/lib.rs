@@ -20,6 +20,7 @@ mod config;
 pub mod engine;
 mod error;
 pub mod evaluation;
+pub mod hub;
 pub mod info;
 pub mod low_rank_file;
 pub mod metrics;
@@ -30,8 +31,9 @@ pub mod predict;
 pub mod quantize;
 pub mod recipe;
 pub mod replay;
+pub mod selection;
 pub mod sync;
 pub mod train;
 
-pub use config::TrainConfig;
+pub use config::{Report, TrainConfig};
 pub use error::TrainError;

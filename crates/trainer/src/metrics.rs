@@ -361,9 +361,11 @@ fn ranks(values: &[f64]) -> Vec<f64> {
     ranks
 }
 
-/// Appends JSON lines to `metrics.jsonl`.
+/// Appends JSON lines to `metrics.jsonl` (and each record to TensorBoard's event file, where
+/// reported to).
 pub struct MetricsFile {
     out: BufWriter<File>,
+    tensorboard: Option<tensorboard::EventsFile>,
 }
 
 impl MetricsFile {
@@ -374,7 +376,7 @@ impl MetricsFile {
             .append(true)
             .open(path)
             .map_err(|source| TrainError::Io { path: path.into(), source })?;
-        Ok(MetricsFile { out: BufWriter::new(file) })
+        Ok(MetricsFile { out: BufWriter::new(file), tensorboard: None })
     }
 
     /// Opens the file of a run going on from `step`: the records of later steps are dropped,
@@ -395,12 +397,21 @@ impl MetricsFile {
         Ok((Self::open(path)?, dropped))
     }
 
+    /// Also writes every record to `events`.
+    pub fn reporting_to(self, events: tensorboard::EventsFile) -> Self {
+        MetricsFile { tensorboard: Some(events), ..self }
+    }
+
     /// Writes one record and flushes it.
     pub fn write(&mut self, record: &Record) -> Result<(), TrainError> {
         let line = serde_json::to_string(record)?;
         writeln!(self.out, "{line}")
             .and_then(|_| self.out.flush())
-            .map_err(|source| TrainError::Io { path: "metrics.jsonl".into(), source })
+            .map_err(|source| TrainError::Io { path: "metrics.jsonl".into(), source })?;
+        match &mut self.tensorboard {
+            Some(events) => events.write(record),
+            None => Ok(()),
+        }
     }
 }
 
@@ -421,5 +432,6 @@ fn lines_up_to(text: &str, step: u64) -> (String, usize) {
     (kept, dropped)
 }
 
+pub mod tensorboard;
 #[cfg(test)]
 mod tests;

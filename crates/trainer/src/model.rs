@@ -72,10 +72,12 @@ pub struct SyncNodes {
 
 /// How a training graph is built: dropout on or off, the kernels of its products, and what
 /// its backward pass recomputes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct GraphChoices {
     /// Dropout as the model config sets it (else none).
     pub dropout: bool,
+    /// A classification loss's label smoothing ε (0: none).
+    pub label_smoothing: f64,
     /// The matrix products' kernels.
     pub kernels: Kernels,
     /// Forward values the backward pass recomputes instead of keeping.
@@ -199,8 +201,13 @@ pub fn training_graph(
     sync: SyncNodes,
 ) -> Result<(Vec<u8>, Vec<String>), TrainError> {
     check_order(TRAINING_PASSES).map_err(TrainError::GraphBuild)?;
-    let options =
-        GraphOptions { params: Params::Inputs, with_loss: true, dropout: choices.dropout, padding: Padding::Computed };
+    let options = GraphOptions {
+        params: Params::Inputs,
+        with_loss: true,
+        dropout: choices.dropout,
+        label_smoothing: choices.label_smoothing,
+        padding: Padding::Computed,
+    };
     let forward = forward_graph(config, layout, &options)?;
     let loss = forward.loss.clone().ok_or_else(|| TrainError::GraphBuild("the forward graph has no loss".into()))?;
     let mut building = Building { forward, loss, grads: Vec::new(), tokens: Vec::new(), choices, sync, config, layout };
@@ -214,7 +221,13 @@ pub fn training_graph(
 
 /// The forward graph without loss (inputs: batch and parameters; output: logits).
 pub fn eval_graph(config: &ModelConfig, layout: &ParamLayout, kernels: Kernels) -> Result<Vec<u8>, TrainError> {
-    let options = GraphOptions { params: Params::Inputs, with_loss: false, dropout: false, padding: Padding::Computed };
+    let options = GraphOptions {
+        params: Params::Inputs,
+        with_loss: false,
+        dropout: false,
+        label_smoothing: 0.0,
+        padding: Padding::Computed,
+    };
     let mut forward = forward_graph(config, layout, &options)?;
     forward.graph.prune();
     ringtune_ops::fuse(&mut forward.graph, kernels)?;

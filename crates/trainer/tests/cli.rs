@@ -53,6 +53,40 @@ fn a_missing_model_folder_is_named() {
     assert!(stderr.contains("/nonexistent/model/config.json"), "{stderr}");
 }
 
+/// `--model org/name`: a model named as on the Hub is read from the Hugging Face cache
+/// (`HF_HUB_CACHE`, its `refs/main` and snapshot), at `--revision` where given; one the cache
+/// lacks is one line saying where it looked.
+#[test]
+fn a_model_named_as_on_the_hub_is_found_in_the_cache_or_said_missing() {
+    let dir = tempfile::tempdir().expect("dir");
+    let cache = dir.path().join("hub");
+    let commit = "89abcdef0123456789abcdef0123456789abcdef";
+    let snapshot = cache.join("models--org--tiny/snapshots").join(commit);
+    std::fs::create_dir_all(snapshot.parent().expect("snapshots")).expect("dirs");
+    std::fs::rename(tiny_model(dir.path()), &snapshot).expect("the tiny model as a snapshot");
+    std::fs::create_dir_all(cache.join("models--org--tiny/refs")).expect("refs");
+    std::fs::write(cache.join("models--org--tiny/refs/main"), commit).expect("ref");
+    let data = common::small_mrpc(dir.path(), 32, 8);
+    let run = |model: &str, revision: &str, output: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_ringtune"))
+            .current_dir(dir.path())
+            .env("HF_HUB_CACHE", &cache)
+            .args(["train", "--model", model, "--revision", revision, "--data", data.to_str().expect("utf-8")])
+            .args(["--output", output, "--max-steps", "1", "--kernels", "mlas", "--threads", "1"])
+            .output()
+            .expect("run ringtune");
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (ok, stderr) = run("org/tiny", "main", "by-name");
+    assert!(ok, "{stderr}");
+    let (ok, stderr) = run("org/tiny", commit, "by-commit");
+    assert!(ok, "{stderr}");
+    let (ok, stderr) = run("org/absent", "main", "absent");
+    assert!(!ok && stderr.contains("--model org/absent") && stderr.contains("models--org--absent"), "{stderr}");
+    let (ok, stderr) = run("org/tiny", "v2", "no-such-branch");
+    assert!(!ok && stderr.contains("refs/v2"), "{stderr}");
+}
+
 /// The command lines of running `ringtune train` processes writing to `output`.
 #[cfg(target_os = "linux")]
 fn ranks_writing(output: &std::path::Path) -> Vec<String> {

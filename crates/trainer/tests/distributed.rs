@@ -68,6 +68,33 @@ fn two_and_four_nodes_reach_the_single_node_parameters() {
     }
 }
 
+/// `--gradient-accumulation-steps` on several nodes is refused by name on every node (each
+/// hands its gradients to the sync as the backward pass makes them; one node accumulates).
+#[test]
+fn accumulation_on_several_nodes_is_refused_by_name() {
+    let dir = tempfile::tempdir().expect("dir");
+    let certs = certs(dir.path(), 2);
+    let cfg = TrainConfig { batch_size: 4, gradient_accumulation_steps: 2, ..config(dir.path(), "runs") };
+    let ports = free_ports(2);
+    let nodes: Vec<_> = (0..2)
+        .map(|rank| {
+            let (cfg, root) = (cfg.clone(), dir.path().to_path_buf());
+            let cluster = on_loopback(rank, &ports, &certs, Duration::from_secs(30), NEITHER);
+            std::thread::spawn(move || {
+                let inputs = ringtune_trainer::train::Inputs::read(&cfg, &root).expect("inputs");
+                let mut sync = QuicSync::join(&cluster, inputs.model()).expect("join");
+                let refused = ringtune_trainer::train::train_on(inputs, &cfg, &root, Start::Fresh, Some(&mut sync));
+                sync.shutdown();
+                refused.expect_err("accumulation on two nodes").to_string()
+            })
+        })
+        .collect();
+    for node in nodes {
+        let err = node.join().expect("node");
+        assert!(err.contains("--gradient-accumulation-steps 2") && err.contains("one node"), "{err}");
+    }
+}
+
 #[test]
 fn overlap_and_a_sharded_optimizer_change_no_bit_and_bf16_little() {
     let dir = tempfile::tempdir().expect("dir");

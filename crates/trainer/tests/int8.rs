@@ -8,7 +8,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{config, root};
+use common::{config, python_check, root};
 use ringtune_data::{batches, load_file, Batch, Padding, PairTokenizer, ReadOptions};
 use ringtune_runtime::{Runtime, SessionOptions};
 use ringtune_trainer::engine::Evaluator;
@@ -167,20 +167,6 @@ fn quantize_and_eval_int8_refuse_what_they_cannot_use_by_name() {
     assert!(!ok && stderr.contains(&format!("{INT8_MODEL} has no model ONNX Runtime can load")), "{stderr}");
 }
 
-/// The Python that runs the int8 test's Python side, with the packages `just
-/// setup-python-check` installed (`just test` runs it first).
-fn python_with_onnx_runtime() -> Command {
-    let site = root().join(".cache/python-check");
-    assert!(site.join("onnxruntime").is_dir(), "{} is missing: run `just setup-python-check`", site.display());
-    let python = std::env::var("RINGTUNE_PYTHON").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| "python3".into());
-    let version = Command::new(&python).args(["-c", "import sys; print(sys.version_info[:2])"]).output();
-    let version = version.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
-    assert_eq!(version, "(3, 11)", "{python}: the pinned wheels are for Python 3.11; set RINGTUNE_PYTHON to one");
-    let mut command = Command::new(python);
-    command.env("PYTHONPATH", site);
-    command
-}
-
 fn batch_json(batch: &Batch) -> serde_json::Value {
     serde_json::json!({
         "rows": batch.rows,
@@ -229,7 +215,7 @@ fn python_onnx_runtime_loads_both_models_and_scores_them_as_ringtune_does() {
 
     let out = dir.path().join("python.json");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/onnx_runtime_check.py");
-    let result = python_with_onnx_runtime().arg(script).args([run, &batches_file, &out]).output().expect("python");
+    let result = python_check().arg(script).args([run, &batches_file, &out]).output().expect("python");
     assert!(result.status.success(), "{}", String::from_utf8_lossy(&result.stderr));
     let theirs: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).expect("out")).expect("json");
     let floats = |key: &str| -> Vec<f32> {

@@ -4,7 +4,9 @@
 
 mod common;
 
-use common::{config, losses, padded_tokens};
+use common::cluster::params;
+use common::{config, losses, padded_tokens, step_field};
+use ringtune_optim::{LrSchedule, ScheduleKind};
 use ringtune_trainer::train::Start;
 use ringtune_trainer::TrainConfig;
 
@@ -45,6 +47,52 @@ fn the_loss_falls_and_every_output_is_written() {
     let again = ringtune_trainer::train::train(&cfg, dir.path(), Start::Resume, None).expect("resume a finished run");
     assert_eq!(folder_contents(&cfg.output), before, "resuming a finished run changed its folder");
     assert_eq!((again.steps, again.dev, again.wall_s), (summary.steps, summary.dev, summary.wall_s));
+}
+
+#[test]
+fn the_named_schedule_and_warmup_set_every_steps_learning_rate_and_the_summary_says_so() {
+    let dir = tempfile::tempdir().expect("dir");
+    let cfg = TrainConfig {
+        epochs: 1,
+        lr_scheduler: ScheduleKind::CosineWithRestarts,
+        warmup_steps: Some(4),
+        ..config(dir.path(), "cosine")
+    };
+    let summary = ringtune_trainer::train::train(&cfg, dir.path(), Start::Fresh, None).expect("train");
+    assert_eq!(summary.steps, 13);
+    let expected = LrSchedule { kind: ScheduleKind::CosineWithRestarts, peak: cfg.learning_rate, warmup: 4, total: 13 };
+    let logged = step_field(&cfg.output, |s| s.lr);
+    assert_eq!(logged, (0..13).map(|step| expected.lr(step)).collect::<Vec<_>>());
+    assert_eq!((summary.training.lr_scheduler, summary.training.warmup_steps), (ScheduleKind::CosineWithRestarts, 4));
+}
+
+/// `--gradient-accumulation-steps`: a batch of 16 taken in four passes of 4 ends at the
+/// parameters of one pass of 16 (dropout off: the same math, summed in another order), with
+/// the large batch's steps; a global batch the passes do not divide is refused by name.
+#[test]
+fn accumulated_passes_reach_the_large_batchs_parameters() {
+    let dir = tempfile::tempdir().expect("dir");
+    let base = TrainConfig { epochs: 1, dropout: Some(0.0), ..config(dir.path(), "runs") };
+    let init = params(&base.model);
+    let large = TrainConfig { batch_size: 16, output: base.output.join("large"), ..base.clone() };
+    ringtune_trainer::train::train(&large, dir.path(), Start::Fresh, None).expect("batch 16");
+    let passes = TrainConfig {
+        batch_size: 4,
+        gradient_accumulation_steps: 4,
+        output: base.output.join("passes"),
+        ..base.clone()
+    };
+    let summary = ringtune_trainer::train::train(&passes, dir.path(), Start::Fresh, None).expect("4 x 4");
+    assert_eq!((summary.steps, summary.training.global_batch), (13, 16), "the large batch's steps");
+    let (a, b) = (params(&large.output), params(&passes.output));
+    let moved: f64 = a.iter().zip(&init).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>().sqrt();
+    let diff: f64 = a.iter().zip(&b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>().sqrt();
+    let max = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+    assert!(moved > 1e-2, "training moved the parameters ({moved})");
+    assert!(diff / moved < 1e-5 && max < 1e-5, "L2 difference {diff:e} of a {moved:e} update, max {max:e}");
+    let uneven = TrainConfig { global_batch_size: Some(12), gradient_accumulation_steps: 4, ..base.clone() };
+    let err = uneven.node_batch(2).expect_err("12 over 2 nodes x 4 passes").to_string();
+    assert!(err.contains("global-batch-size") && err.contains("4 accumulation steps"), "{err}");
 }
 
 /// Every file under `dir`: its path, bytes and modification time.

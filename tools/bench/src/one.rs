@@ -204,7 +204,7 @@ fn step_fn(one: &One, config: &ModelConfig, kernels: Kernels, batch: Batch) -> R
                 config,
                 &layout,
                 params,
-                GraphChoices { dropout: true, kernels, recompute: one.recompute },
+                GraphChoices { dropout: true, kernels, recompute: one.recompute, ..GraphChoices::default() },
                 &options,
                 SyncHooks::default(),
             )?));

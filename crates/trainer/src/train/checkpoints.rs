@@ -148,7 +148,26 @@ impl TrainingRun<'_> {
         let meta = self.checkpoint_meta()?;
         let path = self.plan.checkpoints.join(checkpoint::file_name(self.progress.step));
         checkpoint::save(&path, &meta, self.engine.params()?, m, v)?;
-        checkpoint::prune(&self.plan.checkpoints, self.cfg.keep_checkpoints)
+        checkpoint::prune(&self.plan.checkpoints, self.cfg.keep_checkpoints, self.kept_best())
+    }
+
+    /// The step of the checkpoint kept for its weights: the best evaluation's, where the run
+    /// ends with them (`--load-best-model-at-end`).
+    pub(super) fn kept_best(&self) -> Option<u64> {
+        self.cfg.load_best_model_at_end.then(|| self.selection.best.as_ref().map(|b| b.step)).flatten()
+    }
+
+    /// The weights the output folder gets: the last step's, or with `--load-best-model-at-end`
+    /// the best evaluation's, read back from its checkpoint; and their step.
+    pub(super) fn final_params(&self) -> Result<(std::borrow::Cow<'_, [f32]>, u64), TrainError> {
+        match self.kept_best().filter(|&step| step != self.progress.step) {
+            Some(step) => {
+                let path = self.plan.checkpoints.join(checkpoint::file_name(step));
+                let best = checkpoint::load(&path, &self.plan.layout_hash)?;
+                Ok((std::borrow::Cow::Owned(best.params), step))
+            }
+            None => Ok((std::borrow::Cow::Borrowed(self.engine.params()?), self.progress.step)),
+        }
     }
 
     /// Takes `ckpt`'s parameters, optimizer state and place in the data; returns what else it
@@ -157,6 +176,7 @@ impl TrainingRun<'_> {
         self.engine.params_mut()?.copy_from_slice(&ckpt.params);
         self.adam.restore(AdamWState { step: ckpt.meta.adam_step, m: ckpt.m, v: ckpt.v })?;
         self.progress = ckpt.meta.progress.clone();
+        self.selection = ckpt.meta.selection.clone();
         Ok(ckpt.meta)
     }
 
@@ -171,6 +191,7 @@ impl TrainingRun<'_> {
             world: self.launch_world,
             node_batch: Some(self.plan.batch_size),
             length_groups: self.length_groups(),
+            selection: self.selection.clone(),
         })
     }
 }

@@ -7,11 +7,12 @@ use ringtune_bert::ModelConfig;
 use ringtune_data::{
     steps_per_epoch, Example, LabelSet, PairTokenizer, Problem, ReadOptions, ShardMode, Source, Task, REPORTED_ROWS,
 };
-use ringtune_optim::LinearWarmupDecay;
+use ringtune_optim::LrSchedule;
 use ringtune_runtime::{FlatBuffer, Runtime, SessionOptions};
 
 use crate::checkpoint;
 use crate::engine::{Engine, Evaluator, SyncHooks};
+use crate::hub::HubEnv;
 use crate::model::{GraphChoices, ModelDir};
 use crate::recipe::warmup_steps;
 use crate::{TrainConfig, TrainError};
@@ -44,10 +45,15 @@ pub(super) struct Plan {
     pub(super) output: PathBuf,
     pub(super) checkpoints: PathBuf,
     pub(super) layout_hash: String,
+    /// Examples per node and step (micro-batches times the accumulation steps).
     pub(super) batch_size: usize,
+    /// Examples per forward and backward pass.
+    pub(super) micro_batch: usize,
     pub(super) batches_per_epoch: u64,
     pub(super) total: u64,
-    pub(super) schedule: LinearWarmupDecay,
+    pub(super) schedule: LrSchedule,
+    /// Where TensorBoard's event files go, when reported to.
+    pub(super) tensorboard: Option<PathBuf>,
 }
 
 impl Inputs {
@@ -60,7 +66,9 @@ impl Inputs {
     /// Reads (or loads from the cache) the task's data as `cfg` says, and the model with the
     /// head the task's labels need.
     pub fn read(cfg: &TrainConfig, root: &Path) -> Result<Self, TrainError> {
-        let mut model = ModelDir::open(&resolve(root, &cfg.model))?;
+        let folder =
+            crate::hub::locate(&cfg.model, &resolve(root, &cfg.model), cfg.revision.as_deref(), &HubEnv::from_env())?;
+        let mut model = ModelDir::open(&folder)?;
         model.check_max_len(cfg.max_len)?;
         let tokenizer = PairTokenizer::from_model_dir(&model.dir, cfg.max_len)?;
         let task = cfg.task(root)?;
@@ -146,21 +154,26 @@ fn report_skipped(skipped: &[ringtune_data::BadRow]) {
 
 pub(super) fn plan(cfg: &TrainConfig, root: &Path, inputs: &Inputs, world: usize) -> Result<Plan, TrainError> {
     let output = resolve(root, &cfg.output);
-    let batch_size = cfg.node_batch(world)?;
+    let micro_batch = cfg.node_batch(world)?;
+    let batch_size = micro_batch * cfg.gradient_accumulation_steps.max(1) as usize;
     let batches_per_epoch = steps_per_epoch(inputs.train.len(), world, batch_size, ShardMode::Pad) as u64;
     let mut total = batches_per_epoch * cfg.epochs as u64;
     if cfg.max_steps > 0 {
         total = total.min(cfg.max_steps);
     }
-    let schedule = LinearWarmupDecay { peak: cfg.learning_rate, warmup: warmup_steps(cfg.warmup_ratio, total), total };
+    let warmup = cfg.warmup_steps.unwrap_or_else(|| warmup_steps(cfg.warmup_ratio, total));
+    let schedule = LrSchedule { kind: cfg.lr_scheduler, peak: cfg.learning_rate, warmup, total };
+    let tensorboard = cfg.report_to.contains(&crate::Report::Tensorboard).then(|| output.join("tensorboard"));
     Ok(Plan {
         checkpoints: output.join("checkpoints"),
         output,
         layout_hash: ringtune_files::hex(&inputs.model.layout.hash()),
         batch_size,
+        micro_batch,
         batches_per_epoch,
         total,
         schedule,
+        tensorboard,
     })
 }
 
@@ -192,7 +205,19 @@ pub(super) fn sessions(
     let session =
         SessionOptions { threads: cfg.threads, provider: cfg.provider, spinning, ..SessionOptions::default() };
     let (config, layout) = (&inputs.config, &inputs.model.layout);
-    let choices = GraphChoices { dropout: config.has_dropout(), kernels, recompute: cfg.recompute };
+    if cfg.label_smoothing > 0.0 && config.problem == ringtune_bert::ProblemType::Regression {
+        return Err(TrainError::Setting {
+            flag: "label-smoothing",
+            value: cfg.label_smoothing.to_string(),
+            expected: format!("0 for {}, a regression (smoothing spreads a class label)", inputs.task.name),
+        });
+    }
+    let choices = GraphChoices {
+        dropout: config.has_dropout(),
+        label_smoothing: cfg.label_smoothing,
+        kernels,
+        recompute: cfg.recompute,
+    };
     let engine = Engine::new(runtime, config, layout, params, choices, &session, hooks)?;
     let evaluator = Evaluator::new(runtime, config, layout, kernels, &session)?;
     Ok((engine, evaluator))

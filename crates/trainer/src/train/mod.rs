@@ -4,6 +4,7 @@
 //! (parameter check, checkpoint, evaluation) and [`TrainingRun::finish`] (the trained model);
 //! [`train`] drives them.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -18,6 +19,7 @@ use crate::evaluation::{evaluate_shared, Scoring};
 use crate::metrics::{EvalRecord, MembershipRecord, Record, StepTimes};
 use crate::optimizer::Stepped;
 use crate::recipe::param_groups;
+use crate::selection::{Judge, Metric, Selection, Verdict};
 use crate::sync::{GradSync, OneNode};
 use crate::{TrainConfig, TrainError};
 
@@ -98,6 +100,38 @@ pub fn train_on(
     run.finish()
 }
 
+/// How `cfg` judges evaluations: the metric (the task's own when none is named; one the task
+/// does not score is refused, naming those it does), the patience and the threshold. Early
+/// stopping and keeping the best need an evaluation set.
+fn judge(cfg: &TrainConfig, inputs: &Inputs) -> Result<Judge, TrainError> {
+    let scoring = Scoring::new(&inputs.config, &inputs.task.name);
+    let offered = Metric::of_task(scoring);
+    let metric = cfg.metric_for_best_model.unwrap_or(Metric::main_of(scoring));
+    if !offered.contains(&metric) {
+        let names: Vec<&str> = offered.iter().map(|m| m.name()).collect();
+        return Err(TrainError::Setting {
+            flag: "metric-for-best-model",
+            value: metric.to_string(),
+            expected: format!("one of {}'s metrics: {}", inputs.task.name, names.join(", ")),
+        });
+    }
+    if inputs.evals.is_empty() {
+        let needs = [
+            ("early-stopping-patience", cfg.early_stopping_patience.map(|p| p.to_string())),
+            ("load-best-model-at-end", cfg.load_best_model_at_end.then(|| "true".to_string())),
+            ("eval-steps", (cfg.eval_steps > 0).then(|| cfg.eval_steps.to_string())),
+        ];
+        if let Some((flag, Some(value))) = needs.into_iter().find(|(_, v)| v.is_some()) {
+            return Err(TrainError::Setting {
+                flag,
+                value,
+                expected: "an evaluation set to judge by: the task's dev split, or --validation-file".into(),
+            });
+        }
+    }
+    Ok(Judge { metric, patience: cfg.early_stopping_patience, threshold: cfg.early_stopping_threshold })
+}
+
 /// What a step did.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepDone {
@@ -146,6 +180,13 @@ pub struct TrainingRun<'s> {
     /// The summary of the run this one resumed when that run had already finished: nothing is
     /// trained or written, and [`TrainingRun::finish`] returns it.
     earlier_summary: Option<Summary>,
+    /// How evaluations are judged, and what they decided so far.
+    judge: Judge,
+    selection: Selection,
+    /// The step last evaluated (each step is evaluated once, also when its end runs again).
+    evaluated_at: Option<u64>,
+    /// The gradients of a step's micro-batches summed so far (`--gradient-accumulation-steps`).
+    accumulated: Vec<f32>,
 }
 
 impl<'s> TrainingRun<'s> {
@@ -190,29 +231,19 @@ impl<'s> TrainingRun<'s> {
         if let Some(pieces) = sync.optimizer_pieces() {
             adam = adam.owning(pieces)?;
         }
-        let (engine, evaluator) = sessions(cfg, &inputs, params, rank == 0, sync.hooks())?;
-        if rank == 0 {
-            tracing::info!(
-                steps = plan.total,
-                per_epoch = plan.batches_per_epoch,
-                warmup = plan.schedule.warmup,
-                nodes = world,
-                global_batch = plan.batch_size * launch_world,
-                params = layout.num_params(),
-                "training {}",
-                inputs.model.dir.display()
-            );
-            if world > 1 {
-                let mode = sync.mode();
-                tracing::info!(
-                    wire = mode.wire_name(),
-                    overlap = mode.overlap,
-                    shard_optimizer = mode.shard_optimizer,
-                    powersgd_rank = mode.low_rank,
-                    "gradient sync"
-                );
-            }
+        let judge = judge(cfg, &inputs)?;
+        // Several nodes hand each gradient to the sync as the backward pass makes it, so a
+        // step's passes cannot be summed first: not built yet.
+        if cfg.gradient_accumulation_steps > 1 && sync.hooks().grads.is_some() {
+            return Err(TrainError::Setting {
+                flag: "gradient-accumulation-steps",
+                value: cfg.gradient_accumulation_steps.to_string(),
+                expected: "1 on several nodes (accumulation runs on one node for now): give the nodes a larger \
+                           --batch-size, or train on one node"
+                    .into(),
+            });
         }
+        let (engine, evaluator) = sessions(cfg, &inputs, params, rank == 0, sync.hooks())?;
         let mut log = RunLog::new(rank == 0, &plan, started);
         log.wire = (world > 1).then(|| sync.mode().wire_name());
         let progress = Progress { step: 0, epoch: 0, batch_in_epoch: 0 };
@@ -235,9 +266,41 @@ impl<'s> TrainingRun<'s> {
             membership: Vec::new(),
             recovering_since: None,
             earlier_summary: None,
+            judge,
+            selection: Selection::default(),
+            evaluated_at: None,
+            accumulated: Vec::new(),
         };
+        if rank == 0 {
+            run.announce();
+        }
         run.begin(start)?;
         Ok(run)
+    }
+
+    /// The lead's first lines: what the run trains, and how its nodes sync.
+    fn announce(&self) {
+        let plan = &self.plan;
+        tracing::info!(
+            steps = plan.total,
+            per_epoch = plan.batches_per_epoch,
+            warmup = plan.schedule.warmup,
+            nodes = self.world,
+            global_batch = plan.batch_size * self.launch_world,
+            params = self.inputs.model.layout.num_params(),
+            "training {}",
+            self.inputs.model.dir.display()
+        );
+        if self.world > 1 {
+            let mode = self.sync.mode();
+            tracing::info!(
+                wire = mode.wire_name(),
+                overlap = mode.overlap,
+                shard_optimizer = mode.shard_optimizer,
+                powersgd_rank = mode.low_rank,
+                "gradient sync"
+            );
+        }
     }
 
     /// The epoch to run next, or `None` when the run is done.
@@ -245,7 +308,8 @@ impl<'s> TrainingRun<'s> {
         let p = &self.progress;
         let done = p.epoch >= self.cfg.epochs
             || p.step >= self.plan.total
-            || (self.cfg.stop_after > 0 && p.step >= self.cfg.stop_after);
+            || (self.cfg.stop_after > 0 && p.step >= self.cfg.stop_after)
+            || self.selection.stopped_early_at.is_some();
         (!done).then_some(p.epoch)
     }
 
@@ -275,22 +339,30 @@ impl<'s> TrainingRun<'s> {
         let weight = share.weight(self.world);
         let _step_span = tracing::debug_span!("step", step = self.progress.step).entered();
         let t0 = Instant::now();
-        let batch = {
+        let mut batches = {
             let _span = tracing::debug_span!("data").entered();
-            Batch::new(&self.inputs.train, rows, Padding::Dynamic, self.inputs.config.pad_token_id)
+            let pad = self.inputs.config.pad_token_id;
+            // One batch, unless accumulating (after a lost node a share may be larger than a
+            // node's batch, and is still one pass).
+            let batch = |part: &[usize]| Batch::new(&self.inputs.train, part, Padding::Dynamic, pad);
+            match self.cfg.gradient_accumulation_steps {
+                steps if steps > 1 && rows.len() > self.plan.micro_batch => {
+                    rows.chunks(self.plan.micro_batch.max(1)).map(batch).collect::<Vec<_>>()
+                }
+                _ => vec![batch(rows)],
+            }
         };
         let t1 = Instant::now();
         let overlap = self.sync.mode().overlap;
         if overlap {
-            self.sync.begin(&batch.input_ids, weight)?;
+            self.sync.begin(&batches[0].input_ids, weight)?;
         }
         let out = {
             let _span = tracing::debug_span!("forward_backward").entered();
-            self.engine.set_dropout_seed(dropout_seed(self.cfg.seed, self.rank, self.progress.step));
-            self.engine.step(&batch)
+            self.forward_backward(&batches)
         };
-        let out = match out {
-            Ok(out) => out,
+        let loss = match out {
+            Ok(loss) => loss,
             Err(e) => {
                 self.sync.abandon(&format!("its forward or backward pass failed: {e}"));
                 // A pass that failed waiting for parameters failed for the sync's reason.
@@ -298,13 +370,16 @@ impl<'s> TrainingRun<'s> {
                 return Err(e);
             }
         };
+        let padded_tokens: u64 = batches.iter().map(|b| (b.rows * b.seq) as u64).sum();
         if !overlap {
-            self.sync.begin(&batch.input_ids, weight)?;
+            // The word-embedding rows the step touched: every micro-batch's.
+            let ids: Vec<i64> = batches.iter_mut().flat_map(|b| std::mem::take(&mut b.input_ids)).collect();
+            self.sync.begin(&ids, weight)?;
         }
         let t2 = Instant::now();
         let averaged = {
             let _span = tracing::debug_span!("sync_exposed").entered();
-            self.sync.finish(out.loss)?
+            self.sync.finish(loss)?
         };
         let (loss, synced) = (averaged.loss, (self.world > 1).then_some(averaged));
         let t3 = Instant::now();
@@ -337,7 +412,6 @@ impl<'s> TrainingRun<'s> {
             // Hidden or not: the sync thread's bucket time plus the exposed optimizer exchanges.
             sync_total_s: synced.map(|s| (s.busy + optimizer_sync).as_secs_f64()),
         };
-        let padded_tokens = (batch.rows * batch.seq) as u64;
         self.log.window.add(loss as f64, samples, padded_tokens, synced, times);
         self.log.bar.set_position(step);
         self.log.bar.set_message(format!("epoch {} loss {loss:.4}", epoch + 1));
@@ -347,17 +421,54 @@ impl<'s> TrainingRun<'s> {
         if step >= self.plan.total || step == self.cfg.stop_after {
             return Ok(StepDone { next: Continue::Stop, loss, times });
         }
-        self.between_steps(step, synced.is_some_and(|s| s.joiners_waiting))?;
-        Ok(StepDone { next: Continue::Next, loss, times })
+        let next = self.between_steps(step, epoch, synced.is_some_and(|s| s.joiners_waiting))?;
+        Ok(StepDone { next, loss, times })
+    }
+
+    /// The forward and backward passes of a step's batch, and its mean loss: one batch, or with
+    /// `--gradient-accumulation-steps` its micro-batches in turn, their gradients summed in
+    /// proportion to their rows, the mean over the whole batch's rows as one pass over it gives.
+    fn forward_backward(&mut self, batches: &[Batch]) -> Result<f32, TrainError> {
+        let seed = dropout_seed(self.cfg.seed, self.rank, self.progress.step);
+        if let [batch] = batches {
+            self.engine.set_dropout_seed(seed);
+            return Ok(self.engine.step(batch)?.loss);
+        }
+        let rows: usize = batches.iter().map(|b| b.rows).sum();
+        let mut loss = 0.0;
+        for (k, batch) in batches.iter().enumerate() {
+            // Each micro-batch draws its own dropout masks.
+            self.engine.set_dropout_seed(seed ^ ((k as u64) << 32));
+            let share = batch.rows as f32 / rows as f32;
+            loss += share * self.engine.step(batch)?.loss;
+            let grads = self.engine.grads();
+            if k == 0 {
+                self.accumulated.clear();
+                self.accumulated.extend(grads.iter().map(|g| share * g));
+            } else {
+                self.accumulated.iter_mut().zip(grads).for_each(|(sum, g)| *sum += share * g);
+            }
+        }
+        self.engine.grads_mut().copy_from_slice(&self.accumulated);
+        Ok(loss)
     }
 
     /// After `step`, when another follows: nodes waiting to join are taken in, then the
-    /// parameter check and the checkpoint fall due.
-    fn between_steps(&mut self, step: u64, joiners_waiting: bool) -> Result<(), TrainError> {
+    /// evaluation (`--eval-steps`), the parameter check and the checkpoint fall due; early
+    /// stopping ends the epoch here, and its end checkpoints.
+    fn between_steps(&mut self, step: u64, epoch: u32, joiners_waiting: bool) -> Result<Continue, TrainError> {
         if joiners_waiting && self.elastic() {
             self.admit()?;
         }
-        let checkpoint_now = self.cfg.checkpoint_every > 0 && step.is_multiple_of(self.cfg.checkpoint_every);
+        let evaluate_now = self.cfg.eval_steps > 0 && step.is_multiple_of(self.cfg.eval_steps);
+        let verdict = if evaluate_now { Some(self.evaluate(epoch, None)?) } else { None };
+        if verdict.is_some_and(|v| v.stop) {
+            return Ok(Continue::Stop);
+        }
+        // The best evaluation's weights are kept in a checkpoint of its step.
+        let keep_best = self.cfg.load_best_model_at_end && verdict.is_some_and(|v| v.best);
+        let checkpoint_now =
+            keep_best || (self.cfg.checkpoint_every > 0 && step.is_multiple_of(self.cfg.checkpoint_every));
         let check_now = self.cfg.param_check_every > 0 && step.is_multiple_of(self.cfg.param_check_every);
         if checkpoint_now || check_now {
             self.check_params()?;
@@ -365,7 +476,7 @@ impl<'s> TrainingRun<'s> {
         if checkpoint_now {
             self.save_checkpoint()?;
         }
-        Ok(())
+        Ok(Continue::Next)
     }
 
     /// Clips and steps the optimizer over the averaged gradients; on several nodes the sync
@@ -390,9 +501,10 @@ impl<'s> TrainingRun<'s> {
         self.sync.settle()
     }
 
-    /// The end of an epoch, or of the run when `--max-steps` stops it inside one: the nodes
-    /// compare parameters; the lead checkpoints; every node scores its share of dev and the
-    /// lead logs the scores.
+    /// The end of an epoch, or of the run when `--max-steps` or early stopping stops it inside
+    /// one: the nodes compare parameters; every node scores its share of each evaluation set
+    /// (at each epoch's end, or with `--eval-steps` at the run's last step) and the lead logs
+    /// the scores; then the checkpoint, which holds what the evaluation decided.
     pub fn end_epoch(&mut self, epoch: u32) -> Result<(), TrainError> {
         let trained_examples = self.epoch_examples;
         if self.progress.batch_in_epoch >= self.plan.batches_per_epoch {
@@ -400,22 +512,39 @@ impl<'s> TrainingRun<'s> {
             self.progress.batch_in_epoch = 0;
         }
         self.check_params()?;
+        // With --eval-steps the run's last step is evaluated too (not a --stop-after pause: a
+        // resumed run evaluates where an uninterrupted one does).
+        if self.cfg.eval_steps == 0 || self.progress.step >= self.plan.total {
+            self.evaluate(epoch, trained_examples)?;
+        }
         self.save_checkpoint()?;
+        self.ended_epochs = self.progress.epoch;
+        Ok(())
+    }
+
+    /// Scores every evaluation set at this step (each node its share), the lead logs the
+    /// scores, and the judge says whether they are the best and whether the run stops here.
+    /// A step is evaluated once: when its end runs again (after a lost node) the verdict stands.
+    fn evaluate(&mut self, epoch: u32, trained_examples: Option<u64>) -> Result<Verdict, TrainError> {
+        let step = self.progress.step;
+        if self.evaluated_at == Some(step) {
+            return Ok(Verdict { best: false, stop: self.selection.stopped_early_at == Some(step) });
+        }
         let c = &self.inputs.config;
         let scoring = Scoring::new(c, &self.inputs.task.name);
         let params = self.engine.params()?;
+        let mut evaluations = BTreeMap::new();
         for (split, examples) in &self.inputs.evals {
             let split_at = (examples.as_slice(), self.cfg.eval_batch_size, c.pad_token_id);
             let scores = evaluate_shared(&mut self.evaluator, params, split_at, scoring, &mut *self.sync)?;
+            evaluations.insert(split.clone(), scores);
             if self.rank != 0 {
                 continue;
             }
-            self.log.bar.suspend(|| {
-                tracing::info!(epoch = epoch + 1, step = self.progress.step, "{split} {}", scores.describe())
-            });
+            self.log.bar.suspend(|| tracing::info!(epoch = epoch + 1, step, "{split} {}", scores.describe()));
             if let Some(m) = self.log.metrics.as_mut() {
                 m.write(&Record::Eval(EvalRecord {
-                    step: self.progress.step,
+                    step,
                     epoch: epoch + 1,
                     split: split.clone(),
                     scores,
@@ -425,8 +554,20 @@ impl<'s> TrainingRun<'s> {
             }
             self.log.last_scores.insert(split.clone(), scores);
         }
-        self.ended_epochs = self.progress.epoch;
-        Ok(())
+        self.evaluated_at = Some(step);
+        let verdict = self.judge.judge(&mut self.selection, step, &evaluations);
+        if self.rank == 0 && verdict.stop {
+            let (metric, patience) = (self.judge.metric, self.cfg.early_stopping_patience.unwrap_or_default());
+            let best = self
+                .selection
+                .best
+                .as_ref()
+                .map_or(String::new(), |b| format!(" (best {:.4} at step {})", b.value, b.step));
+            self.log.bar.suspend(|| {
+                tracing::info!(step, "early stopping: {patience} evaluation(s) without a better {metric}{best}")
+            });
+        }
+        Ok(verdict)
     }
 }
 

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::inputs::Plan;
+use crate::metrics::tensorboard::EventsFile;
 use crate::metrics::{MetricsFile, Record, Scores, StepRecord, StepTimes};
 use crate::sync::Averaged;
 use crate::TrainError;
@@ -60,7 +61,7 @@ impl RunLog {
     /// the steps after `resumed_at`, which run again.
     pub(super) fn open_metrics(&mut self, plan: &Plan, resumed_at: Option<u64>) -> Result<(), TrainError> {
         let path = plan.output.join("metrics.jsonl");
-        self.metrics = Some(match resumed_at {
+        let metrics = match resumed_at {
             None => MetricsFile::open(&path)?,
             Some(step) => {
                 let (file, dropped) = MetricsFile::resume(&path, step)?;
@@ -72,6 +73,10 @@ impl RunLog {
                 }
                 file
             }
+        };
+        self.metrics = Some(match &plan.tensorboard {
+            Some(dir) => metrics.reporting_to(EventsFile::create(dir, resumed_at)?),
+            None => metrics,
         });
         Ok(())
     }

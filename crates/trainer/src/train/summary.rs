@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use ringtune_optim::ScheduleKind;
 use ringtune_runtime::SessionOptions;
 use serde::{Deserialize, Serialize};
 
@@ -12,6 +13,7 @@ use super::TrainingRun;
 use crate::evaluation::{evaluate, Scoring};
 use crate::metrics::{MembershipRecord, Scores};
 use crate::quantize::{open_int8, Quantization, QuantizeOptions, Quantized, TrainedModel};
+use crate::selection::Best;
 use crate::TrainError;
 
 /// How a run ended (its `summary.json`).
@@ -38,6 +40,17 @@ pub struct Summary {
     /// Every change of the nodes training (nodes lost, the rest going on), in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub membership: Vec<MembershipRecord>,
+    /// The best evaluation by `--metric-for-best-model` (its step, value and scores).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best: Option<Best>,
+    /// The step whose weights the output folder holds: the last, or the best evaluation's with
+    /// `--load-best-model-at-end`.
+    #[serde(default)]
+    pub model_step: u64,
+    /// The step at which early stopping ended the run, having seen `--early-stopping-patience`
+    /// evaluations in a row without improvement.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_early_at: Option<u64>,
 }
 
 /// How a run trained: the nodes, the global batch and what the multi-node recipe
@@ -50,6 +63,12 @@ pub struct TrainingShape {
     pub global_batch: usize,
     /// Peak learning rate.
     pub learning_rate: f64,
+    /// The learning rate's shape (`--lr-scheduler`).
+    #[serde(default)]
+    pub lr_scheduler: ScheduleKind,
+    /// Warmup steps.
+    #[serde(default)]
+    pub warmup_steps: u64,
     /// Batches grouped by length.
     pub group_by_length: bool,
     /// Gradients sent as PowerSGD factors of this rank (`None`: whole).
@@ -64,6 +83,9 @@ impl TrainingShape {
             format!("batch {}", self.global_batch),
             format!("lr {:e}", self.learning_rate),
         ];
+        if self.lr_scheduler != ScheduleKind::Linear {
+            parts.push(format!("{} schedule", self.lr_scheduler));
+        }
         if self.group_by_length {
             parts.push("grouped by length".into());
         }
@@ -95,8 +117,14 @@ impl TrainingRun<'_> {
         let train_s = self.log.train_started.elapsed().as_secs_f64();
         let output = &self.plan.output;
         let mut int8 = None;
+        let mut model_step = self.progress.step;
         if self.rank == 0 {
-            write_outputs(output, &self.inputs, self.engine.layout(), self.engine.params()?, &self.shape())?;
+            let (params, step) = self.final_params()?;
+            model_step = step;
+            if step != self.progress.step {
+                tracing::info!(step, "the output folder gets the best evaluation's weights (--load-best-model-at-end)");
+            }
+            write_outputs(output, &self.inputs, self.engine.layout(), &params, &self.shape())?;
             if self.cfg.quantize == Some(Quantization::Int8) {
                 int8 = Some(self.int8_model()?);
             }
@@ -111,6 +139,9 @@ impl TrainingRun<'_> {
             int8,
             training: self.shape(),
             membership: self.membership.clone(),
+            best: self.selection.best.clone(),
+            model_step,
+            stopped_early_at: self.selection.stopped_early_at,
         };
         if self.rank == 0 {
             let json = serde_json::to_string_pretty(&summary)?;
@@ -152,6 +183,8 @@ impl TrainingRun<'_> {
             nodes: self.launch_world,
             global_batch: self.plan.batch_size * self.launch_world,
             learning_rate: self.cfg.learning_rate,
+            lr_scheduler: self.plan.schedule.kind,
+            warmup_steps: self.plan.schedule.warmup,
             group_by_length: self.cfg.group_by_length,
             powersgd_rank: self.sync.mode().low_rank,
         }

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use ringtune_trainer::metrics::{read_records, Record, StepRecord};
 use ringtune_trainer::TrainConfig;
@@ -88,7 +89,7 @@ pub(crate) fn padded_tokens(output: &Path) -> Vec<f64> {
     step_field(output, |s| s.padded_tokens)
 }
 
-fn step_field(output: &Path, field: fn(&StepRecord) -> f64) -> Vec<f64> {
+pub(crate) fn step_field(output: &Path, field: fn(&StepRecord) -> f64) -> Vec<f64> {
     let records = read_records(&output.join("metrics.jsonl")).expect("metrics");
     records
         .iter()
@@ -97,4 +98,18 @@ fn step_field(output: &Path, field: fn(&StepRecord) -> f64) -> Vec<f64> {
             _ => None,
         })
         .collect()
+}
+
+/// The Python of the tests' Python side (ONNX Runtime, TensorBoard's event reader), with the
+/// packages `just setup-python-check` installed (`just test` runs it first).
+pub(crate) fn python_check() -> Command {
+    let site = root().join(".cache/python-check");
+    assert!(site.join("onnxruntime").is_dir(), "{} is missing: run `just setup-python-check`", site.display());
+    let python = std::env::var("RINGTUNE_PYTHON").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| "python3".into());
+    let version = Command::new(&python).args(["-c", "import sys; print(sys.version_info[:2])"]).output();
+    let version = version.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
+    assert_eq!(version, "(3, 11)", "{python}: the pinned wheels are for Python 3.11; set RINGTUNE_PYTHON to one");
+    let mut command = Command::new(python);
+    command.env("PYTHONPATH", site);
+    command
 }

@@ -67,9 +67,13 @@ pub(crate) struct TrainArgs {
     /// no data (`just train` fetches MRPC only when this prints `mrpc`).
     #[arg(long)]
     pub(crate) print_task: bool,
-    /// Model folder (config.json, model.safetensors, tokenizer).
+    /// Model folder (config.json, model.safetensors, tokenizer), or a Hugging Face name
+    /// (org/name) in the Hugging Face cache (HF_HUB_CACHE, HF_HOME).
     #[arg(long)]
     model: Option<PathBuf>,
+    /// The revision of a model given by name: a branch, a tag or a commit (default: main).
+    #[arg(long)]
+    revision: Option<String>,
     /// GLUE task: cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli (default: mrpc).
     #[arg(long)]
     task: Option<String>,
@@ -125,6 +129,37 @@ pub(crate) struct TrainArgs {
     /// Share of steps for linear warmup.
     #[arg(long, allow_negative_numbers = true)]
     warmup_ratio: Option<f64>,
+    /// Where the metrics also go: tensorboard (event files in the output folder's tensorboard/).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    report_to: Option<Vec<ringtune_trainer::Report>>,
+    /// Forward and backward passes per optimizer step (a step's batch is --batch-size times this).
+    #[arg(long)]
+    gradient_accumulation_steps: Option<u32>,
+    /// Steps between evaluations (default: at each epoch's end; the last step is evaluated too).
+    #[arg(long)]
+    eval_steps: Option<u64>,
+    /// The metric that picks the best evaluation (default: the task's main one).
+    #[arg(long, value_enum)]
+    metric_for_best_model: Option<ringtune_trainer::selection::Metric>,
+    /// End with the best evaluation's weights in the output folder.
+    #[arg(long)]
+    load_best_model_at_end: bool,
+    /// Stop after this many evaluations without improvement.
+    #[arg(long)]
+    early_stopping_patience: Option<u32>,
+    /// The improvement on the best that resets the patience.
+    #[arg(long)]
+    early_stopping_threshold: Option<f64>,
+    /// Label smoothing of a classification loss (0: none), as the Trainer's label_smoothing_factor.
+    #[arg(long, allow_negative_numbers = true)]
+    label_smoothing: Option<f64>,
+    /// Steps of linear warmup (overrides --warmup-ratio).
+    #[arg(long)]
+    warmup_steps: Option<u64>,
+    /// The learning rate's shape, as transformers names it: linear, cosine, cosine_with_restarts,
+    /// polynomial, constant, constant_with_warmup.
+    #[arg(long)]
+    lr_scheduler: Option<ringtune_optim::ScheduleKind>,
     /// Weight decay (not on biases and LayerNorm weights).
     #[arg(long, allow_negative_numbers = true)]
     weight_decay: Option<f64>,
@@ -371,6 +406,12 @@ pub(crate) fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
             batch_size,
             learning_rate,
             warmup_ratio,
+            lr_scheduler,
+            label_smoothing,
+            report_to,
+            eval_steps,
+            early_stopping_threshold,
+            gradient_accumulation_steps,
             weight_decay,
             max_len,
             seed,
@@ -402,9 +443,13 @@ pub(crate) fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
             num_labels,
             dropout,
             global_batch_size,
-            quantize
+            quantize,
+            revision,
+            warmup_steps,
+            metric_for_best_model,
+            early_stopping_patience
         ],
-        flags: [skip_bad]
+        flags: [skip_bad, load_best_model_at_end]
     );
     c.validate()?;
     Ok(c)
