@@ -84,7 +84,7 @@ pub fn read_batch(path: &Path) -> ringtune_data::Batch {
 
 /// A batch whose tensors are named `{prefix}input_ids`, ... (the optimizer trace's layout).
 pub fn read_batch_prefixed(path: &Path, prefix: &str) -> ringtune_data::Batch {
-    let tensors = ringtune_bert::read_tensor_file(path).expect("batch file");
+    let tensors = ringtune_encoders::read_tensor_file(path).expect("batch file");
     let ints = |name: &str| tensors[&format!("{prefix}{name}")].i64s().expect("int64").to_vec();
     let shape = tensors[&format!("{prefix}input_ids")].shape().to_vec();
     let ids = ints("input_ids");

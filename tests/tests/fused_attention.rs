@@ -3,7 +3,7 @@
 //! the MLAS graph (the plain chains) draw the same dropout masks from the same seed, so loss and
 //! every gradient agree to rounding, and the fused step holds fewer tensors at its peak.
 
-use ringtune_bert::{load_params, ModelConfig};
+use ringtune_encoders::{load_params, ModelConfig};
 use ringtune_ops::{Kernels, Precision};
 use ringtune_runtime::{Arena, FlatBuffer, SessionOptions};
 use ringtune_tests::{assert_grad_close, fixtures, minilm_dir, read_batch, runtime};
@@ -14,7 +14,7 @@ use ringtune_trainer::model::GraphChoices;
 fn step(kernels: Kernels) -> (f32, Vec<f32>, u64, Vec<String>) {
     let model = minilm_dir();
     let config = ModelConfig::from_dir(&model).expect("config").with_dropout(0.1);
-    let layout = ringtune_bert::layout(&config);
+    let layout = ringtune_encoders::layout(&config);
     let mut params = FlatBuffer::zeros(layout.total_len());
     load_params(&[model.join("model.safetensors")], &config, &layout, 0, &mut params).expect("weights");
     let options = SessionOptions { threads: 2, arena: Arena::Session, ..SessionOptions::default() };
@@ -33,7 +33,7 @@ fn fused_attention_matches_the_plain_graph_with_dropout_and_holds_less() {
     let (loss, grads, plain_peak, names) = step(Kernels::Mlas);
     let (fused_loss, fused_grads, fused_peak, _) = step(Kernels::OneDnn(Precision::F32));
     assert!((loss - fused_loss).abs() < 1e-4, "loss {loss} plain, {fused_loss} fused");
-    let layout = ringtune_bert::layout(&ModelConfig::from_dir(&minilm_dir()).expect("config"));
+    let layout = ringtune_encoders::layout(&ModelConfig::from_dir(&minilm_dir()).expect("config"));
     for (entry, name) in layout.entries().iter().zip(&names) {
         let range = entry.range();
         assert_grad_close(name, &fused_grads[range.clone()], &grads[range], 1e-3);

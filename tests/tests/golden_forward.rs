@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use ringtune_bert::{
+use ringtune_encoders::{
     forward_graph, layout, load_params, read_tensor_file, GraphOptions, HostTensor, ModelConfig, Padding, Params,
 };
 use ringtune_runtime::{Session, SessionOptions, TensorView};
@@ -90,14 +90,14 @@ fn check(case: Case) {
         .map(|(e, s)| (e.name.as_str(), TensorView::f32(s, &params[e.range()])))
         .collect();
     let batch_inputs: Vec<&str> = if case.config.family.has_token_types() {
-        vec![ringtune_bert::INPUT_IDS, ringtune_bert::TOKEN_TYPE_IDS, ringtune_bert::ATTENTION_MASK]
+        vec![ringtune_encoders::INPUT_IDS, ringtune_encoders::TOKEN_TYPE_IDS, ringtune_encoders::ATTENTION_MASK]
     } else {
-        vec![ringtune_bert::INPUT_IDS, ringtune_bert::ATTENTION_MASK]
+        vec![ringtune_encoders::INPUT_IDS, ringtune_encoders::ATTENTION_MASK]
     };
-    for name in batch_inputs.iter().chain([&ringtune_bert::LABELS]) {
+    for name in batch_inputs.iter().chain([&ringtune_encoders::LABELS]) {
         inputs.push((name, view(&case.batch, name)));
     }
-    let out = session.run(&inputs, &[ringtune_bert::LOGITS, ringtune_bert::LOSS]).expect("run");
+    let out = session.run(&inputs, &[ringtune_encoders::LOGITS, ringtune_encoders::LOSS]).expect("run");
     let logits = out[0].as_f32().expect("logits");
     let want_logits = case.outputs["logits"].f32s().expect("f32");
     assert!(max_abs_diff(logits, want_logits) < 1e-4, "logits {logits:?} vs {want_logits:?}");
@@ -106,22 +106,22 @@ fn check(case: Case) {
     assert!((loss[0] - want_loss[0]).abs() < 1e-4, "loss {loss:?} vs {want_loss:?}");
 
     // The exported, self-contained inference model gives the same logits.
-    let exported = ringtune_bert::export_inference(&case.config, &layout, &params).expect("export");
+    let exported = ringtune_encoders::export_inference(&case.config, &layout, &params).expect("export");
     let mut inference = Session::from_bytes(runtime(), &exported, &SessionOptions::default()).expect("session");
     assert_eq!(inference.input_names(), batch_inputs.as_slice());
     let feeds: Vec<(&str, TensorView<'_>)> = batch_inputs.iter().map(|name| (*name, view(&case.batch, name))).collect();
-    let exported_logits = inference.run(&feeds, &[ringtune_bert::LOGITS]).expect("run");
+    let exported_logits = inference.run(&feeds, &[ringtune_encoders::LOGITS]).expect("run");
     assert!(max_abs_diff(exported_logits[0].as_f32().expect("f32"), want_logits) < 1e-4);
 
     // So does the inference graph that skips the padding, on a batch that has some.
-    let mask = case.batch[ringtune_bert::ATTENTION_MASK].i64s().expect("mask");
+    let mask = case.batch[ringtune_encoders::ATTENTION_MASK].i64s().expect("mask");
     assert!(mask.contains(&0) && mask.contains(&1), "the batch pads some rows: {mask:?}");
     let options = GraphOptions::inference(&params, Padding::Skipped);
     let mut skipping = forward_graph(&case.config, &layout, &options).expect("graph").graph;
     skipping.prune();
     let model = skipping.to_bytes().expect("bytes");
     let mut session = Session::from_bytes(runtime(), &model, &SessionOptions::default()).expect("session");
-    let skipped_logits = session.run(&feeds, &[ringtune_bert::LOGITS]).expect("run");
+    let skipped_logits = session.run(&feeds, &[ringtune_encoders::LOGITS]).expect("run");
     let skipped_logits = skipped_logits[0].as_f32().expect("f32");
     assert!(max_abs_diff(skipped_logits, want_logits) < 1e-4, "{skipped_logits:?} vs {want_logits:?}");
 }

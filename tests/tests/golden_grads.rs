@@ -3,7 +3,7 @@
 //! parameters, `minilm-mrpc` and `mpnet-mrpc` the stored ones), and the word embedding rows of ids outside the batch exactly
 //! zero; the same with the matrix products on oneDNN in fp32 (1e-3), and in bf16 (5e-2).
 
-use ringtune_bert::{load_params, read_tensor_file, ModelConfig};
+use ringtune_encoders::{load_params, read_tensor_file, ModelConfig};
 use ringtune_ops::{Kernels, Precision};
 use ringtune_runtime::{FlatBuffer, SessionOptions};
 use ringtune_tests::{assert_grad_close, fixtures, max_abs_diff, minilm_dir, mpnet_dir, read_batch, rel_l2, runtime};
@@ -24,7 +24,7 @@ fn engine(config: &ModelConfig, weights: &[std::path::PathBuf], kernels: Kernels
 }
 
 fn engine_with(config: &ModelConfig, weights: &[std::path::PathBuf], choices: GraphChoices) -> Engine {
-    let layout = ringtune_bert::layout(config);
+    let layout = ringtune_encoders::layout(config);
     let mut params = FlatBuffer::zeros(layout.total_len());
     let report = load_params(weights, config, &layout, 0, &mut params).expect("weights");
     assert!(report.initialized.is_empty(), "{report:?}");
@@ -55,9 +55,9 @@ fn three_label_and_regression_head_gradients_match_pytorch() {
     for case in ["tiny-bert-3label", "tiny-bert-regression", "tiny-bert-3label-smoothed"] {
         let config = ModelConfig::from_dir(&heads.join(case)).expect("config");
         let expected = if case.ends_with("regression") {
-            (1, ringtune_bert::ProblemType::Regression)
+            (1, ringtune_encoders::ProblemType::Regression)
         } else {
-            (3, ringtune_bert::ProblemType::SingleLabel)
+            (3, ringtune_encoders::ProblemType::SingleLabel)
         };
         assert_eq!((config.num_labels, config.problem), expected, "{case}");
         for (kernels, tol, out_tol) in kernel_cases("three_label_and_regression_head_gradients_match_pytorch") {
@@ -75,15 +75,15 @@ fn three_label_and_regression_head_gradients_match_pytorch() {
 fn every_family_matches_pytorch() {
     let families = ringtune_tests::root().join("tests/fixtures/families");
     let cases = [
-        ("tiny-roberta", ringtune_bert::Family::Roberta),
-        ("tiny-xlm-roberta", ringtune_bert::Family::XlmRoberta),
-        ("tiny-distilbert", ringtune_bert::Family::DistilBert),
-        ("tiny-electra", ringtune_bert::Family::Electra),
-        ("tiny-camembert", ringtune_bert::Family::Camembert),
-        ("tiny-modernbert", ringtune_bert::Family::ModernBert),
-        ("tiny-modernbert-mean", ringtune_bert::Family::ModernBert),
-        ("tiny-deberta-v3", ringtune_bert::Family::DebertaV2),
-        ("tiny-deberta-v2-c2p", ringtune_bert::Family::DebertaV2),
+        ("tiny-roberta", ringtune_encoders::Family::Roberta),
+        ("tiny-xlm-roberta", ringtune_encoders::Family::XlmRoberta),
+        ("tiny-distilbert", ringtune_encoders::Family::DistilBert),
+        ("tiny-electra", ringtune_encoders::Family::Electra),
+        ("tiny-camembert", ringtune_encoders::Family::Camembert),
+        ("tiny-modernbert", ringtune_encoders::Family::ModernBert),
+        ("tiny-modernbert-mean", ringtune_encoders::Family::ModernBert),
+        ("tiny-deberta-v3", ringtune_encoders::Family::DebertaV2),
+        ("tiny-deberta-v2-c2p", ringtune_encoders::Family::DebertaV2),
     ];
     for (case, family) in cases {
         let dir = families.join(case);

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use ringtune_bert::{export_inference_int8, init_all, layout, FeedForwardInput, ModelConfig, Padding, WeightRange};
+use ringtune_encoders::{export_inference_int8, init_all, layout, FeedForwardInput, ModelConfig, Padding, WeightRange};
 use ringtune_runtime::{Session, SessionOptions, TensorView};
 use ringtune_tests::{max_abs_diff, runtime};
 
@@ -30,11 +30,11 @@ fn logits(model: &[u8], seq: usize) -> Vec<f32> {
     let [ids, types, mask] = batch(seq);
     let shape = [3, seq as i64];
     let feeds = [
-        (ringtune_bert::INPUT_IDS, TensorView::i64(&shape, &ids)),
-        (ringtune_bert::TOKEN_TYPE_IDS, TensorView::i64(&shape, &types)),
-        (ringtune_bert::ATTENTION_MASK, TensorView::i64(&shape, &mask)),
+        (ringtune_encoders::INPUT_IDS, TensorView::i64(&shape, &ids)),
+        (ringtune_encoders::TOKEN_TYPE_IDS, TensorView::i64(&shape, &types)),
+        (ringtune_encoders::ATTENTION_MASK, TensorView::i64(&shape, &mask)),
     ];
-    let out = session.run(&feeds, &[ringtune_bert::LOGITS]).expect("run");
+    let out = session.run(&feeds, &[ringtune_encoders::LOGITS]).expect("run");
     out[0].as_f32().expect("logits").to_vec()
 }
 

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use ringtune_bert::{quantize_linear_layers, FeedForwardInput, WeightRange};
+use ringtune_encoders::{quantize_linear_layers, FeedForwardInput, WeightRange};
 use ringtune_onnx_ir::{DType, Dim, Graph, Tensor};
 use ringtune_runtime::{Session, SessionOptions, TensorView};
 use ringtune_tests::runtime;

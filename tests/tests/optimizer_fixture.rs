@@ -1,7 +1,7 @@
 //! Three AdamW steps (Hugging Face's grouping, clipping to 1.0) against PyTorch: the losses
 //! before each step and every parameter after them within 1e-4.
 
-use ringtune_bert::{load_params, read_tensor_file, ModelConfig};
+use ringtune_encoders::{load_params, read_tensor_file, ModelConfig};
 use ringtune_runtime::{FlatBuffer, SessionOptions};
 use ringtune_tests::{fixtures, max_abs_diff, read_batch_prefixed, runtime};
 use ringtune_trainer::engine::{Engine, SyncHooks};
@@ -12,7 +12,7 @@ use ringtune_trainer::replay::{replay, Trace};
 fn adamw_steps_match_pytorch() {
     let dir = fixtures().join("tiny-bert");
     let config = ModelConfig::from_dir(&dir).expect("config");
-    let layout = ringtune_bert::layout(&config);
+    let layout = ringtune_encoders::layout(&config);
     let mut params = FlatBuffer::zeros(layout.total_len());
     load_params(&[dir.join("model.safetensors")], &config, &layout, 0, &mut params).expect("weights");
     let mut engine = Engine::new(

@@ -9,8 +9,8 @@
 
 use std::sync::{Arc, Mutex};
 
-use ringtune_bert::{load_params, ModelConfig};
 use ringtune_collective::Wire;
+use ringtune_encoders::{load_params, ModelConfig};
 use ringtune_ops::grad_ready::GradSink;
 use ringtune_ops::param_ready::ParamSource;
 use ringtune_runtime::{FlatBuffer, SessionOptions};
@@ -71,7 +71,7 @@ fn profiled_step(hooks: SyncHooks) -> Vec<Ran> {
     let dir = tempfile::tempdir().expect("dir");
     let model = minilm_dir();
     let config = ModelConfig::from_dir(&model).expect("config").with_dropout(0.0);
-    let layout = ringtune_bert::layout(&config);
+    let layout = ringtune_encoders::layout(&config);
     let mut params = FlatBuffer::zeros(layout.total_len());
     let weights = [model.join("model.safetensors"), fixtures().join("minilm-mrpc/classifier.safetensors")];
     load_params(&weights, &config, &layout, 0, &mut params).expect("weights");
@@ -91,7 +91,7 @@ fn profiled_step(hooks: SyncHooks) -> Vec<Ran> {
 #[test]
 fn every_gradient_is_handed_over_as_the_backward_pass_produces_it() {
     let model = minilm_dir();
-    let layout = ringtune_bert::layout(&ModelConfig::from_dir(&model).expect("config"));
+    let layout = ringtune_encoders::layout(&ModelConfig::from_dir(&model).expect("config"));
     let arrivals = Arc::new(Arrivals::default());
     let sink: Arc<dyn GradSink> = arrivals.clone();
     let step = profiled_step(SyncHooks { grads: Some(sink), params: None });
@@ -128,7 +128,7 @@ fn every_gradient_is_handed_over_as_the_backward_pass_produces_it() {
 #[test]
 fn every_parameter_waits_just_before_the_forward_pass_first_reads_it() {
     let model = minilm_dir();
-    let layout = ringtune_bert::layout(&ModelConfig::from_dir(&model).expect("config"));
+    let layout = ringtune_encoders::layout(&ModelConfig::from_dir(&model).expect("config"));
     let waits = Arc::new(Waits::default());
     let source: Arc<dyn ParamSource> = waits.clone();
     let sink: Arc<dyn GradSink> = Arc::new(Arrivals::default());
@@ -188,7 +188,7 @@ fn each_layer_is_done_before_most_of_the_layer_below_runs() {
     // A layer's backward nodes: when the last one ends, and when the median one starts (a few,
     // which read only forward values, run during the forward pass).
     let backward = |layer: usize| {
-        let scope = format!("grad/{}/", ringtune_bert::layer_scope(layer));
+        let scope = format!("grad/{}/", ringtune_encoders::layer_scope(layer));
         let mut starts: Vec<u64> = step.iter().filter(|r| r.node.starts_with(&scope)).map(|r| r.start).collect();
         starts.sort_unstable();
         let done = step.iter().filter(|r| r.node.starts_with(&scope)).map(|r| r.end).max();

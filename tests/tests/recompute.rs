@@ -2,7 +2,7 @@
 //! each level holds fewer tensors at the peak of a step (ONNX Runtime's own arena counters,
 //! one arena per session so tests running beside it do not count).
 
-use ringtune_bert::{load_params, ModelConfig};
+use ringtune_encoders::{load_params, ModelConfig};
 use ringtune_ops::{Kernels, Precision, Recompute};
 use ringtune_runtime::{Arena, FlatBuffer, SessionOptions};
 use ringtune_tests::{fixtures, minilm_dir, read_batch, runtime};
@@ -13,7 +13,7 @@ use ringtune_trainer::model::GraphChoices;
 fn step(recompute: Recompute, kernels: Kernels) -> (f32, Vec<f32>, u64) {
     let model = minilm_dir();
     let config = ModelConfig::from_dir(&model).expect("config").with_dropout(0.1);
-    let layout = ringtune_bert::layout(&config);
+    let layout = ringtune_encoders::layout(&config);
     let mut params = FlatBuffer::zeros(layout.total_len());
     load_params(&[model.join("model.safetensors")], &config, &layout, 0, &mut params).expect("weights");
     let options = SessionOptions { threads: 2, arena: Arena::Session, ..SessionOptions::default() };

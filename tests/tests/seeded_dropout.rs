@@ -3,7 +3,7 @@
 //! of the parameters whose gradient the backward graph (masks redrawn, not stored) must match
 //! by finite differences.
 
-use ringtune_bert::{load_params, ModelConfig};
+use ringtune_encoders::{load_params, ModelConfig};
 use ringtune_runtime::{FlatBuffer, SessionOptions};
 use ringtune_tests::{fixtures, read_batch, runtime};
 use ringtune_trainer::engine::{Engine, SyncHooks};
@@ -12,7 +12,7 @@ use ringtune_trainer::model::GraphChoices;
 fn engine() -> (Engine, ringtune_data::Batch) {
     let dir = fixtures().join("tiny-bert");
     let config = ModelConfig::from_dir(&dir).expect("config").with_dropout(0.3);
-    let layout = ringtune_bert::layout(&config);
+    let layout = ringtune_encoders::layout(&config);
     let mut params = FlatBuffer::zeros(layout.total_len());
     load_params(&[dir.join("model.safetensors")], &config, &layout, 0, &mut params).expect("weights");
     let options = SessionOptions { threads: 2, ..SessionOptions::default() };

@@ -6,7 +6,7 @@
 //! under `rules/` and found through a registry. Rules emit standard ONNX operators only, so the
 //! forward and backward graph run as one ONNX Runtime session on any CPU build.
 //!
-//! Does not own: building forward graphs (`bert`) or running them (`runtime`).
+//! Does not own: building forward graphs (`encoders`) or running them (`runtime`).
 //!
 //! ```
 //! use ringtune_onnx_ir::{shape, DType, Graph};

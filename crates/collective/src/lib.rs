@@ -8,7 +8,7 @@
 //! [`Collective`] (the ring's operations in one order, their ids allocated in one place), and
 //! an in-memory transport for tests.
 //!
-//! Does not own: networking (`quic`), or what the buffer holds (`bert`'s layout, hashed into the
+//! Does not own: networking (`quic`), or what the buffer holds (`encoders`'s layout, hashed into the
 //! handshake by the caller).
 //!
 //! ```

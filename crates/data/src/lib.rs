@@ -9,7 +9,7 @@
 //! the `tokenizers` crate, padded `i64` batches, the seeded per-epoch order and
 //! `DistributedSampler`-style shards, the tokenized cache, and where MRPC lives.
 //!
-//! Does not own: the model (`bert`), the training loop or the metrics (`trainer`). Everything
+//! Does not own: the model (`encoders`), the training loop or the metrics (`trainer`). Everything
 //! here is pure but for file reads and writes.
 //!
 //! ```

@@ -5,7 +5,7 @@
 //! registry from op type to rule), constants and initialisers, validation, a readable text dump,
 //! and serialisation to an ONNX `ModelProto` (IR version [`IR_VERSION`], opset [`OPSET`]).
 //!
-//! Does not own: what the graphs compute (`bert`), gradients (`autodiff`) or running them
+//! Does not own: what the graphs compute (`encoders`), gradients (`autodiff`) or running them
 //! (`runtime`).
 //!
 //! ```

@@ -16,7 +16,7 @@
 //! recompute pass ([`recompute`]); the kernel settings (`mlas` or `onednn`, `fp32`,
 //! `bf16` or `auto`) and what to recompute (`none`, `cheap` or `layer`).
 //!
-//! Does not own: which graphs exist (`ringtune-bert`), differentiation itself
+//! Does not own: which graphs exist (`ringtune-encoders`), differentiation itself
 //! (`ringtune-autodiff`), sessions (`ringtune-runtime`) or oneDNN's C API (`ringtune-onednn`).
 //!
 //! A training graph goes: forward graph, [`seed_dropouts`], [`fuse`], differentiation with

@@ -7,7 +7,7 @@
 //! polynomial, constant, constant with warmup) at its default settings. The elementwise work runs on
 //! several threads in contiguous parts; results do not depend on the thread count.
 //!
-//! Does not own: the parameter layout (`bert`) or where gradients come from.
+//! Does not own: the parameter layout (`encoders`) or where gradients come from.
 //!
 //! ```
 //! use ringtune_optim::{AdamW, AdamWConfig, Group};

@@ -9,9 +9,9 @@
 //! decide which kernels are fast, and the [`Kernel`] trait that custom operators plug into
 //! (including operators that pass their input through in its own buffer).
 //!
-//! Does not own: building graphs (`ringtune-onnx-ir`, `ringtune-bert`, `ringtune-autodiff`),
+//! Does not own: building graphs (`ringtune-onnx-ir`, `ringtune-encoders`, `ringtune-autodiff`),
 //! our custom operators themselves (`ringtune-ops`), or deciding what the buffers hold (the
-//! parameter layout lives in `ringtune-bert`).
+//! parameter layout lives in `ringtune-encoders`).
 //!
 //! ```
 //! use ringtune_runtime::{FlatBuffer, SessionOptions, Provider};

@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use ringtune_bert::{ModelConfig, ParamLayout, ProblemType};
 use ringtune_data::Batch;
+use ringtune_encoders::{ModelConfig, ParamLayout, ProblemType};
 use ringtune_ops::grad_ready::{GradReady, GradSink};
 use ringtune_ops::param_ready::{ParamReady, ParamSource};
 use ringtune_ops::{Kernels, SEED_INPUT};
@@ -61,19 +61,19 @@ fn batch_feeds<'a>(
     problem: ProblemType,
 ) -> Vec<(&'static str, TensorView<'a>)> {
     let mut feeds = vec![
-        (ringtune_bert::INPUT_IDS, TensorView::i64(dims, &batch.input_ids)),
-        (ringtune_bert::ATTENTION_MASK, TensorView::i64(dims, &batch.attention_mask)),
+        (ringtune_encoders::INPUT_IDS, TensorView::i64(dims, &batch.input_ids)),
+        (ringtune_encoders::ATTENTION_MASK, TensorView::i64(dims, &batch.attention_mask)),
     ];
     let has = |name: &str| session.input_names().iter().any(|i| i == name);
-    if has(ringtune_bert::TOKEN_TYPE_IDS) {
-        feeds.push((ringtune_bert::TOKEN_TYPE_IDS, TensorView::i64(dims, &batch.token_type_ids)));
+    if has(ringtune_encoders::TOKEN_TYPE_IDS) {
+        feeds.push((ringtune_encoders::TOKEN_TYPE_IDS, TensorView::i64(dims, &batch.token_type_ids)));
     }
-    if has(ringtune_bert::LABELS) {
+    if has(ringtune_encoders::LABELS) {
         let view = match problem {
             ProblemType::SingleLabel => TensorView::i64(labels, &batch.labels),
             ProblemType::Regression => TensorView::f32(labels, &batch.scores),
         };
-        feeds.push((ringtune_bert::LABELS, view));
+        feeds.push((ringtune_encoders::LABELS, view));
     }
     feeds
 }
@@ -124,7 +124,7 @@ impl Engine {
         } else {
             (FlatBuffer::zeros(layout.total_len()), bound_tensors(layout, grad_name))
         };
-        let mut fetch = vec![ringtune_bert::LOSS, ringtune_bert::LOGITS];
+        let mut fetch = vec![ringtune_encoders::LOSS, ringtune_encoders::LOGITS];
         fetch.extend(tokens.iter().map(String::as_str));
         let binding =
             FlatBinding::new(&session, params, &bound_tensors(layout, str::to_string), grads, &bound, &fetch)?;
@@ -242,7 +242,7 @@ impl Evaluator {
             }
             None => {}
         }
-        let out = self.session.run(&feeds, &[ringtune_bert::LOGITS])?;
+        let out = self.session.run(&feeds, &[ringtune_encoders::LOGITS])?;
         out[0].as_f32().map(<[f32]>::to_vec).ok_or(TrainError::MissingOutput("logits"))
     }
 

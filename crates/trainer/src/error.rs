@@ -5,7 +5,7 @@
 pub enum TrainError {
     /// The model files.
     #[error(transparent)]
-    Model(#[from] ringtune_bert::ModelError),
+    Model(#[from] ringtune_encoders::ModelError),
     /// The data.
     #[error(transparent)]
     Data(#[from] ringtune_data::DataError),

@@ -6,8 +6,8 @@ use std::path::Path;
 
 use bytes::Bytes;
 
-use ringtune_bert::{ModelConfig, ProblemType};
 use ringtune_data::{Example, FileLayout, GlueTask, LabelSet, Padding, Quoting, TextRows};
+use ringtune_encoders::{ModelConfig, ProblemType};
 use serde::{Deserialize, Serialize};
 
 use crate::engine::Evaluator;

@@ -7,7 +7,7 @@
 //! sharded optimizer's exchanges, over any ring transport. After training: scoring and labelling
 //! files with the float model or its int8 one (`predict`), and writing the int8 one (`quantize`).
 //!
-//! Does not own: the model graph (`bert`), gradients (`autodiff`), ONNX Runtime (`runtime`),
+//! Does not own: the model graph (`encoders`), gradients (`autodiff`), ONNX Runtime (`runtime`),
 //! the optimizer (`optim`) or the network (`collective`, `quic`).
 //!
 //! ```

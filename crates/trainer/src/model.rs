@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ringtune_bert::{forward_graph, ForwardGraph, GraphOptions, ModelConfig, Padding, ParamLayout, Params};
+use ringtune_encoders::{forward_graph, ForwardGraph, GraphOptions, ModelConfig, Padding, ParamLayout, Params};
 use ringtune_onnx_ir::Value;
 use ringtune_ops::{Kernels, Recompute};
 
@@ -29,7 +29,7 @@ impl ModelDir {
     /// Reads the config of the model in `dir`.
     pub fn open(dir: &Path) -> Result<Self, TrainError> {
         let config = ModelConfig::from_dir(dir)?;
-        let layout = ringtune_bert::layout(&config);
+        let layout = ringtune_encoders::layout(&config);
         Ok(ModelDir { dir: dir.to_path_buf(), config, layout })
     }
 
@@ -144,7 +144,7 @@ const TRAINING_PASSES: &[Pass] = &[
         name: "recompute",
         after: &["hand over gradients"],
         run: |b| {
-            let layers = ringtune_bert::layer_prefixes(b.config);
+            let layers = ringtune_encoders::layer_prefixes(b.config);
             Ok(ringtune_ops::recompute::recompute(&mut b.forward.graph, &b.loss, b.choices.recompute, &layers)?)
         },
     },

@@ -4,8 +4,8 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use ringtune_bert::{load_params, ProblemType};
 use ringtune_data::{load_file, LabelSet, PairTokenizer, ReadOptions};
+use ringtune_encoders::{load_params, ProblemType};
 use ringtune_ops::Kernels;
 use ringtune_runtime::{FlatBuffer, Runtime, SessionOptions};
 

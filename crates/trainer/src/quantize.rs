@@ -1,14 +1,14 @@
 //! `ringtune quantize`: a trained model's int8 inference model, `model.int8.onnx` beside its
-//! `model.onnx`, built from the run's own weights (see [`ringtune_bert::export_inference_int8`]).
+//! `model.onnx`, built from the run's own weights (see [`ringtune_encoders::export_inference_int8`]).
 
 use std::path::{Path, PathBuf};
 
-pub use ringtune_bert::WeightRange;
-use ringtune_bert::{
+use ringtune_data::{Batch, Example, Padding, PairTokenizer};
+pub use ringtune_encoders::WeightRange;
+use ringtune_encoders::{
     calibration_graph, export_inference_int8, load_params, CalibrationGraph, InputMaxima, Int8Report, ModelConfig,
     ParamLayout,
 };
-use ringtune_data::{Batch, Example, Padding, PairTokenizer};
 use ringtune_runtime::{CpuFeatures, FlatBuffer, Runtime, SessionOptions};
 use serde::{Deserialize, Serialize};
 
@@ -34,7 +34,7 @@ pub enum Quantization {
 }
 
 /// How the feed-forward block's first layer has its input quantized (see
-/// [`ringtune_bert::FeedForwardInput`]); the second layer has its input per token always.
+/// [`ringtune_encoders::FeedForwardInput`]); the second layer has its input per token always.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum FeedForwardInput {
@@ -193,10 +193,10 @@ impl TrainedModel {
                 let batches =
                     rows.chunks(CALIBRATION_BATCH).map(|chunk| Batch::new(calibration, chunk, Padding::Dynamic, pad));
                 maxima = input_maxima(&self.model.config, &self.model.layout, &self.params, batches)?;
-                (ringtune_bert::FeedForwardInput::Smoothed(&maxima), rows.len())
+                (ringtune_encoders::FeedForwardInput::Smoothed(&maxima), rows.len())
             }
-            FeedForwardInput::PerToken => (ringtune_bert::FeedForwardInput::PerToken, 0),
-            FeedForwardInput::PerBatch => (ringtune_bert::FeedForwardInput::PerBatch, 0),
+            FeedForwardInput::PerToken => (ringtune_encoders::FeedForwardInput::PerToken, 0),
+            FeedForwardInput::PerBatch => (ringtune_encoders::FeedForwardInput::PerBatch, 0),
         };
         let (config, layout) = (&self.model.config, &self.model.layout);
         let (bytes, Int8Report { linear, per_row, smoothed, tables, kept_float }) = export_inference_int8(
@@ -206,7 +206,7 @@ impl TrainedModel {
             range,
             feed_forward,
             &|w| options.keeps_float(w),
-            ringtune_bert::Padding::Skipped,
+            ringtune_encoders::Padding::Skipped,
         )?;
         let path = self.dir.join(INT8_MODEL);
         ringtune_files::write_atomically(&path, &bytes)?;
@@ -231,7 +231,7 @@ fn spread(len: usize, wanted: usize) -> Vec<usize> {
 }
 
 /// The largest magnitude each input channel of the layers smoothing needs (see
-/// [`ringtune_bert::FeedForwardInput::Smoothed`]) takes over the real (unpadded) tokens of
+/// [`ringtune_encoders::FeedForwardInput::Smoothed`]) takes over the real (unpadded) tokens of
 /// `batches`, run through the float model of `params`.
 pub fn input_maxima(
     config: &ModelConfig,

@@ -1,7 +1,7 @@
 //! Hugging Face Trainer's conventions that the trainer follows, and the recipe a run on several
 //! nodes gets.
 
-use ringtune_bert::ParamLayout;
+use ringtune_encoders::ParamLayout;
 use ringtune_optim::Group;
 
 use crate::TrainConfig;

@@ -204,7 +204,7 @@ fn join_nodes(model: &Path, certs: &Path, world: usize, deadline: Duration) -> V
 
 /// What a node's backward pass would hand over, last parameter first: the `count` gradients
 /// after the last `skip`.
-fn hand_over(sync: &QuicSync, layout: &ringtune_bert::ParamLayout, skip: usize, count: usize) {
+fn hand_over(sync: &QuicSync, layout: &ringtune_encoders::ParamLayout, skip: usize, count: usize) {
     let sink = sync.hooks().grads.expect("a gradient sink");
     for (i, e) in layout.entries().iter().enumerate().rev().skip(skip).take(count) {
         sink.take(i, &vec![0.25; e.len()]).expect("take");

@@ -60,7 +60,7 @@ fn every_family_trains_exports_and_splits_over_two_nodes() {
         let exported: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(cfg.output.join("config.json")).expect("config"))
                 .expect("json");
-        let family = ringtune_bert::Family::from_model_type(model_type).expect("a family");
+        let family = ringtune_encoders::Family::from_model_type(model_type).expect("a family");
         assert_eq!(exported["architectures"][0], family.architecture(), "{model_type}");
         let options = SessionOptions { threads: 1, ..SessionOptions::default() };
         let mut alone = Predictor::open(&cfg.output, cfg.max_len, &options, Precision::Float).expect("trained model");

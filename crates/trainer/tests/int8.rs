@@ -242,7 +242,7 @@ fn calibration_reads_the_real_tokens_alone() {
     let dir = tempfile::tempdir().expect("dir");
     let model = ModelDir::open(&common::tiny_model(dir.path())).expect("model");
     let mut params = vec![0.0; model.layout.total_len()];
-    ringtune_bert::init_all(&model.config, &model.layout, 5, &mut params);
+    ringtune_encoders::init_all(&model.config, &model.layout, 5, &mut params);
     let example = |ids: &[u32]| ringtune_data::Example {
         ids: ids.to_vec(),
         type_ids: vec![0; ids.len()],

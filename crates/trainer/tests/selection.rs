@@ -7,7 +7,7 @@
 mod common;
 
 use common::{config, small_mrpc, tiny_model};
-use ringtune_bert::{layout, read_tensor_file, ModelConfig};
+use ringtune_encoders::{layout, read_tensor_file, ModelConfig};
 use ringtune_trainer::metrics::{read_records, Record};
 use ringtune_trainer::selection::Metric;
 use ringtune_trainer::train::{Start, Summary};

@@ -371,7 +371,7 @@ fn three_labels_and_a_regression_on_two_nodes_reach_the_single_node_parameters()
     };
     // The encoder the heads sit on (the heads start new: the model's is for two labels).
     let encoder = |dir: &Path| -> Vec<f32> {
-        let tensors = ringtune_bert::read_tensor_file(&dir.join("model.safetensors")).expect("weights");
+        let tensors = ringtune_encoders::read_tensor_file(&dir.join("model.safetensors")).expect("weights");
         tensors
             .iter()
             .filter(|(name, _)| !name.starts_with("classifier"))

@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ringtune_bert::{
+use ringtune_data::Batch;
+use ringtune_encoders::{
     export_inference, export_inference_int8, load_params, FeedForwardInput, ModelConfig, Padding, ParamLayout,
 };
-use ringtune_data::Batch;
 use ringtune_ops::{Kernels, Precision};
 use ringtune_runtime::{Arena, CpuFeatures, FlatBuffer, Runtime, SessionOptions};
 use ringtune_trainer::engine::Evaluator;
@@ -86,7 +86,7 @@ struct Timed {
 /// Prints the comparison.
 pub(crate) fn int8(args: &Int8Args) -> Result<()> {
     let config = config_of(&args.model)?;
-    let layout = ringtune_bert::layout(&config);
+    let layout = ringtune_encoders::layout(&config);
     let (params, source, torch_source) = weights_of(&args.model, &config, &layout)?;
     let vnni = CpuFeatures::detect().avx512_vnni;
     let quantize = QuantizeOptions::default();
@@ -174,7 +174,7 @@ fn weights_of(model: &str, config: &ModelConfig, layout: &ParamLayout) -> Result
         load_params(std::slice::from_ref(&weights), config, layout, 0, &mut params)?;
         Ok((params, format!("trained weights of {}", weights.display()), PathBuf::from(model)))
     } else {
-        ringtune_bert::init_all(config, layout, 0, &mut params);
+        ringtune_encoders::init_all(config, layout, 0, &mut params);
         Ok((params, "seeded weights".to_string(), config_path(model)))
     }
 }

@@ -9,8 +9,8 @@ use anyhow::{Context, Result};
 use clap::{Parser, ValueEnum};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use ringtune_bert::ModelConfig;
 use ringtune_data::Batch;
+use ringtune_encoders::ModelConfig;
 use ringtune_ops::{KernelChoice, Kernels, PrecisionChoice, Recompute};
 use ringtune_optim::{AdamW, AdamWConfig};
 use ringtune_runtime::{Arena, FlatBuffer, Runtime, SessionOptions};
@@ -183,9 +183,9 @@ struct Stepper {
 
 /// The step `one` times: a training step (forward, backward, clipping, AdamW) or a forward.
 fn step_fn(one: &One, config: &ModelConfig, kernels: Kernels, batch: Batch) -> Result<Stepper> {
-    let layout = ringtune_bert::layout(config);
+    let layout = ringtune_encoders::layout(config);
     let mut params = FlatBuffer::zeros(layout.total_len());
-    ringtune_bert::init_all(config, &layout, 0, &mut params);
+    ringtune_encoders::init_all(config, &layout, 0, &mut params);
     let runtime = Runtime::get()?;
     let options = SessionOptions {
         threads: one.threads,
@@ -273,7 +273,7 @@ pub(crate) fn measure(one: &One) -> Result<Measurement> {
         kernels: kernels.to_string(),
         batch: rows,
         seq: one.seq,
-        params: ringtune_bert::layout(&config).num_params(),
+        params: ringtune_encoders::layout(&config).num_params(),
         median_samples_per_s: sorted[sorted.len() / 2],
         repeats,
         peak_rss_mib,

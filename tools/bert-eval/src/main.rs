@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use ringtune_bert::{load_params, read_tensor_file, write_tensor_file, HostTensor};
+use ringtune_encoders::{load_params, read_tensor_file, write_tensor_file, HostTensor};
 use ringtune_runtime::{FlatBuffer, Runtime, SessionOptions};
 use ringtune_trainer::engine::{Engine, SyncHooks};
 use ringtune_trainer::model::{GraphChoices, ModelDir};
@@ -64,7 +64,7 @@ fn main() -> Result<()> {
         let batches =
             (0..trace.steps).map(|i| read_batch(batches, &format!("step{i}."))).collect::<Result<Vec<_>>>()?;
         let losses = replay(&mut engine, &batches, &trace)?;
-        ringtune_bert::save_params(&args.out, &model.layout, engine.params()?)?;
+        ringtune_encoders::save_params(&args.out, &model.layout, engine.params()?)?;
         println!("losses before each step {losses:?} -> {}", args.out.display());
         return Ok(());
     }

@@ -96,7 +96,7 @@ const LOW_RANK_BUCKET: usize = 6_000_000;
 pub fn sync_plan(model: &ModelDir, world: usize, mode: &SyncMode) -> SyncPlan {
     let layout = &model.layout;
     let tensors: Vec<Range<usize>> = layout.entries().iter().map(|e| e.range()).collect();
-    let name = ringtune_bert::word_embeddings_name(&model.config);
+    let name = ringtune_encoders::word_embeddings_name(&model.config);
     let table = layout.entries().iter().position(|e| e.name == name).and_then(|i| {
         let shape = &layout.entries()[i].shape;
         (shape.len() >= 2).then(|| (i, shape[1..].iter().product()))

@@ -15,10 +15,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use ringtune_bert::ParamLayout;
 use ringtune_collective::{
     used_rows, BucketKind, Collective, LowRankBucket, LowRankState, RingMode, SyncPlan, TensorAt, Transport, Wire,
 };
+use ringtune_encoders::ParamLayout;
 use ringtune_ops::grad_ready::GradSink;
 use ringtune_ops::param_ready::ParamSource;
 use ringtune_optim::{AdamW, AdamWState};

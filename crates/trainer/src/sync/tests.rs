@@ -4,8 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use ringtune_bert::ParamLayout;
 use ringtune_collective::{memory_ring, BucketKind, BucketSizes, Collective, MemoryTransport, SyncPlan, Wire};
+use ringtune_encoders::ParamLayout;
 use ringtune_optim::{AdamW, AdamWConfig, Group};
 use ringtune_runtime::{FlatBuffer, LendableBuffer};
 

@@ -3,10 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
-use ringtune_bert::ModelConfig;
 use ringtune_data::{
     steps_per_epoch, Example, LabelSet, PairTokenizer, Problem, ReadOptions, ShardMode, Source, Task, REPORTED_ROWS,
 };
+use ringtune_encoders::ModelConfig;
 use ringtune_optim::LrSchedule;
 use ringtune_runtime::{FlatBuffer, Runtime, SessionOptions};
 
@@ -83,7 +83,7 @@ impl Inputs {
         }
         report_skipped(&data.skipped);
         model.config = with_head(&model, &data.labels);
-        model.layout = ringtune_bert::layout(&model.config);
+        model.layout = ringtune_encoders::layout(&model.config);
         let mut config = model.config.clone();
         if let Some(p) = cfg.dropout {
             config = config.with_dropout(p);
@@ -132,8 +132,8 @@ fn is_evaluated(split: &str, examples: &[Example]) -> bool {
 /// when its weights load (`load_params` replaces it, and the run logs so).
 fn with_head(model: &ModelDir, labels: &LabelSet) -> ModelConfig {
     let problem = match labels.problem() {
-        Problem::Classification => ringtune_bert::ProblemType::SingleLabel,
-        Problem::Regression => ringtune_bert::ProblemType::Regression,
+        Problem::Classification => ringtune_encoders::ProblemType::SingleLabel,
+        Problem::Regression => ringtune_encoders::ProblemType::Regression,
     };
     model.config.clone().with_labels(problem, labels.names())
 }
@@ -205,7 +205,7 @@ pub(super) fn sessions(
     let session =
         SessionOptions { threads: cfg.threads, provider: cfg.provider, spinning, ..SessionOptions::default() };
     let (config, layout) = (&inputs.config, &inputs.model.layout);
-    if cfg.label_smoothing > 0.0 && config.problem == ringtune_bert::ProblemType::Regression {
+    if cfg.label_smoothing > 0.0 && config.problem == ringtune_encoders::ProblemType::Regression {
         return Err(TrainError::Setting {
             flag: "label-smoothing",
             value: cfg.label_smoothing.to_string(),

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use ringtune_bert::load_params;
 use ringtune_data::{epoch_order, group_by_length, Batch, Example, Padding};
+use ringtune_encoders::load_params;
 use ringtune_optim::{AdamW, AdamWConfig};
 use ringtune_runtime::FlatBuffer;
 
@@ -555,7 +555,12 @@ impl<'s> TrainingRun<'s> {
             self.log.last_scores.insert(split.clone(), scores);
         }
         self.evaluated_at = Some(step);
-        let verdict = self.judge.judge(&mut self.selection, step, &evaluations);
+        let mut verdict = self.judge.judge(&mut self.selection, step, &evaluations);
+        if verdict.stop && step >= self.plan.total {
+            // Out of patience at the last step: the run ends there anyway, not early.
+            verdict.stop = false;
+            self.selection.stopped_early_at = None;
+        }
         if self.rank == 0 && verdict.stop {
             let (metric, patience) = (self.judge.metric, self.cfg.early_stopping_patience.unwrap_or_default());
             let best = self

@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
-use ringtune_bert::ParamLayout;
 use ringtune_data::Source;
+use ringtune_encoders::ParamLayout;
 
 use super::inputs::Inputs;
 use super::TrainingShape;
@@ -20,7 +20,7 @@ pub(super) fn write_outputs(
     shape: &TrainingShape,
 ) -> Result<(), TrainError> {
     let _span = tracing::debug_span!("outputs").entered();
-    ringtune_bert::save_params(&output.join("model.safetensors"), layout, params)?;
+    ringtune_encoders::save_params(&output.join("model.safetensors"), layout, params)?;
     let config = serde_json::to_string_pretty(&inputs.config.to_hf_json())?;
     ringtune_files::write_atomically(&output.join("config.json"), config.as_bytes())?;
     let (label_column, quoting) = match &inputs.task.source {
@@ -36,7 +36,7 @@ pub(super) fn write_outputs(
             std::fs::copy(file, output.join(name)).map_err(|source| TrainError::Io { path: file.clone(), source })?;
         }
     }
-    let onnx = ringtune_bert::export_inference(&inputs.config, layout, params)?;
+    let onnx = ringtune_encoders::export_inference(&inputs.config, layout, params)?;
     ringtune_files::write_atomically(&output.join("model.onnx"), &onnx)?;
     let metrics = output.join("metrics.jsonl");
     let plotted = crate::metrics::read_readable_records(&metrics).and_then(|(records, unreadable)| {

@@ -81,7 +81,7 @@ pub(crate) fn train_on_nodes(
 
 /// The trained model's parameters, in file order.
 pub(crate) fn params(output: &Path) -> Vec<f32> {
-    let t = ringtune_bert::read_tensor_file(&output.join("model.safetensors")).expect("weights");
+    let t = ringtune_encoders::read_tensor_file(&output.join("model.safetensors")).expect("weights");
     t.values().flat_map(|v| v.f32s().expect("f32").to_vec()).collect()
 }
 

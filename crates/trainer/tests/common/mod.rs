@@ -42,11 +42,11 @@ pub(crate) fn tiny_model(dir: &Path) -> PathBuf {
 /// Writes `config` as `model/config.json` and weights seeded from 3 beside it.
 pub(crate) fn with_seeded_weights(model: &Path, config: &str) {
     std::fs::write(model.join("config.json"), config).expect("config");
-    let c = ringtune_bert::ModelConfig::from_dir(model).expect("parse");
-    let layout = ringtune_bert::layout(&c);
+    let c = ringtune_encoders::ModelConfig::from_dir(model).expect("parse");
+    let layout = ringtune_encoders::layout(&c);
     let mut params = vec![0.0; layout.total_len()];
-    ringtune_bert::init_all(&c, &layout, 3, &mut params);
-    ringtune_bert::save_params(&model.join("model.safetensors"), &layout, &params).expect("weights");
+    ringtune_encoders::init_all(&c, &layout, 3, &mut params);
+    ringtune_encoders::save_params(&model.join("model.safetensors"), &layout, &params).expect("weights");
 }
 
 /// The first `train` and `dev` rows of the real MRPC files, as a data folder.

@@ -163,11 +163,11 @@ pub(crate) fn random_bert_base(dir: &Path) -> Result<PathBuf> {
     let model = dir.join("bert-base-random");
     std::fs::create_dir_all(&model)?;
     std::fs::copy(crate::root().join("models/bert-base.json"), model.join("config.json"))?;
-    let config = ringtune_bert::ModelConfig::from_dir(&model)?;
-    let layout = ringtune_bert::layout(&config);
+    let config = ringtune_encoders::ModelConfig::from_dir(&model)?;
+    let layout = ringtune_encoders::layout(&config);
     let mut params = vec![0.0f32; layout.total_len()];
-    ringtune_bert::init_all(&config, &layout, 0, &mut params);
-    ringtune_bert::save_params(&model.join("model.safetensors"), &layout, &params)?;
+    ringtune_encoders::init_all(&config, &layout, 0, &mut params);
+    ringtune_encoders::save_params(&model.join("model.safetensors"), &layout, &params)?;
     let minilm = crate::root().join("models/all-MiniLM-L6-v2");
     for file in ["tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"] {
         std::fs::copy(minilm.join(file), model.join(file)).with_context(|| format!("{file}: run `just setup`"))?;

@@ -12,7 +12,7 @@
 //!
 //! ```
 //! use std::path::Path;
-//! use ringtune_bert::{forward_graph, layout, GraphOptions, ModelConfig, Padding, Params};
+//! use ringtune_encoders::{forward_graph, layout, GraphOptions, ModelConfig, Padding, Params};
 //! let config = ModelConfig::from_json(
 //!     r#"{"vocab_size": 30, "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
 //!         "intermediate_size": 16, "max_position_embeddings": 10}"#,

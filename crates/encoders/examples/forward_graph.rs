@@ -2,11 +2,13 @@
 //! the forward graph with the parameters as graph inputs, and exports a self-contained
 //! inference model.
 //!
-//! `cargo run -p ringtune-bert --example forward_graph`
+//! `cargo run -p ringtune-encoders --example forward_graph`
 
 use std::path::Path;
 
-use ringtune_bert::{export_inference, forward_graph, init_all, layout, GraphOptions, ModelConfig, Padding, Params};
+use ringtune_encoders::{
+    export_inference, forward_graph, init_all, layout, GraphOptions, ModelConfig, Padding, Params,
+};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let config = ModelConfig::from_json(
