@@ -369,4 +369,44 @@ mod tests {
             assert!(msg.contains("run.toml") && msg.contains(named), "{msg}");
         }
     }
+
+    #[test]
+    fn the_trainers_settings_read_from_toml_under_the_flags_names() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("run.toml");
+        let text = "eval_steps = 40\nmetric_for_best_model = \"f1\"\nload_best_model_at_end = true\n\
+                    early_stopping_patience = 3\nearly_stopping_threshold = 0.001\n\
+                    gradient_accumulation_steps = 4\nlabel_smoothing = 0.1\nlr_scheduler = \"cosine_with_restarts\"\n\
+                    warmup_steps = 30\nreport_to = [\"tensorboard\"]\nrevision = \"v1\"\n";
+        std::fs::write(&path, text).expect("write");
+        let c = TrainConfig::from_toml_file(&path).expect("read");
+        c.validate().expect("valid");
+        assert_eq!((c.eval_steps, c.metric_for_best_model, c.load_best_model_at_end), (40, Some(Metric::F1), true));
+        assert_eq!((c.early_stopping_patience, c.early_stopping_threshold), (Some(3), 0.001));
+        assert_eq!((c.gradient_accumulation_steps, c.label_smoothing), (4, 0.1));
+        assert_eq!((c.lr_scheduler, c.warmup_steps), (ScheduleKind::CosineWithRestarts, Some(30)));
+        assert_eq!((c.report_to, c.revision.as_deref()), (vec![Report::Tensorboard], Some("v1")));
+        for (line, named) in [
+            ("lr_scheduler = \"cosine_annealing\"", "cosine_annealing"),
+            ("metric_for_best_model = \"bleu\"", "bleu"),
+            ("report_to = [\"wandb\"]", "wandb"),
+        ] {
+            std::fs::write(&path, line).expect("write");
+            let msg = TrainConfig::from_toml_file(&path).expect_err(named).to_string();
+            assert!(msg.contains("run.toml") && msg.contains(named), "{msg}");
+        }
+        let bad = [
+            (TrainConfig { label_smoothing: 1.0, ..Default::default() }, "--label-smoothing 1"),
+            (TrainConfig { gradient_accumulation_steps: 0, ..Default::default() }, "--gradient-accumulation-steps 0"),
+            (TrainConfig { early_stopping_threshold: -0.1, ..Default::default() }, "--early-stopping-threshold -0.1"),
+            (
+                TrainConfig { lr_scheduler: ScheduleKind::Polynomial, learning_rate: 1e-8, ..Default::default() },
+                "--learning-rate 0.00000001",
+            ),
+        ];
+        for (config, expected) in bad {
+            let msg = config.validate().expect_err(expected).to_string();
+            assert!(msg.contains(expected), "{msg}");
+        }
+    }
 }
