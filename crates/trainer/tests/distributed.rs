@@ -95,6 +95,34 @@ fn accumulation_on_several_nodes_is_refused_by_name() {
     }
 }
 
+/// `--eval-steps` with `--load-best-model-at-end` on two nodes whose sharded optimizer gathers
+/// the parameters behind the next forward pass: each evaluation waits for them, both nodes
+/// judge the same shared scores, and the folder ends with the best evaluation's weights.
+#[test]
+fn two_nodes_evaluate_between_steps_and_end_with_the_best() {
+    let dir = tempfile::tempdir().expect("dir");
+    let certs = certs(dir.path(), 2);
+    let cfg = TrainConfig {
+        epochs: 1,
+        batch_size: 8,
+        eval_steps: 4,
+        load_best_model_at_end: true,
+        early_stopping_patience: Some(5),
+        ..config(dir.path(), "runs")
+    };
+    let out = train_on_nodes(&cfg, 2, dir.path(), &certs, BOTH, Start::Fresh, "evaluated");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).expect("summary")).expect("json");
+    let best = summary["best"]["step"].as_u64().expect("a best evaluation");
+    assert_eq!(summary["model_step"].as_u64(), Some(best), "{summary}");
+    let records = ringtune_trainer::metrics::read_records(&out.join("metrics.jsonl")).expect("metrics");
+    let steps: Vec<u64> = records
+        .iter()
+        .filter_map(|r| if let ringtune_trainer::metrics::Record::Eval(e) = r { Some(e.step) } else { None })
+        .collect();
+    assert_eq!(steps, [4, 8, 12, 13], "every 4 steps and the last");
+}
+
 #[test]
 fn overlap_and_a_sharded_optimizer_change_no_bit_and_bf16_little() {
     let dir = tempfile::tempdir().expect("dir");

@@ -530,6 +530,8 @@ impl<'s> TrainingRun<'s> {
         if self.evaluated_at == Some(step) {
             return Ok(Verdict { best: false, stop: self.selection.stopped_early_at == Some(step) });
         }
+        // A sharded optimizer's parameters may still be on their way from the last step.
+        self.settle()?;
         let c = &self.inputs.config;
         let scoring = Scoring::new(c, &self.inputs.task.name);
         let params = self.engine.params()?;
