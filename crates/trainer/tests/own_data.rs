@@ -131,6 +131,10 @@ fn raw_question_pairs_with_a_blank_score_train_as_a_regression_with_skip_bad() {
         assert_eq!((config["num_labels"].as_u64(), config["problem_type"].as_str()), (Some(1), Some("regression")));
         assert!(summary_json(&dir.path().join(output))["evaluations"]["dev"]["pearson"].is_number());
     }
+    // Label smoothing spreads a class label: a regression is refused by name.
+    let smoothed = with("smoothed", &["--skip-bad", "--label-smoothing", "0.1"]);
+    let (ok, log) = ringtune_train(&smoothed.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(!ok && log.contains("--label-smoothing 0.1") && log.contains("a regression"), "{log}");
 }
 
 /// MNLI by name: both dev sets scored every epoch, each under its own name in `metrics.jsonl`

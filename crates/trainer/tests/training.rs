@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::cluster::params;
+use common::cluster::{l2, params};
 use common::{config, losses, padded_tokens, step_field};
 use ringtune_optim::{LrSchedule, ScheduleKind};
 use ringtune_trainer::train::Start;
@@ -85,8 +85,7 @@ fn accumulated_passes_reach_the_large_batchs_parameters() {
     let summary = ringtune_trainer::train::train(&passes, dir.path(), Start::Fresh, None).expect("4 x 4");
     assert_eq!((summary.steps, summary.training.global_batch), (13, 16), "the large batch's steps");
     let (a, b) = (params(&large.output), params(&passes.output));
-    let moved: f64 = a.iter().zip(&init).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>().sqrt();
-    let diff: f64 = a.iter().zip(&b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>().sqrt();
+    let (moved, diff) = (l2(&a, &init), l2(&a, &b));
     let max = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
     assert!(moved > 1e-2, "training moved the parameters ({moved})");
     assert!(diff / moved < 1e-5 && max < 1e-5, "L2 difference {diff:e} of a {moved:e} update, max {max:e}");

@@ -12,12 +12,14 @@ use crate::{ModelConfig, ModelError, TOKEN_TYPE_IDS};
 pub(crate) struct Bert;
 
 impl Rules for Bert {
+    /// Word, position and type tables and their LayerNorm, `embedding_size` wide (the hidden
+    /// size but in ELECTRA, which reads these under its own prefix).
     fn embedding_params(&self, c: &ModelConfig, add: AddParam<'_>) {
-        let p = c.family.prefix();
-        add(format!("{p}embeddings.word_embeddings.weight"), vec![c.vocab_size, c.hidden_size]);
-        add(format!("{p}embeddings.position_embeddings.weight"), vec![c.max_position_embeddings, c.hidden_size]);
-        add(format!("{p}embeddings.token_type_embeddings.weight"), vec![c.type_vocab_size, c.hidden_size]);
-        norm(add, &format!("{p}embeddings.LayerNorm"), c.hidden_size);
+        let (p, e) = (c.family.prefix(), c.embedding_size);
+        add(format!("{p}embeddings.word_embeddings.weight"), vec![c.vocab_size, e]);
+        add(format!("{p}embeddings.position_embeddings.weight"), vec![c.max_position_embeddings, e]);
+        add(format!("{p}embeddings.token_type_embeddings.weight"), vec![c.type_vocab_size, e]);
+        norm(add, &format!("{p}embeddings.LayerNorm"), e);
     }
 
     fn final_params(&self, c: &ModelConfig, add: AddParam<'_>) {

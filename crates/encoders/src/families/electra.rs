@@ -5,11 +5,12 @@
 
 use ringtune_onnx_ir::Value;
 
-use crate::families::shared::{bert_layer_names, linear, norm};
+use crate::families::bert::Bert;
+use crate::families::shared::{bert_layer_names, linear};
 use crate::families::{AddParam, Rules};
 use crate::forward::Builder;
 use crate::layer_names::LayerNames;
-use crate::{ModelConfig, ModelError, TOKEN_TYPE_IDS};
+use crate::{ModelConfig, ModelError};
 
 pub(crate) struct Electra;
 
@@ -18,13 +19,9 @@ const PROJECT: &str = "electra.embeddings_project";
 
 impl Rules for Electra {
     fn embedding_params(&self, c: &ModelConfig, add: AddParam<'_>) {
-        let e = c.embedding_size;
-        add("electra.embeddings.word_embeddings.weight".into(), vec![c.vocab_size, e]);
-        add("electra.embeddings.position_embeddings.weight".into(), vec![c.max_position_embeddings, e]);
-        add("electra.embeddings.token_type_embeddings.weight".into(), vec![c.type_vocab_size, e]);
-        norm(add, "electra.embeddings.LayerNorm", e);
-        if e != c.hidden_size {
-            linear(add, PROJECT, e, c.hidden_size);
+        Bert.embedding_params(c, add);
+        if c.embedding_size != c.hidden_size {
+            linear(add, PROJECT, c.embedding_size, c.hidden_size);
         }
     }
 
@@ -44,12 +41,7 @@ impl Rules for Electra {
         types: Option<&Value>,
         dims: &Value,
     ) -> Result<Value, ModelError> {
-        let types = types.ok_or_else(|| ringtune_onnx_ir::IrError::UnknownValue(TOKEN_TYPE_IDS.into()))?;
-        let words = b.rows("electra.embeddings.word_embeddings.weight", ids)?;
-        let type_rows = b.rows("electra.embeddings.token_type_embeddings.weight", types)?;
-        let positions = b.absolute_positions(dims)?;
-        let position_rows = b.rows("electra.embeddings.position_embeddings.weight", &positions)?;
-        let embedded = b.embedding_sum(&[words, type_rows, position_rows], "electra.embeddings.LayerNorm")?;
+        let embedded = Bert.embeddings(b, ids, types, dims)?;
         if b.config.embedding_size == b.config.hidden_size {
             return Ok(embedded);
         }

@@ -339,18 +339,9 @@ impl<'s> TrainingRun<'s> {
         let weight = share.weight(self.world);
         let _step_span = tracing::debug_span!("step", step = self.progress.step).entered();
         let t0 = Instant::now();
-        let mut batches = {
+        let batches = {
             let _span = tracing::debug_span!("data").entered();
-            let pad = self.inputs.config.pad_token_id;
-            // One batch, unless accumulating (after a lost node a share may be larger than a
-            // node's batch, and is still one pass).
-            let batch = |part: &[usize]| Batch::new(&self.inputs.train, part, Padding::Dynamic, pad);
-            match self.cfg.gradient_accumulation_steps {
-                steps if steps > 1 && rows.len() > self.plan.micro_batch => {
-                    rows.chunks(self.plan.micro_batch.max(1)).map(batch).collect::<Vec<_>>()
-                }
-                _ => vec![batch(rows)],
-            }
+            self.passes(rows)
         };
         let t1 = Instant::now();
         let overlap = self.sync.mode().overlap;
@@ -372,9 +363,14 @@ impl<'s> TrainingRun<'s> {
         };
         let padded_tokens: u64 = batches.iter().map(|b| (b.rows * b.seq) as u64).sum();
         if !overlap {
-            // The word-embedding rows the step touched: every micro-batch's.
-            let ids: Vec<i64> = batches.iter_mut().flat_map(|b| std::mem::take(&mut b.input_ids)).collect();
-            self.sync.begin(&ids, weight)?;
+            match batches.as_slice() {
+                [batch] => self.sync.begin(&batch.input_ids, weight)?,
+                // The word-embedding rows the step touched: every micro-batch's.
+                parts => {
+                    let ids: Vec<i64> = parts.iter().flat_map(|b| b.input_ids.iter().copied()).collect();
+                    self.sync.begin(&ids, weight)?;
+                }
+            }
         }
         let t2 = Instant::now();
         let averaged = {
@@ -423,6 +419,20 @@ impl<'s> TrainingRun<'s> {
         }
         let next = self.between_steps(step, epoch, synced.is_some_and(|s| s.joiners_waiting))?;
         Ok(StepDone { next, loss, times })
+    }
+
+    /// The batches of a step's forward and backward passes over `rows`: one, unless
+    /// accumulating (after a lost node a share may be larger than a node's batch, and is still
+    /// one pass).
+    fn passes(&self, rows: &[usize]) -> Vec<Batch> {
+        let pad = self.inputs.config.pad_token_id;
+        let batch = |part: &[usize]| Batch::new(&self.inputs.train, part, Padding::Dynamic, pad);
+        match self.cfg.gradient_accumulation_steps {
+            steps if steps > 1 && rows.len() > self.plan.micro_batch => {
+                rows.chunks(self.plan.micro_batch.max(1)).map(batch).collect()
+            }
+            _ => vec![batch(rows)],
+        }
     }
 
     /// The forward and backward passes of a step's batch, and its mean loss: one batch, or with
