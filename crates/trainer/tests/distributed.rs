@@ -68,30 +68,29 @@ fn two_and_four_nodes_reach_the_single_node_parameters() {
     }
 }
 
-/// `--gradient-accumulation-steps` on several nodes is refused by name on every node (each
-/// hands its gradients to the sync as the backward pass makes them; one node accumulates).
+/// `--gradient-accumulation-steps` on several nodes: two nodes taking their batch of 8 in two
+/// passes of 4 end at the parameters of one node with batch 16, with overlap and a sharded
+/// optimizer and without (each node sums its passes, then hands the sum to the sync).
 #[test]
-fn accumulation_on_several_nodes_is_refused_by_name() {
+fn accumulating_nodes_reach_the_single_node_parameters() {
     let dir = tempfile::tempdir().expect("dir");
     let certs = certs(dir.path(), 2);
-    let cfg = TrainConfig { batch_size: 4, gradient_accumulation_steps: 2, ..config(dir.path(), "runs") };
-    let ports = free_ports(2);
-    let nodes: Vec<_> = (0..2)
-        .map(|rank| {
-            let (cfg, root) = (cfg.clone(), dir.path().to_path_buf());
-            let cluster = on_loopback(rank, &ports, &certs, Duration::from_secs(30), NEITHER);
-            std::thread::spawn(move || {
-                let inputs = ringtune_trainer::train::Inputs::read(&cfg, &root).expect("inputs");
-                let mut sync = QuicSync::join(&cluster, inputs.model()).expect("join");
-                let refused = ringtune_trainer::train::train_on(inputs, &cfg, &root, Start::Fresh, Some(&mut sync));
-                sync.shutdown();
-                refused.expect_err("accumulation on two nodes").to_string()
-            })
-        })
-        .collect();
-    for node in nodes {
-        let err = node.join().expect("node");
-        assert!(err.contains("--gradient-accumulation-steps 2") && err.contains("one node"), "{err}");
+    let base = TrainConfig { epochs: 1, dropout: Some(0.0), ..config(dir.path(), "runs") };
+    let init = params(&base.model);
+    let single = TrainConfig { batch_size: 16, output: base.output.join("single"), ..base.clone() };
+    ringtune_trainer::train::train(&single, dir.path(), Start::Fresh, None).expect("single node");
+    let a = params(&single.output);
+    let moved = l2(&a, &init);
+    assert!(moved > 1e-2, "training moved the parameters ({moved})");
+    let accumulating = TrainConfig { batch_size: 4, gradient_accumulation_steps: 2, ..base.clone() };
+    for (name, mode) in [("both", BOTH), ("neither", NEITHER)] {
+        let out = train_on_nodes(&accumulating, 2, dir.path(), &certs, mode, Start::Fresh, name);
+        let m = params(&out);
+        let (diff, max) = (l2(&a, &m), a.iter().zip(&m).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max));
+        assert!(diff / moved < 1e-5 && max < 1e-5, "{name}: L2 difference {diff:e} of a {moved:e} update, max {max:e}");
+        let summary: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).expect("summary")).expect("json");
+        assert_eq!(summary["training"]["global_batch"].as_u64(), Some(16), "{name}: {summary}");
     }
 }
 

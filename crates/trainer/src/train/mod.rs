@@ -4,12 +4,15 @@
 //! (parameter check, checkpoint, evaluation) and [`TrainingRun::finish`] (the trained model);
 //! [`train`] drives them.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ringtune_data::{epoch_order, group_by_length, Batch, Example, Padding};
 use ringtune_encoders::load_params;
+use ringtune_ops::grad_ready::GradSink;
 use ringtune_optim::{AdamW, AdamWConfig};
 use ringtune_runtime::FlatBuffer;
 
@@ -187,6 +190,9 @@ pub struct TrainingRun<'s> {
     evaluated_at: Option<u64>,
     /// The gradients of a step's micro-batches summed so far (`--gradient-accumulation-steps`).
     accumulated: Vec<f32>,
+    /// The sync's gradient sink, when the loop hands it a step's summed gradients (several
+    /// nodes accumulating) rather than the backward pass each one as it is made.
+    hand_over: Option<Arc<dyn GradSink>>,
 }
 
 impl<'s> TrainingRun<'s> {
@@ -232,18 +238,11 @@ impl<'s> TrainingRun<'s> {
             adam = adam.owning(pieces)?;
         }
         let judge = judge(cfg, &inputs)?;
-        // Several nodes hand each gradient to the sync as the backward pass makes it, so a
-        // step's passes cannot be summed first: not built yet.
-        if cfg.gradient_accumulation_steps > 1 && sync.hooks().grads.is_some() {
-            return Err(TrainError::Setting {
-                flag: "gradient-accumulation-steps",
-                value: cfg.gradient_accumulation_steps.to_string(),
-                expected: "1 on several nodes (accumulation runs on one node for now): give the nodes a larger \
-                           --batch-size, or train on one node"
-                    .into(),
-            });
-        }
-        let (engine, evaluator) = sessions(cfg, &inputs, params, rank == 0, sync.hooks())?;
+        let mut hooks = sync.hooks();
+        // Several nodes hand each gradient to the sync as the backward pass makes it; when a
+        // step takes several passes the loop sums theirs first and hands over the sum.
+        let hand_over = if cfg.gradient_accumulation_steps > 1 { hooks.grads.take() } else { None };
+        let (engine, evaluator) = sessions(cfg, &inputs, params, rank == 0, hooks)?;
         let mut log = RunLog::new(rank == 0, &plan, started);
         log.wire = (world > 1).then(|| sync.mode().wire_name());
         let progress = Progress { step: 0, epoch: 0, batch_in_epoch: 0 };
@@ -270,6 +269,7 @@ impl<'s> TrainingRun<'s> {
             selection: Selection::default(),
             evaluated_at: None,
             accumulated: Vec::new(),
+            hand_over,
         };
         if rank == 0 {
             run.announce();
@@ -344,9 +344,14 @@ impl<'s> TrainingRun<'s> {
             self.passes(rows)
         };
         let t1 = Instant::now();
+        // The word-embedding rows the step touches: every pass's.
+        let ids: Cow<[i64]> = match batches.as_slice() {
+            [batch] => Cow::Borrowed(&batch.input_ids),
+            parts => parts.iter().flat_map(|b| b.input_ids.iter().copied()).collect(),
+        };
         let overlap = self.sync.mode().overlap;
         if overlap {
-            self.sync.begin(&batches[0].input_ids, weight)?;
+            self.sync.begin(&ids, weight)?;
         }
         let out = {
             let _span = tracing::debug_span!("forward_backward").entered();
@@ -363,14 +368,7 @@ impl<'s> TrainingRun<'s> {
         };
         let padded_tokens: u64 = batches.iter().map(|b| (b.rows * b.seq) as u64).sum();
         if !overlap {
-            match batches.as_slice() {
-                [batch] => self.sync.begin(&batch.input_ids, weight)?,
-                // The word-embedding rows the step touched: every micro-batch's.
-                parts => {
-                    let ids: Vec<i64> = parts.iter().flat_map(|b| b.input_ids.iter().copied()).collect();
-                    self.sync.begin(&ids, weight)?;
-                }
-            }
+            self.sync.begin(&ids, weight)?;
         }
         let t2 = Instant::now();
         let averaged = {
@@ -440,10 +438,27 @@ impl<'s> TrainingRun<'s> {
     /// proportion to their rows, the mean over the whole batch's rows as one pass over it gives.
     fn forward_backward(&mut self, batches: &[Batch]) -> Result<f32, TrainError> {
         let seed = dropout_seed(self.cfg.seed, self.rank, self.progress.step);
-        if let [batch] = batches {
-            self.engine.set_dropout_seed(seed);
-            return Ok(self.engine.step(batch)?.loss);
+        let loss = match batches {
+            [batch] => {
+                self.engine.set_dropout_seed(seed);
+                self.engine.step(batch)?.loss
+            }
+            _ => self.accumulate(batches, seed)?,
+        };
+        if let Some(sink) = &self.hand_over {
+            let grads = self.engine.grads();
+            for (tensor, entry) in self.engine.layout().entries().iter().enumerate() {
+                sink.take(tensor, &grads[entry.range()]).map_err(|reason| TrainError::Sync {
+                    reason: format!("handing over the summed gradients: {reason}"),
+                })?;
+            }
         }
+        Ok(loss)
+    }
+
+    /// The passes over `batches` in turn, their gradients summed in proportion to their rows
+    /// into the engine's buffer; their mean loss.
+    fn accumulate(&mut self, batches: &[Batch], seed: u64) -> Result<f32, TrainError> {
         let rows: usize = batches.iter().map(|b| b.rows).sum();
         let mut loss = 0.0;
         for (k, batch) in batches.iter().enumerate() {
