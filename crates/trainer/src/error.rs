@@ -44,7 +44,7 @@ pub enum TrainError {
         /// Nodes in the run (on several, another node's gradients may be the cause).
         nodes: usize,
     },
-    /// A model named as on the Hugging Face Hub that is not in the cache.
+    /// A model named as on the Hugging Face Hub that is not in the cache and was not downloaded.
     #[error("--model {model}: {reason}")]
     ModelNotFound {
         /// The name.

@@ -2,13 +2,33 @@
 //! cache as `huggingface_hub` lays it out (`<cache>/models--org--name/snapshots/<commit>`, a
 //! branch or tag's commit in `refs/<revision>`), the cache where `HF_HUB_CACHE`, else
 //! `HF_HOME/hub`, else `XDG_CACHE_HOME/huggingface/hub`, else `~/.cache/huggingface/hub` says.
-//! A path that exists is a folder, as before.
+//! A model the cache lacks is downloaded into it by Hugging Face's own client (`hf-hub`) from
+//! `HF_ENDPOINT` (default the Hub), the files a run reads only, unless `HF_HUB_OFFLINE` says not
+//! to. A path that exists is a folder, as before.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+
+use hf_hub::api::sync::ApiBuilder;
+use hf_hub::{Cache, Repo, RepoType};
 
 use crate::TrainError;
 
-/// The environment the cache is found by.
+/// Where models are downloaded from when `HF_ENDPOINT` does not say.
+const HUB: &str = "https://huggingface.co";
+
+/// The files of a model's repository a run reads (those it has): the config, the weights and
+/// the tokenizer's files; other formats' weights and the rest are not downloaded.
+const RUN_FILES: [&str; 6] = [
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+];
+
+/// The environment the cache and the Hub are found by.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HubEnv {
     /// `HF_HUB_CACHE`.
@@ -19,32 +39,57 @@ pub struct HubEnv {
     pub xdg_cache: Option<PathBuf>,
     /// `HOME`.
     pub user_home: Option<PathBuf>,
+    /// `HF_ENDPOINT`: the Hub, or a mirror of it.
+    pub endpoint: Option<String>,
+    /// `HF_HUB_OFFLINE` set true: nothing is downloaded.
+    pub offline: bool,
+    /// `HF_TOKEN` (else the token file `huggingface-cli login` wrote in the Hugging Face home).
+    pub token: Option<String>,
 }
 
 impl HubEnv {
     /// This process's environment (empty values read as unset).
     pub fn from_env() -> Self {
+        let text = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
         let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
         HubEnv {
             hub_cache: var("HF_HUB_CACHE"),
             home: var("HF_HOME"),
             xdg_cache: var("XDG_CACHE_HOME"),
             user_home: var("HOME"),
+            endpoint: text("HF_ENDPOINT"),
+            // huggingface_hub's reading of a boolean variable.
+            offline: text("HF_HUB_OFFLINE")
+                .is_some_and(|v| ["1", "on", "yes", "true"].contains(&v.to_ascii_lowercase().as_str())),
+            token: text("HF_TOKEN"),
+        }
+    }
+
+    /// The Hugging Face home, as `huggingface_hub` picks it.
+    fn hf_home(&self) -> PathBuf {
+        match (&self.home, &self.xdg_cache, &self.user_home) {
+            (Some(home), _, _) => home.clone(),
+            (None, Some(xdg), _) => xdg.join("huggingface"),
+            (None, None, Some(user)) => user.join(".cache/huggingface"),
+            (None, None, None) => PathBuf::from(".cache/huggingface"),
         }
     }
 
     /// The cache's folder, as `huggingface_hub` picks it.
     pub fn cache(&self) -> PathBuf {
-        if let Some(cache) = &self.hub_cache {
-            return cache.clone();
-        }
-        let home = match (&self.home, &self.xdg_cache, &self.user_home) {
-            (Some(home), _, _) => home.clone(),
-            (None, Some(xdg), _) => xdg.join("huggingface"),
-            (None, None, Some(user)) => user.join(".cache/huggingface"),
-            (None, None, None) => PathBuf::from(".cache/huggingface"),
-        };
-        home.join("hub")
+        self.hub_cache.clone().unwrap_or_else(|| self.hf_home().join("hub"))
+    }
+
+    /// The token sent to the Hub, if any.
+    fn token(&self) -> Option<String> {
+        self.token.clone().or_else(|| {
+            let saved = std::fs::read_to_string(self.hf_home().join("token")).ok()?;
+            Some(saved.trim().to_string()).filter(|t| !t.is_empty())
+        })
+    }
+
+    fn endpoint(&self) -> &str {
+        self.endpoint.as_deref().unwrap_or(HUB).trim_end_matches('/')
     }
 }
 
@@ -81,23 +126,61 @@ pub fn snapshot(cache: &Path, name: &str, revision: &str) -> Result<PathBuf, Str
     }
 }
 
+/// Downloads the files a run reads of `name` at `revision` into `cache` from `env`'s endpoint
+/// (each file once: one already in the cache at that commit is not fetched again); the
+/// snapshot folder, or what went wrong.
+pub fn download(cache: &Path, name: &str, revision: &str, env: &HubEnv) -> Result<PathBuf, String> {
+    let endpoint = env.endpoint();
+    let mut builder = ApiBuilder::from_cache(Cache::new(cache.to_path_buf())).with_endpoint(endpoint.to_string());
+    if let Some(token) = env.token() {
+        builder = builder.with_token(Some(token));
+    }
+    let api = builder.build().map_err(|e| format!("the Hugging Face client: {e}"))?;
+    let repo = api.repo(Repo::with_revision(name.to_string(), RepoType::Model, revision.to_string()));
+    let info = repo.info().map_err(|e| format!("{endpoint} did not list it: {e}"))?;
+    let listed: BTreeSet<&str> = info.siblings.iter().map(|s| s.rfilename.as_str()).collect();
+    for needed in ["config.json", "model.safetensors"] {
+        if !listed.contains(needed) {
+            return Err(format!(
+                "{endpoint} lists no {needed} for it (ringtune reads the config and safetensors weights)"
+            ));
+        }
+    }
+    if !listed.contains("tokenizer.json") && !listed.contains("vocab.txt") {
+        return Err(format!("{endpoint} lists neither tokenizer.json nor vocab.txt for it"));
+    }
+    tracing::info!("downloading {name} ({revision}) from {endpoint} into {}", cache.display());
+    let mut folder = None;
+    for file in RUN_FILES.iter().filter(|f| listed.contains(*f)) {
+        let path = repo.get(file).map_err(|e| format!("downloading {file} from {endpoint}: {e}"))?;
+        folder = path.parent().map(Path::to_path_buf);
+    }
+    folder.ok_or_else(|| format!("{endpoint} gave no files"))
+}
+
 /// The folder of `--model` as given (`model`, found at `path` when it is one): the path when
 /// it exists (or `model` does not read as a name), else the cached snapshot of that name at
-/// `revision` (default `main`).
+/// `revision` (default `main`), downloaded first when the cache lacks it and `env` is online.
 pub fn locate(model: &Path, path: &Path, revision: Option<&str>, env: &HubEnv) -> Result<PathBuf, TrainError> {
-    let name = model.to_str().filter(|n| is_model_name(n));
-    match name {
-        Some(name) if !path.exists() => {
-            let revision = revision.unwrap_or("main");
-            snapshot(&env.cache(), name, revision).map_err(|reason| TrainError::ModelNotFound {
-                model: name.to_string(),
-                reason: format!(
-                    "{reason}; this build does not download: fetch it with `huggingface-cli download {name}` \
-                     (on a machine online, into the same cache), or give --model a folder"
-                ),
-            })
-        }
-        _ => Ok(path.to_path_buf()),
+    let name = match model.to_str().filter(|n| is_model_name(n)) {
+        Some(name) if !path.exists() => name,
+        _ => return Ok(path.to_path_buf()),
+    };
+    let revision = revision.unwrap_or("main");
+    let cache = env.cache();
+    let not_found = |reason: String| TrainError::ModelNotFound { model: name.to_string(), reason };
+    match snapshot(&cache, name, revision) {
+        Ok(folder) => Ok(folder),
+        Err(missing) if env.offline => Err(not_found(format!(
+            "{missing}; offline (HF_HUB_OFFLINE): fetch it on a machine online with `huggingface-cli download \
+             {name}` into this cache, or give --model a folder"
+        ))),
+        Err(missing) => download(&cache, name, revision, env).map_err(|failed| {
+            not_found(format!(
+                "{missing}, and the download failed: {failed}; check the name and --revision, or fetch it with \
+                 `huggingface-cli download {name}`, or give --model a folder"
+            ))
+        }),
     }
 }
 

@@ -4,6 +4,7 @@ mod common;
 
 use std::process::Command;
 
+use common::hub_mirror::HubMirror;
 use common::tiny_model;
 
 fn ringtune(args: &[&str]) -> (bool, String) {
@@ -55,7 +56,7 @@ fn a_missing_model_folder_is_named() {
 
 /// `--model org/name`: a model named as on the Hub is read from the Hugging Face cache
 /// (`HF_HUB_CACHE`, its `refs/main` and snapshot), at `--revision` where given; one the cache
-/// lacks is one line saying where it looked.
+/// lacks is one line saying where it looked when offline.
 #[test]
 fn a_model_named_as_on_the_hub_is_found_in_the_cache_or_said_missing() {
     let dir = tempfile::tempdir().expect("dir");
@@ -71,6 +72,7 @@ fn a_model_named_as_on_the_hub_is_found_in_the_cache_or_said_missing() {
         let out = Command::new(env!("CARGO_BIN_EXE_ringtune"))
             .current_dir(dir.path())
             .env("HF_HUB_CACHE", &cache)
+            .env("HF_HUB_OFFLINE", "1")
             .args(["train", "--model", model, "--revision", revision, "--data", data.to_str().expect("utf-8")])
             .args(["--output", output, "--max-steps", "1", "--kernels", "mlas", "--threads", "1"])
             .output()
@@ -85,6 +87,53 @@ fn a_model_named_as_on_the_hub_is_found_in_the_cache_or_said_missing() {
     assert!(!ok && stderr.contains("--model org/absent") && stderr.contains("models--org--absent"), "{stderr}");
     let (ok, stderr) = run("org/tiny", "v2", "no-such-branch");
     assert!(!ok && stderr.contains("refs/v2"), "{stderr}");
+}
+
+/// `--model org/name` the cache lacks is downloaded into it from `HF_ENDPOINT` by `hf-hub`
+/// (the files a run reads, not the rest), and read from the cache the next time without a
+/// request; with `HF_HUB_OFFLINE=1` a missing model is one line naming the cache, and a name
+/// the Hub does not have says what it answered.
+#[test]
+fn a_model_named_as_on_the_hub_is_downloaded_into_the_cache_unless_offline() {
+    let dir = tempfile::tempdir().expect("dir");
+    let cache = dir.path().join("hub");
+    let commit = "0123456789abcdef0123456789abcdef01234567";
+    let model = tiny_model(dir.path());
+    std::fs::write(model.join("pytorch_model.bin"), b"weights in a format no run reads").expect("extra file");
+    let mirror = HubMirror::serve(model, "org/tiny", commit);
+    let data = common::small_mrpc(dir.path(), 32, 8);
+    let run = |model: &str, offline: bool, output: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_ringtune"))
+            .current_dir(dir.path())
+            .env("HF_HUB_CACHE", &cache)
+            .env("HF_HOME", dir.path().join("hf-home"))
+            .env("HF_ENDPOINT", &mirror.endpoint)
+            .env("HF_HUB_OFFLINE", if offline { "1" } else { "0" })
+            .env_remove("HF_TOKEN")
+            .args(["train", "--model", model, "--data", data.to_str().expect("utf-8")])
+            .args(["--output", output, "--max-steps", "1", "--kernels", "mlas", "--threads", "1"])
+            .output()
+            .expect("run ringtune");
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (ok, stderr) = run("org/tiny", false, "downloaded");
+    assert!(ok, "{stderr}");
+    let repo = cache.join("models--org--tiny");
+    assert_eq!(std::fs::read_to_string(repo.join("refs/main")).expect("refs/main"), commit);
+    let snapshot = repo.join("snapshots").join(commit);
+    for file in ["config.json", "model.safetensors", "tokenizer.json"] {
+        assert!(snapshot.join(file).is_file(), "{file} downloaded");
+    }
+    assert!(!snapshot.join("pytorch_model.bin").exists(), "a file no run reads is not downloaded");
+    let asked = mirror.requests();
+    let (ok, stderr) = run("org/tiny", false, "from-the-cache");
+    assert!(ok, "{stderr}");
+    assert_eq!(mirror.requests(), asked, "a cached model is read without asking the Hub");
+    let (ok, stderr) = run("org/absent", true, "offline");
+    assert!(!ok && stderr.contains("HF_HUB_OFFLINE") && stderr.contains("models--org--absent"), "{stderr}");
+    assert_eq!(mirror.requests(), asked, "offline asks nothing");
+    let (ok, stderr) = run("org/absent", false, "absent");
+    assert!(!ok && stderr.contains(&mirror.endpoint) && stderr.contains("404"), "{stderr}");
 }
 
 /// The command lines of running `ringtune train` processes writing to `output`.

@@ -11,6 +11,7 @@ use ringtune_trainer::TrainConfig;
 
 pub(crate) mod cluster;
 pub(crate) mod families;
+pub(crate) mod hub_mirror;
 
 pub(crate) fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")

@@ -68,7 +68,8 @@ pub(crate) struct TrainArgs {
     #[arg(long)]
     pub(crate) print_task: bool,
     /// Model folder (config.json, model.safetensors, tokenizer), or a Hugging Face name
-    /// (org/name) in the Hugging Face cache (HF_HUB_CACHE, HF_HOME).
+    /// (org/name) in the Hugging Face cache (HF_HUB_CACHE, HF_HOME), downloaded into it from
+    /// HF_ENDPOINT when missing unless HF_HUB_OFFLINE=1.
     #[arg(long)]
     model: Option<PathBuf>,
     /// The revision of a model given by name: a branch, a tag or a commit (default: main).
