@@ -128,6 +128,9 @@ pub struct Judge {
     pub patience: Option<u32>,
     /// How much an evaluation must improve on the best to count as an improvement.
     pub threshold: f64,
+    /// The run's last step: running out of patience there is not an early stop (the run
+    /// ends there anyway).
+    pub last_step: u64,
 }
 
 /// What one evaluation changed.
@@ -157,7 +160,7 @@ impl Judge {
         if best {
             selection.best = Some(Best { step, metric: self.metric, value, evaluations: evaluations.clone() });
         }
-        let stop = self.patience.is_some_and(|p| selection.without_improvement >= p);
+        let stop = step < self.last_step && self.patience.is_some_and(|p| selection.without_improvement >= p);
         if stop {
             selection.stopped_early_at = Some(step);
         }
@@ -176,18 +179,26 @@ mod tests {
 
     #[test]
     fn the_best_is_a_strict_improvement_and_patience_counts_the_rest() {
-        let judge = Judge { metric: Metric::Accuracy, patience: Some(2), threshold: 0.0 };
+        let judge = Judge { metric: Metric::Accuracy, patience: Some(2), threshold: 0.0, last_step: 50 };
         let mut s = Selection::default();
         assert_eq!(judge.judge(&mut s, 10, &dev(0.70, 0.6)), Verdict { best: true, stop: false });
         assert_eq!(judge.judge(&mut s, 20, &dev(0.75, 0.5)), Verdict { best: true, stop: false });
         assert_eq!(judge.judge(&mut s, 30, &dev(0.75, 0.4)), Verdict { best: false, stop: false }, "a tie");
         assert_eq!(judge.judge(&mut s, 40, &dev(0.72, 0.4)), Verdict { best: false, stop: true });
         assert_eq!((s.best.as_ref().map(|b| b.step), s.stopped_early_at), (Some(20), Some(40)));
+        // Out of patience at the run's last step: it ends there anyway, not early.
+        let last = Judge { last_step: 40, ..judge };
+        let mut s = Selection::default();
+        for (step, accuracy) in [(10, 0.70), (20, 0.75), (30, 0.75)] {
+            last.judge(&mut s, step, &dev(accuracy, 0.5));
+        }
+        assert_eq!(last.judge(&mut s, 40, &dev(0.72, 0.4)), Verdict { best: false, stop: false });
+        assert_eq!(s.stopped_early_at, None);
     }
 
     #[test]
     fn an_improvement_within_the_threshold_is_the_best_but_does_not_reset_patience() {
-        let judge = Judge { metric: Metric::Accuracy, patience: Some(2), threshold: 0.01 };
+        let judge = Judge { metric: Metric::Accuracy, patience: Some(2), threshold: 0.01, last_step: 50 };
         let mut s = Selection::default();
         judge.judge(&mut s, 10, &dev(0.70, 0.6));
         assert_eq!(judge.judge(&mut s, 20, &dev(0.705, 0.6)), Verdict { best: true, stop: false });
@@ -198,7 +209,7 @@ mod tests {
 
     #[test]
     fn the_loss_is_better_lower_and_no_patience_never_stops() {
-        let judge = Judge { metric: Metric::Loss, patience: None, threshold: 0.0 };
+        let judge = Judge { metric: Metric::Loss, patience: None, threshold: 0.0, last_step: 50 };
         let mut s = Selection::default();
         judge.judge(&mut s, 1, &dev(0.5, 0.6));
         assert!(judge.judge(&mut s, 2, &dev(0.4, 0.5)).best);

@@ -106,7 +106,7 @@ pub fn train_on(
 /// How `cfg` judges evaluations: the metric (the task's own when none is named; one the task
 /// does not score is refused, naming those it does), the patience and the threshold. Early
 /// stopping and keeping the best need an evaluation set.
-fn judge(cfg: &TrainConfig, inputs: &Inputs) -> Result<Judge, TrainError> {
+fn judge(cfg: &TrainConfig, inputs: &Inputs, last_step: u64) -> Result<Judge, TrainError> {
     let scoring = Scoring::new(&inputs.config, &inputs.task.name);
     let offered = Metric::of_task(scoring);
     let metric = cfg.metric_for_best_model.unwrap_or(Metric::main_of(scoring));
@@ -132,7 +132,7 @@ fn judge(cfg: &TrainConfig, inputs: &Inputs) -> Result<Judge, TrainError> {
             });
         }
     }
-    Ok(Judge { metric, patience: cfg.early_stopping_patience, threshold: cfg.early_stopping_threshold })
+    Ok(Judge { metric, patience: cfg.early_stopping_patience, threshold: cfg.early_stopping_threshold, last_step })
 }
 
 /// What a step did.
@@ -237,7 +237,7 @@ impl<'s> TrainingRun<'s> {
         if let Some(pieces) = sync.optimizer_pieces() {
             adam = adam.owning(pieces)?;
         }
-        let judge = judge(cfg, &inputs)?;
+        let judge = judge(cfg, &inputs, plan.total)?;
         let mut hooks = sync.hooks();
         // Several nodes hand each gradient to the sync as the backward pass makes it; when a
         // step takes several passes the loop sums theirs first and hands over the sum.
@@ -582,12 +582,7 @@ impl<'s> TrainingRun<'s> {
             self.log.last_scores.insert(split.clone(), scores);
         }
         self.evaluated_at = Some(step);
-        let mut verdict = self.judge.judge(&mut self.selection, step, &evaluations);
-        if verdict.stop && step >= self.plan.total {
-            // Out of patience at the last step: the run ends there anyway, not early.
-            verdict.stop = false;
-            self.selection.stopped_early_at = None;
-        }
+        let verdict = self.judge.judge(&mut self.selection, step, &evaluations);
         if self.rank == 0 && verdict.stop {
             let (metric, patience) = (self.judge.metric, self.cfg.early_stopping_patience.unwrap_or_default());
             let best = self
