@@ -69,7 +69,7 @@ examples: (data "dev")
     # The data is prepared by a debug build, which the tests have already compiled: a release
     # build of the tokenizer stack for this alone took CI two minutes.
     cargo build -q --workspace --examples
-    for example in atomic_write tokenize_pairs build_graph differentiate forward_graph adamw memory_ring two_nodes \
+    for example in atomic_write tokenize_pairs build_graph differentiate forward_graph adamw memory_ring regroup two_nodes \
         matmul run_from_bytes seeded_dropout train_a_few_steps; do echo "== $example"; target/debug/examples/$example; done
 
 # A crate outside the workspace that depends on ringtune-data alone, by path: it must not pull in ONNX Runtime or quinn, and runs the crate's example.

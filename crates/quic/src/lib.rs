@@ -9,9 +9,11 @@
 //! deadlines), `links` (binding the endpoints, which outlive a ring, and opening the links, with
 //! a handshake of rank, world and layout), and `rendezvous` (how the nodes learn each other's
 //! addresses, with messages of its own; and how the survivors of a ring that lost nodes form
-//! the next one, [`QuicRing::regroup`], only on a side holding more than half of the last one).
+//! the next one, [`QuicRing::regroup`]). Who may come in and whether survivors go on is decided
+//! by `ringtune-membership`'s core, which these modules carry messages for.
 //!
-//! Does not own: the all-reduce schedule or frame format (`ringtune-collective`), launcher
+//! Does not own: the all-reduce schedule or frame format (`ringtune-collective`), admission and
+//! the survivors' rule (`ringtune-membership`), launcher
 //! variables (the `ringtune` command line) or training (`ringtune-trainer`).
 //!
 //! ```
@@ -55,6 +57,9 @@ pub enum QuicError {
     /// Finding the other nodes failed.
     #[error("rendezvous: {0}")]
     Rendezvous(String),
+    /// The membership core refused this node or the ring it would form.
+    #[error("rendezvous: {0}")]
+    Refused(#[from] ringtune_membership::Refusal),
     /// A named peer misbehaved or vanished.
     #[error("rank {rank} ({addr}) {reason}")]
     Peer {

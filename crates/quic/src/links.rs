@@ -8,6 +8,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
 use ringtune_collective::{Header, Hello, Kind};
+use ringtune_membership::Membership;
 use tokio::sync::mpsc;
 
 use crate::certs::node_name;
@@ -47,36 +48,12 @@ pub(crate) fn prev_of(rank: usize, world: usize) -> usize {
     (rank + world - 1) % world
 }
 
-/// Who is in a ring, in rank order: each member's certificate id (`node-<id>`) and address.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Member {
-    /// The rank its certificate names, the one it was launched with.
-    pub id: usize,
-    /// Its lane-0 address.
-    pub addr: SocketAddr,
-}
+/// A member of a ring: its certificate id (`node-<id>`, the rank it was launched with) and its
+/// lane-0 address.
+pub type Member = ringtune_membership::Member<SocketAddr>;
 
-/// A ring as formed: this node's rank in it, and every member in rank order.
-#[derive(Debug, Clone)]
-pub(crate) struct Formed {
-    pub(crate) rank: usize,
-    pub(crate) members: Vec<Member>,
-}
-
-impl Formed {
-    pub(crate) fn world(&self) -> usize {
-        self.members.len()
-    }
-
-    fn next(&self) -> &Member {
-        &self.members[(self.rank + 1) % self.world()]
-    }
-
-    fn prev(&self) -> (usize, &Member) {
-        let prev = prev_of(self.rank, self.world());
-        (prev, &self.members[prev])
-    }
-}
+/// A ring as formed, as this node sees it: the members in rank order and its place among them.
+pub(crate) type Formed = Membership<SocketAddr>;
 
 /// Binds one endpoint per lane and starts accepting. Lane `k` of a node listens on its lane-0
 /// port plus `k`, so only lane 0's address is exchanged.
@@ -120,7 +97,7 @@ impl Bound {
 /// Opens every lane of the ring `formed` in both directions, each link's datagrams planned
 /// for its path.
 pub(crate) async fn link(o: &RingOptions, bound: &mut Bound, formed: &Formed) -> Result<Links, QuicError> {
-    let next = formed.next().addr;
+    let next = formed.neighbour(1).addr;
     let plan = plan_datagrams(probe_path(next), next.is_ipv6(), o.tuning.mtu)?;
     for note in &plan.notes {
         tracing::debug!(peer = %next, "{note}");
@@ -135,7 +112,7 @@ pub(crate) async fn link(o: &RingOptions, bound: &mut Bound, formed: &Formed) ->
     conns.extend(accepted);
     let local = bound.endpoints[0].local_addr().map_err(|e| QuicError::Io(e.to_string()))?;
     let lanes = bound.endpoints.len();
-    tracing::info!(rank = formed.rank, world = formed.world(), %local, lanes, "joined the ring");
+    tracing::info!(rank = formed.rank(), world = formed.world(), %local, lanes, "joined the ring");
     Ok(Links { prev_addr, outgoing, incoming, from_prev, conns })
 }
 
@@ -235,9 +212,9 @@ async fn dial_next(
     endpoints: &[Endpoint],
     client: &quinn::ClientConfig,
 ) -> Result<(Vec<SendStream>, Vec<Connection>), QuicError> {
-    let next = (formed.rank + 1) % formed.world();
-    let member = formed.next();
-    let hello = Hello { rank: formed.rank as u32, world: formed.world() as u32, layout: o.layout };
+    let next = (formed.rank() + 1) % formed.world();
+    let member = formed.neighbour(1);
+    let hello = Hello { rank: formed.rank() as u32, world: formed.world() as u32, layout: o.layout };
     let mut out = Vec::new();
     let mut conns = Vec::new();
     for (lane, endpoint) in endpoints.iter().enumerate() {
@@ -262,7 +239,7 @@ async fn accept_prev(
     ring_rxs: &mut [mpsc::UnboundedReceiver<Connection>],
 ) -> Result<(Vec<RecvStream>, Vec<Connection>, Option<SocketAddr>), QuicError> {
     let lanes = ring_rxs.len();
-    let (prev, member) = formed.prev();
+    let (prev, member) = (prev_of(formed.rank(), formed.world()), formed.neighbour(-1));
     let expected = node_name(member.id);
     let mut incoming = Vec::with_capacity(lanes);
     let mut conns = Vec::new();

@@ -18,7 +18,8 @@ use crate::certs::node_name;
 use crate::links::{Bound, Formed, Member};
 use crate::tls::{client_crypto, peer_is, ALPN_JOIN, ALPN_RENDEZVOUS};
 use crate::wire::{describe_connection, dial_until_up};
-use crate::{QuicError, RingOptions, SETTINGS_THAT_MUST_MATCH};
+use crate::{QuicError, RingOptions};
+use ringtune_membership::{Candidate, Launch, Membership};
 
 /// How a node finds the others.
 #[derive(Debug, Clone)]
@@ -222,16 +223,15 @@ pub(crate) async fn launch(o: &RingOptions, bound: &mut Bound) -> Result<Formed,
     let local = endpoint.local_addr().map_err(|e| QuicError::Io(e.to_string()))?;
     let addrs = match &o.peers {
         Peers::List(list) => resolve_all(list).await?,
-        Peers::Coordinator(coordinator) if o.rank == 0 => {
-            coordinate(o, local, &mut bound.registrations, coordinator).await?
-        }
+        Peers::Coordinator(_) if o.rank == 0 => coordinate(o, local, &mut bound.registrations).await?,
         Peers::Coordinator(coordinator) => register(o, endpoint, &bound.transport, local, coordinator).await?,
     };
     if addrs.len() != o.world {
         return Err(QuicError::Rendezvous(format!("{} addresses for a world of {}", addrs.len(), o.world)));
     }
     let members = addrs.into_iter().enumerate().map(|(id, addr)| Member { id, addr }).collect();
-    Ok(Formed { rank: o.rank, members })
+    Membership::new(members, o.rank, o.world, o.layout)
+        .ok_or_else(|| QuicError::Setup(format!("rank {} of world {}", o.rank, o.world)))
 }
 
 /// How long a survivor tries to reach a lower member before passing it over: a live one
@@ -242,29 +242,23 @@ const REACH_WAIT: Duration = Duration::from_secs(2);
 /// What a regroup starts from.
 #[derive(Clone, Copy)]
 pub(crate) struct Regroup<'a> {
-    /// The last ring, this node's place in it.
+    /// The last ring as this node saw it: the members it knows lost, the nodes that asked it
+    /// to join.
     pub(crate) last: &'a Formed,
-    /// The members this node knows lost.
-    pub(crate) suspects: &'a [usize],
-    /// The nodes that asked this node to join.
-    pub(crate) joiners: &'a [Member],
     /// The fewest nodes that may go on.
     pub(crate) min_nodes: usize,
 }
 
 /// The survivors of `last` form the next ring. The lowest member this node can reach (itself
-/// when it reaches none below it; members in `suspects`, whose links went silent, are passed
-/// over) coordinates: it waits for every member it does not know lost, or for `o.silence()`,
-/// then answers the members who came, in order of id, when they are more than half of `last`
-/// and at least `min_nodes`; otherwise it refuses, so at most one side of a split goes on.
+/// when it reaches none below it; members it knows lost are passed over) coordinates: it waits
+/// for every member not known lost, or for `o.silence()`, then answers the members who came,
+/// as the membership core decides (more than half of `last`, at least `min_nodes`), so at most
+/// one side of a split goes on.
 pub(crate) async fn regroup(o: &RingOptions, bound: &mut Bound, ask: &Regroup<'_>) -> Result<Formed, QuicError> {
-    let Regroup { last, suspects, joiners, .. } = *ask;
-    let me = last.members[last.rank].id;
-    let mut lower: Vec<&Member> = last.members.iter().filter(|m| m.id < me && !suspects.contains(&m.id)).collect();
-    lower.sort_by_key(|m| m.id);
+    let last = ask.last;
     let mut client = quinn::ClientConfig::new(Arc::new(client_crypto(&o.identity, ALPN_RENDEZVOUS)?));
     client.transport_config(bound.transport.clone());
-    for member in lower {
+    for member in last.coordinators() {
         let name = node_name(member.id);
         let dial = dial_until_up(&bound.endpoints[0], &client, member.addr, &name);
         let Ok(Ok(conn)) = tokio::time::timeout(REACH_WAIT, dial).await else {
@@ -272,10 +266,10 @@ pub(crate) async fn regroup(o: &RingOptions, bound: &mut Bound, ask: &Regroup<'_
             continue;
         };
         let survivor = Message::Survivor {
-            id: me as u32,
+            id: last.me() as u32,
             layout: o.layout,
-            suspects: suspects.iter().map(|&s| s as u32).collect(),
-            joiners: joiners.iter().map(|j| (j.id as u32, j.addr)).collect(),
+            suspects: last.lost().iter().map(|&s| s as u32).collect(),
+            joiners: last.joiners().iter().map(|j| (j.id as u32, j.addr)).collect(),
         };
         // The coordinator waits for the slowest survivor (up to the peer timeout) first.
         let answer = tokio::time::timeout(o.silence() + o.deadline, exchange(&conn, &survivor)).await;
@@ -287,7 +281,7 @@ pub(crate) async fn regroup(o: &RingOptions, bound: &mut Bound, ask: &Regroup<'_
                 tracing::info!(id = member.id, %addr, "left without answering: passed over as coordinator");
                 continue;
             }
-            Ok(Ok(Message::Members(members))) => formed_with(me, members, member.id, addr),
+            Ok(Ok(Message::Members(members))) => formed_with(o, members, member.id, addr),
             Ok(Ok(Message::Refused(reason))) => Err(QuicError::Rendezvous(reason)),
             Ok(Ok(other)) => Err(QuicError::peer(member.id, addr, format!("answered the regroup with {other:?}"))),
         };
@@ -327,7 +321,7 @@ pub(crate) async fn ask_to_join(o: &RingOptions, bound: &Bound) -> Result<Formed
             match exchange(&conn, &request).await {
                 Ok(Message::Members(members)) => {
                     conn.close(VarInt::from_u32(0), b"joined");
-                    return formed_with(o.rank, members, *id, addr);
+                    return formed_with(o, members, *id, addr);
                 }
                 Ok(Message::Refused(reason)) => {
                     return Err(QuicError::Rendezvous(format!("{addr} refused this node: {reason}")))
@@ -344,16 +338,22 @@ pub(crate) async fn ask_to_join(o: &RingOptions, bound: &Bound) -> Result<Formed
 
 /// This node's place in the ring of `members` (from the coordinator `id` at `addr`, which is
 /// where this node reaches it, whatever address it knows itself by).
-fn formed_with(me: usize, members: Vec<(u32, SocketAddr)>, id: usize, addr: SocketAddr) -> Result<Formed, QuicError> {
+fn formed_with(
+    o: &RingOptions,
+    members: Vec<(u32, SocketAddr)>,
+    id: usize,
+    addr: SocketAddr,
+) -> Result<Formed, QuicError> {
     let members: Vec<Member> = members
         .into_iter()
         .map(|(m, known)| Member { id: m as usize, addr: if m as usize == id { addr } else { known } })
         .collect();
     let rank = members
         .iter()
-        .position(|m| m.id == me)
+        .position(|m| m.id == o.rank)
         .ok_or_else(|| QuicError::peer(id, addr, "formed a ring without this node".into()))?;
-    Ok(Formed { rank, members })
+    Membership::new(members, rank, o.world, o.layout)
+        .ok_or_else(|| QuicError::peer(id, addr, "formed an empty ring".into()))
 }
 
 /// The one message a rendezvous connection sends, and the stream for the answer, unless it
@@ -367,93 +367,47 @@ pub(crate) async fn read_request(
     Some((send, Message::decode(&bytes)))
 }
 
-/// Why `survivors` of the `before` nodes of the last ring, `nodes` with those taken in, may not
-/// go on: half of a split or less, or fewer than `min_nodes`.
-fn refusal((survivors, before): (usize, usize), nodes: usize, min_nodes: usize) -> Option<String> {
-    if 2 * survivors <= before {
-        Some(format!(
-            "only {survivors} of the {before} nodes of the last ring are together: not more than half, so this side \
-             stops (the other may go on)"
-        ))
-    } else if nodes < min_nodes {
-        Some(format!("{nodes} nodes are left, fewer than --min-nodes {min_nodes}"))
-    } else {
-        None
-    }
-}
-
-/// The coordinator of a regroup: see [`regroup`].
+/// The coordinator of a regroup: see [`regroup`]. Each survivor's registration goes to the
+/// membership core, which admits it or says why not; the core decides the ring.
 async fn coordinate_survivors(o: &RingOptions, bound: &mut Bound, ask: &Regroup<'_>) -> Result<Formed, QuicError> {
-    let Regroup { last, suspects, joiners, min_nodes } = *ask;
-    let me = last.members[last.rank].id;
-    let mut lost: Vec<usize> = suspects.to_vec();
-    let mut joining: Vec<Member> = joiners.to_vec();
-    let mut came: Vec<(Member, quinn::SendStream, Connection)> = Vec::new();
+    let mut gathering = ask.last.gathering(ask.min_nodes);
+    let mut came: Vec<(quinn::SendStream, Connection)> = Vec::new();
     let until = tokio::time::Instant::now() + o.silence();
-    let awaited = |came: &[(Member, quinn::SendStream, Connection)], lost: &[usize]| {
-        last.members.iter().any(|m| m.id != me && !lost.contains(&m.id) && !came.iter().any(|(c, ..)| c.id == m.id))
-    };
-    while awaited(&came, &lost) {
+    while gathering.waiting() {
         let Ok(Some(conn)) = tokio::time::timeout_at(until, bound.registrations.recv()).await else { break };
         let remote = conn.remote_address();
         let Some((send, message)) = read_request(&conn, until).await else { continue };
-        let (id, layout, theirs, their_joiners) = match message {
-            Ok(Message::Survivor { id, layout, suspects, joiners }) => (id as usize, layout, suspects, joiners),
-            Ok(other) => {
-                answer(send, &Message::Refused(format!("a regroup takes survivors' registrations, not {other:?}")))
-                    .await;
-                continue;
+        let admitted = match message {
+            Ok(Message::Survivor { id, layout, suspects, joiners }) => {
+                let candidate =
+                    Candidate { id: id as usize, certified: peer_is(&conn, &node_name(id as usize)), settings: layout };
+                let lost: Vec<usize> = suspects.iter().map(|&s| s as usize).collect();
+                let joiners = joiners.into_iter().map(|(id, addr)| Member { id: id as usize, addr }).collect();
+                gathering.survivor(&candidate, &lost, joiners).map_err(|refusal| refusal.to_string())
             }
+            Ok(other) => Err(format!("a regroup takes survivors' registrations, not {other:?}")),
+            Err(reason) => Err(format!("unreadable registration: {reason}")),
+        };
+        match admitted {
+            Ok(()) => came.push((send, conn)),
             Err(reason) => {
-                answer(send, &Message::Refused(format!("unreadable registration: {reason}"))).await;
-                continue;
-            }
-        };
-        let known = last.members.iter().find(|m| m.id == id).filter(|_| peer_is(&conn, &node_name(id)));
-        let refusal = match known {
-            None => Some(format!("{remote} is not a member of the last ring, or its certificate is another node's")),
-            Some(_) if layout != o.layout => Some(format!("node {id} at {remote} trains another layout")),
-            Some(_) if came.iter().any(|(c, ..)| c.id == id) => Some(format!("node {id} registered twice")),
-            Some(_) => None,
-        };
-        match (refusal, known) {
-            (None, Some(member)) => {
-                lost.extend(theirs.iter().map(|&s| s as usize));
-                joining.extend(their_joiners.iter().map(|&(id, addr)| Member { id: id as usize, addr }));
-                came.push((member.clone(), send, conn));
-            }
-            (reason, _) => {
-                let reason = reason.unwrap_or_default();
                 tracing::warn!(peer = %remote, "refused a survivor: {reason}");
                 answer(send, &Message::Refused(reason)).await;
             }
         }
     }
-    let mut members: Vec<Member> = came.iter().map(|(m, ..)| m.clone()).collect();
-    members.push(last.members[last.rank].clone());
-    let (size, before) = (members.len(), last.world());
-    for joiner in joining {
-        if !members.iter().any(|m| m.id == joiner.id) {
-            members.push(joiner);
-        }
-    }
-    members.sort_by_key(|m| m.id);
-    let refusal = refusal((size, before), members.len(), min_nodes);
-    let reply = match &refusal {
-        Some(reason) => Message::Refused(reason.clone()),
-        None => Message::Members(members.iter().map(|m| (m.id as u32, m.addr)).collect()),
+    let decided = gathering.decide();
+    let reply = match &decided {
+        Ok(members) => Message::Members(members.iter().map(|m| (m.id as u32, m.addr)).collect()),
+        Err(refusal) => Message::Refused(refusal.to_string()),
     };
-    for (_, send, conn) in came {
+    for (send, conn) in came {
         answer(send, &reply).await;
         drop(conn);
     }
-    match refusal {
-        Some(reason) => Err(QuicError::Rendezvous(reason)),
-        None => {
-            let rank = members.iter().position(|m| m.id == me).unwrap_or_default();
-            Ok(Formed { rank, members })
-        }
-    }
+    let mut next = ask.last.clone();
+    next.form(decided?)?;
+    Ok(next)
 }
 
 async fn resolve(host_port: &str) -> Result<SocketAddr, QuicError> {
@@ -515,108 +469,58 @@ pub(crate) async fn answer(mut send: quinn::SendStream, message: &Message) {
     let _ = send.stopped().await;
 }
 
-/// Rank 0: waits for every other rank to register, checks they agree, answers the table (or
-/// the first problem, to every rank). A registration it cannot read is answered with the
-/// reason and logged, and the wait goes on.
+/// Rank 0: waits for every other rank to register, the membership core checking each, and
+/// answers the table (or the first refusal, to every rank). A registration it cannot read is
+/// answered with the reason and logged, and the wait goes on.
 async fn coordinate(
     o: &RingOptions,
     local: SocketAddr,
     registrations: &mut mpsc::UnboundedReceiver<Connection>,
-    coordinator: &str,
 ) -> Result<Vec<SocketAddr>, QuicError> {
-    let mut table: Vec<Option<SocketAddr>> = vec![None; o.world];
-    table[0] = Some(SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), local.port()));
+    let mut launch = Launch::new(o.world, o.layout, SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), local.port()));
     let mut waiting = Vec::new();
-    let mut problem = None;
-    while table.iter().any(Option::is_none) {
+    while !launch.complete() {
         let conn =
             registrations.recv().await.ok_or_else(|| QuicError::Setup("the endpoint stopped accepting".into()))?;
         let remote = conn.remote_address();
         // A connection that never sends its registration must not hold up the others: it
-        // gets `o.deadline` (the ring's per-message deadline) to open and finish its stream.
-        let stream = tokio::time::timeout(o.deadline, conn.accept_bi()).await;
-        let (send, mut recv) = match stream {
-            Ok(Ok(streams)) => streams,
-            Ok(Err(e)) => {
-                tracing::warn!(peer = %remote, "a registration that never came: {}", describe_connection(&e));
-                continue;
-            }
-            Err(_) => {
-                tracing::warn!(peer = %remote, "no registration within {:?}; dropped the connection", o.deadline);
-                conn.close(VarInt::from_u32(1), b"no registration in time");
-                continue;
-            }
+        // gets `o.deadline` (the ring's per-message deadline) to send it.
+        let until = tokio::time::Instant::now() + o.deadline;
+        let Some((send, message)) = read_request(&conn, until).await else {
+            tracing::warn!(peer = %remote, "no registration within {:?}; dropped the connection", o.deadline);
+            conn.close(VarInt::from_u32(1), b"no registration in time");
+            continue;
         };
-        let read = match tokio::time::timeout(o.deadline, recv.read_to_end(MAX_MESSAGE)).await {
-            Ok(read) => read.map_err(|e| e.to_string()),
-            Err(_) => Err(format!("the registration did not finish within {:?}", o.deadline)),
-        };
-        let registration = match read.and_then(|bytes| Message::decode(&bytes)) {
-            Ok(m) => m,
-            Err(reason) => {
-                tracing::warn!(peer = %remote, "refused an unreadable registration: {reason}");
-                answer(send, &Message::Refused(format!("unreadable registration: {reason}"))).await;
+        let (rank, world, layout, port) = match message {
+            Ok(Message::Register { rank, world, layout, port }) => (rank as usize, world as usize, layout, port),
+            // Not a registration: answered now, and the job waits on for its ranks.
+            unread => {
+                let reason = match unread {
+                    Ok(other) => format!("{other:?} is not a registration"),
+                    Err(reason) => format!("unreadable registration: {reason}"),
+                };
+                tracing::warn!(peer = %remote, "refused: {reason}");
+                answer(send, &Message::Refused(reason)).await;
                 continue;
             }
         };
-        match check_registration(o, &conn, &table, &registration) {
-            Ok((rank, port)) => table[rank] = Some(SocketAddr::new(remote.ip(), port)),
-            Err((complaint, rank)) => {
-                tracing::warn!(peer = %remote, "{complaint}");
-                problem.get_or_insert(complaint);
-                if let Some(rank) = rank {
-                    table[rank] = Some(remote);
-                }
-            }
+        let candidate = Candidate { id: rank, certified: peer_is(&conn, &node_name(rank)), settings: layout };
+        // A refused rank refuses the job: every rank hears why when the seats are filled.
+        if let Err(refusal) = launch.register(&candidate, world, SocketAddr::new(remote.ip(), port)) {
+            tracing::warn!(peer = %remote, "refused rank {rank}: {refusal}");
         }
         waiting.push((conn, send));
     }
-    let table: Vec<SocketAddr> = table.into_iter().flatten().collect();
-    let reply = match &problem {
-        Some(p) => Message::Refused(p.clone()),
-        None => Message::Table(table.clone()),
+    let decided = launch.decide();
+    let reply = match &decided {
+        Ok(table) => Message::Table(table.clone()),
+        Err(refusal) => Message::Refused(refusal.to_string()),
     };
     for (conn, send) in waiting {
         answer(send, &reply).await;
         drop(conn);
     }
-    match problem {
-        Some(p) => Err(QuicError::Rendezvous(format!("{p} (coordinator {coordinator})"))),
-        None => Ok(table),
-    }
-}
-
-/// The rank and port of a registration that fits the job, or the complaint (with the rank
-/// it fills, so the wait can end and every node hear the complaint).
-fn check_registration(
-    o: &RingOptions,
-    conn: &Connection,
-    table: &[Option<SocketAddr>],
-    registration: &Message,
-) -> Result<(usize, u16), (String, Option<usize>)> {
-    let remote = conn.remote_address();
-    let Message::Register { rank, world, layout, port } = registration else {
-        return Err((format!("{remote} sent a {registration:?} instead of a registration"), None));
-    };
-    let rank = *rank as usize;
-    let open = (1..o.world).contains(&rank) && table[rank].is_none();
-    let fills = open.then_some(rank);
-    if *world as usize != o.world {
-        return Err((
-            format!("rank {rank} at {remote} thinks the world has {world} nodes, the coordinator {}", o.world),
-            fills,
-        ));
-    }
-    if *layout != o.layout {
-        return Err((format!("rank {rank} at {remote} runs a model with another parameter layout, or settings that must match ({SETTINGS_THAT_MUST_MATCH})"), fills));
-    }
-    if !open {
-        return Err((format!("{remote} registered as rank {rank}, which is taken or out of range"), None));
-    }
-    if !peer_is(conn, &node_name(rank)) {
-        return Err((format!("{remote} registered as rank {rank} with a certificate for another node"), fills));
-    }
-    Ok((rank, *port))
+    Ok(decided?)
 }
 
 #[cfg(test)]

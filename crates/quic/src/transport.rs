@@ -12,12 +12,13 @@ use tokio::sync::mpsc;
 
 use crate::certs::node_name;
 use crate::certs::NodeIdentity;
-use crate::links::{bind, link, prev_of, Bound, Formed, Links, Member};
+use crate::links::{bind, link, Bound, Formed, Links, Member};
 use crate::rendezvous::{answer, ask_to_join, launch, read_request, regroup, Message, Regroup};
 use crate::tls::peer_is;
 use crate::tuning::Tuning;
 use crate::wire::{describe_connection, read_frame, write_frame, ReadFrameError};
-use crate::{Peers, QuicError, SETTINGS_THAT_MUST_MATCH};
+use crate::{Peers, QuicError};
+use ringtune_membership::Candidate;
 
 /// Packet counters of a node's links.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -117,8 +118,6 @@ pub struct QuicRing {
     /// Who is in the ring, in rank order.
     formed: Formed,
     options: RingOptions,
-    rank: usize,
-    world: usize,
     prev_addr: Option<SocketAddr>,
     lanes_out: Vec<mpsc::UnboundedSender<(Header, Payload)>>,
     senders: Vec<tokio::task::JoinHandle<()>>,
@@ -126,11 +125,9 @@ pub struct QuicRing {
     from_prev: Vec<Connection>,
     conns: Vec<Connection>,
     send_failure: Arc<Mutex<Option<String>>>,
-    /// Members this node knows lost since the ring formed (by id), for the next regroup.
-    lost: Vec<usize>,
-    /// Nodes that asked this node to join, waiting for the next regroup: each one's id and
-    /// address, and the stream its answer goes on.
-    joiners: Vec<(Member, quinn::SendStream, Connection)>,
+    /// Nodes that asked this node to join and were admitted (in `formed`), waiting for the
+    /// next regroup: each one's id, and the stream its answer goes on.
+    joiners: Vec<(usize, quinn::SendStream, Connection)>,
     sent: usize,
     received: usize,
     deadline: Duration,
@@ -188,13 +185,13 @@ impl QuicRing {
             .enable_all()
             .build()
             .map_err(|e| QuicError::Io(format!("tokio runtime: {e}")))?;
-        let solo = Formed { rank: 0, members: vec![Member { id: options.rank, addr: options.listen }] };
+        let me = Member { id: options.rank, addr: options.listen };
+        let solo = Formed::new(vec![me], 0, options.world, options.layout)
+            .ok_or_else(|| QuicError::Setup("a ring of no node".into()))?;
         Ok(QuicRing {
             rt,
             bound: None,
             formed: solo,
-            rank: 0,
-            world: 1,
             prev_addr: None,
             lanes_out: Vec::new(),
             senders: Vec::new(),
@@ -202,7 +199,6 @@ impl QuicRing {
             from_prev: Vec::new(),
             conns: Vec::new(),
             send_failure: Arc::new(Mutex::new(None)),
-            lost: Vec::new(),
             joiners: Vec::new(),
             sent: 0,
             received: 0,
@@ -214,8 +210,6 @@ impl QuicRing {
 
     /// Takes `links` as the ring `formed`: one sending task per lane.
     fn install(&mut self, formed: Formed, links: Links) {
-        self.rank = formed.rank;
-        self.world = formed.world();
         self.prev_addr = links.prev_addr;
         self.lanes_in = links.incoming;
         self.from_prev = links.from_prev;
@@ -223,7 +217,7 @@ impl QuicRing {
         self.sent = 0;
         self.received = 0;
         self.send_failure = Arc::new(Mutex::new(None));
-        let next = formed.members[(formed.rank + 1) % formed.world()].id;
+        let next = formed.neighbour(1).id;
         self.formed = formed;
         for (lane, mut stream) in links.outgoing.into_iter().enumerate() {
             let (tx, mut rx) = mpsc::unbounded_channel::<(Header, Payload)>();
@@ -251,7 +245,7 @@ impl QuicRing {
     /// The members of the ring, in rank order: each one's certificate id (its rank at launch)
     /// and address.
     pub fn members(&self) -> &[Member] {
-        &self.formed.members
+        self.formed.members()
     }
 
     /// Joins a ring that is running (a replacement for a lost node, started with `--join`):
@@ -266,7 +260,7 @@ impl QuicRing {
     }
 
     /// How many nodes have asked to join and wait for the next regroup (the new requests are
-    /// read now: each one checked, and refused with the reason when it cannot be taken in).
+    /// read now: each one admitted by the membership core, or refused with the reason).
     pub fn joiners_waiting(&mut self) -> usize {
         let QuicRing { rt, bound, formed, options, joiners, .. } = self;
         let Some(bound) = bound.as_mut() else { return 0 };
@@ -277,33 +271,29 @@ impl QuicRing {
             let until = tokio::time::Instant::now() + JOIN_REQUEST_WAIT.min(options.deadline);
             let request = rt.block_on(read_request(&conn, until));
             let Some((send, message)) = request else { continue };
-            let refusal = match message {
-                Ok(Message::Join { id, .. }) if !peer_is(&conn, &node_name(id as usize)) => {
-                    format!("{remote} asked to join as node {id} with another node's certificate")
+            let admitted = match message {
+                Ok(Message::Join { id, layout, port }) => {
+                    let id = id as usize;
+                    let candidate = Candidate { id, certified: peer_is(&conn, &node_name(id)), settings: layout };
+                    formed
+                        .join_request(&candidate, SocketAddr::new(remote.ip(), port))
+                        .map(|()| id)
+                        .map_err(|r| r.to_string())
                 }
-                Ok(Message::Join { id, .. }) if formed.members.iter().any(|m| m.id == id as usize) => {
-                    format!("node {id} is in the ring already")
-                }
-                Ok(Message::Join { id, .. }) if id as usize >= options.world => {
-                    format!("node {id} is past the {} nodes the job was launched with", options.world)
-                }
-                Ok(Message::Join { layout, .. }) if layout != options.layout => {
-                    format!(
-                        "it trains another model, or with settings every node must share ({SETTINGS_THAT_MUST_MATCH})"
-                    )
-                }
-                Ok(Message::Join { id, port, .. }) => {
-                    let member = Member { id: id as usize, addr: SocketAddr::new(remote.ip(), port) };
-                    tracing::info!(id, %remote, "a node asks to join: it is taken in at the next step");
-                    joiners.retain(|(m, ..)| m.id != member.id);
-                    joiners.push((member, send, conn));
-                    continue;
-                }
-                Ok(other) => format!("{other:?} is not a request to join"),
-                Err(e) => format!("an unreadable request to join: {e}"),
+                Ok(other) => Err(format!("{other:?} is not a request to join")),
+                Err(e) => Err(format!("an unreadable request to join: {e}")),
             };
-            tracing::warn!(peer = %remote, "refused a node asking to join: {refusal}");
-            rt.block_on(answer(send, &Message::Refused(refusal)));
+            match admitted {
+                Ok(id) => {
+                    tracing::info!(id, %remote, "a node asks to join: it is taken in at the next step");
+                    joiners.retain(|(j, ..)| *j != id);
+                    joiners.push((id, send, conn));
+                }
+                Err(refusal) => {
+                    tracing::warn!(peer = %remote, "refused a node asking to join: {refusal}");
+                    rt.block_on(answer(send, &Message::Refused(refusal)));
+                }
+            }
         }
         joiners.len()
     }
@@ -315,8 +305,7 @@ impl QuicRing {
     /// or fewer of the last ring, or fewer than `min_nodes`), or cannot reach the others.
     pub fn regroup(&mut self, min_nodes: usize) -> Result<(), QuicError> {
         self.learn_losses("");
-        let suspects = std::mem::take(&mut self.lost);
-        let reason = format!("rank {} regroups", self.formed.members[self.rank].id);
+        let reason = format!("rank {} regroups", self.formed.me());
         for conn in &self.conns {
             conn.close(VarInt::from_u32(1), reason.as_bytes());
         }
@@ -329,9 +318,8 @@ impl QuicRing {
         let bound =
             bound.as_mut().ok_or_else(|| QuicError::Setup("a ring of one node has no one to regroup with".into()))?;
         bound.drop_stale();
-        let joining: Vec<Member> = self.joiners.iter().map(|(m, ..)| m.clone()).collect();
         let formed_next = rt.block_on(async {
-            let ask = Regroup { last: formed, suspects: &suspects, joiners: &joining, min_nodes };
+            let ask = Regroup { last: formed, min_nodes };
             let next = regroup(options, bound, &ask);
             tokio::time::timeout(options.rendezvous_deadline, next).await.map_err(|_| {
                 QuicError::Rendezvous(format!(
@@ -342,7 +330,7 @@ impl QuicRing {
         });
         // Those who asked this node to join hear the outcome from it.
         let reply = match &formed_next {
-            Ok(next) => Message::Members(next.members.iter().map(|m| (m.id as u32, m.addr)).collect()),
+            Ok(next) => Message::Members(next.members().iter().map(|m| (m.id as u32, m.addr)).collect()),
             Err(e) => Message::Refused(format!("the ring could not take this node in: {e}")),
         };
         for (_, send, conn) in self.joiners.drain(..) {
@@ -366,8 +354,7 @@ impl QuicRing {
     /// verdict, passed along) names lost. Read before this node closes its links, which
     /// replaces their reasons.
     fn learn_losses(&mut self, reason: &str) {
-        let prev = self.formed.members[prev_of(self.rank, self.world)].id;
-        let next = self.formed.members[(self.rank + 1) % self.world].id;
+        let (prev, next) = (self.formed.neighbour(-1).id, self.formed.neighbour(1).id);
         let mut found = lost_in(reason);
         for conn in &self.conns {
             let neighbour = match self.from_prev.iter().any(|p| p.stable_id() == conn.stable_id()) {
@@ -385,11 +372,7 @@ impl QuicRing {
                 _ => {}
             }
         }
-        for id in found {
-            if !self.lost.contains(&id) && self.formed.members.iter().any(|m| m.id == id) {
-                self.lost.push(id);
-            }
-        }
+        found.into_iter().for_each(|id| self.formed.peer_lost(id));
     }
 
     /// What this node's links have done so far, summed over them (counters only grow: take
@@ -432,7 +415,7 @@ impl QuicRing {
     }
 
     fn prev(&self) -> String {
-        let prev = self.formed.members[prev_of(self.rank, self.world)].id;
+        let prev = self.formed.neighbour(-1).id;
         match self.prev_addr {
             Some(a) => format!("rank {prev} ({a})"),
             None => format!("rank {prev}"),
@@ -447,7 +430,7 @@ impl Drop for QuicRing {
         if self.conns.is_empty() && self.bound.is_none() {
             return;
         }
-        let reason = format!("rank {} left the ring", self.formed.members[self.rank].id);
+        let reason = format!("rank {} left the ring", self.formed.me());
         for conn in &self.conns {
             conn.close(LEAVING, reason.as_bytes());
         }
@@ -466,11 +449,11 @@ impl Drop for QuicRing {
 
 impl Transport for QuicRing {
     fn rank(&self) -> usize {
-        self.rank
+        self.formed.rank()
     }
 
     fn world(&self) -> usize {
-        self.world
+        self.formed.world()
     }
 
     fn segment(&self) -> usize {
@@ -483,9 +466,9 @@ impl Transport for QuicRing {
     /// ring forms again.
     fn abort(&mut self, reason: &str) {
         self.learn_losses(reason);
-        let mut text = format!("rank {}: {reason}", self.formed.members[self.rank].id);
-        if !self.lost.is_empty() && !reason.contains(LOST_MARK) {
-            text.push_str(&lost_note(&self.lost));
+        let mut text = format!("rank {}: {reason}", self.formed.me());
+        if !self.formed.lost().is_empty() && !reason.contains(LOST_MARK) {
+            text.push_str(&lost_note(self.formed.lost()));
         }
         for conn in &self.conns {
             conn.close(VarInt::from_u32(1), text.as_bytes());
@@ -507,7 +490,7 @@ impl Transport for QuicRing {
         }
         let lane = self.sent % self.lanes_out.len().max(1);
         self.sent += 1;
-        let next = self.formed.members[(self.rank + 1) % self.world].id;
+        let next = self.formed.neighbour(1).id;
         self.lanes_out
             .get(lane)
             .ok_or_else(|| CollectiveError::Transport("no link to the next rank".into()))?
@@ -532,7 +515,7 @@ impl QuicRing {
         let lane = self.received % lanes;
         self.received += 1;
         let prev = self.prev();
-        let peer = self.formed.members[prev_of(self.rank, self.world)].id;
+        let peer = self.formed.neighbour(-1).id;
         let deadline = self.deadline;
         let from_prev = &self.from_prev;
         let heard_from_prev = || from_prev.iter().map(|c| c.stats().udp_rx.datagrams).sum::<u64>();
