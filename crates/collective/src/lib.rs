@@ -113,4 +113,16 @@ pub enum CollectiveError {
     /// The transport failed (a neighbour vanished, a deadline passed).
     #[error("{0}")]
     Transport(String),
+    /// The transport failed and knows which members are lost (their links went silent, they
+    /// left, or a member's closing note named them).
+    #[error("{reason}")]
+    PeersLost {
+        /// The lost members' ids.
+        lost: Vec<usize>,
+        /// What failed, in words.
+        reason: String,
+    },
+    /// The nodes left could not form the next ring, for this reason.
+    #[error("{0}")]
+    Refused(#[from] ringtune_membership::Refusal),
 }

@@ -38,10 +38,6 @@ pub use rendezvous::{Message as RendezvousMessage, Peers};
 pub use transport::{LinkStats, QuicRing, RingOptions};
 pub use tuning::{plan_datagrams, probe_path, DatagramPlan, PathMtu, Tuning, DEFAULT_PEER_TIMEOUT};
 
-/// The settings the layout hash covers beside the parameter layout, as the messages of nodes
-/// whose hashes differ name them.
-const SETTINGS_THAT_MUST_MATCH: &str = "--wire, --shard-optimizer, --overlap, --powersgd-rank, --min-nodes";
-
 /// What can go wrong setting up or running the ring.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum QuicError {

@@ -8,14 +8,14 @@ use std::sync::Arc;
 use bytes::Bytes;
 use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
 use ringtune_collective::{Header, Hello, Kind};
-use ringtune_membership::Membership;
+use ringtune_membership::{Membership, Refusal};
 use tokio::sync::mpsc;
 
 use crate::certs::node_name;
 use crate::tls::{alpn, client_crypto, peer_is, server_crypto, ALPN_JOIN, ALPN_RENDEZVOUS, ALPN_RING};
 use crate::tuning::{bind_udp, endpoint, plan_datagrams, probe_path, transport_config, PathMtu, SegmentCap};
 use crate::wire::{describe_connection, dial_until_up, read_frame, write_frame};
-use crate::{QuicError, RingOptions, SETTINGS_THAT_MUST_MATCH};
+use crate::{QuicError, RingOptions};
 
 /// A node's endpoints, bound and accepting, before and between rings: they outlive a ring that
 /// lost a node, so the survivors find each other where they were.
@@ -311,14 +311,9 @@ fn check_hello(
         ));
     }
     if theirs.layout != o.layout {
-        return Err(QuicError::peer(
-            prev,
-            addr,
-            format!(
-                "runs a model with another parameter layout, or settings that must match \
-                 ({SETTINGS_THAT_MUST_MATCH}); every node must train the same model with the same settings"
-            ),
-        ));
+        let id = formed.neighbour(-1).id;
+        tracing::warn!(peer = %addr, "rank {prev} (node {id}) trains with other settings");
+        return Err(QuicError::Refused(Refusal::SettingsDiffer { id }));
     }
     Ok(())
 }

@@ -19,7 +19,7 @@ use crate::links::{Bound, Formed, Member};
 use crate::tls::{client_crypto, peer_is, ALPN_JOIN, ALPN_RENDEZVOUS};
 use crate::wire::{describe_connection, dial_until_up};
 use crate::{QuicError, RingOptions};
-use ringtune_membership::{Candidate, Launch, Membership};
+use ringtune_membership::{Asking, Candidate, Launch, Membership, Refusal};
 
 /// How a node finds the others.
 #[derive(Debug, Clone)]
@@ -68,6 +68,9 @@ pub enum Message {
     },
     /// The members of the ring the survivors form, in rank order.
     Members(Vec<(u32, SocketAddr)>),
+    /// The membership core refused the job, the ring or this node, and why (as data: the
+    /// node that reads it knows the refusal by type).
+    Declined(Refusal),
     /// A node asks to join a running ring: its certificate id, what it trains, where it listens.
     Join {
         /// The id its certificate names.
@@ -111,6 +114,10 @@ impl Message {
             Message::Members(members) => {
                 out.push(5);
                 encode_members(&mut out, members);
+            }
+            Message::Declined(refusal) => {
+                out.push(7);
+                encode_refusal(&mut out, refusal);
             }
             Message::Join { id, layout, port } => {
                 out.push(6);
@@ -178,9 +185,61 @@ impl Message {
                     port: u16::from_le_bytes([body[36], body[37]]),
                 })
             }
+            7 => decode_refusal(body).map(Message::Declined),
             kind => Err(format!("unknown rendezvous kind {kind}")),
         }
     }
+}
+
+/// A refusal as a code and three numbers.
+fn encode_refusal(out: &mut Vec<u8>, refusal: &Refusal) {
+    let asked = |a: &Asking| match a {
+        Asking::Launch => 0,
+        Asking::Regroup => 1,
+        Asking::Join => 2,
+    };
+    let (code, numbers) = match refusal {
+        Refusal::Minority { together, before } => (1, [*together, *before, 0]),
+        Refusal::TooFew { nodes, min_nodes } => (2, [*nodes, *min_nodes, 0]),
+        Refusal::Taken { id } => (3, [*id, 0, 0]),
+        Refusal::PastTheWorld { id, world } => (4, [*id, *world, 0]),
+        Refusal::WorldDiffers { id, theirs, ours } => (5, [*id, *theirs, *ours]),
+        Refusal::SettingsDiffer { id } => (6, [*id, 0, 0]),
+        Refusal::NotCertified { asking, id } => (7, [*id, asked(asking), 0]),
+        Refusal::NotAMember { id } => (8, [*id, 0, 0]),
+        Refusal::Twice { id } => (9, [*id, 0, 0]),
+        Refusal::LeftOut { id } => (10, [*id, 0, 0]),
+    };
+    out.push(code);
+    numbers.iter().for_each(|n| out.extend_from_slice(&(*n as u32).to_le_bytes()));
+}
+
+fn decode_refusal(body: &[u8]) -> Result<Refusal, String> {
+    let body: &[u8; 13] = body.try_into().map_err(|_| format!("a refusal of {} bytes", body.len()))?;
+    let n =
+        |i: usize| u32::from_le_bytes([body[1 + 4 * i], body[2 + 4 * i], body[3 + 4 * i], body[4 + 4 * i]]) as usize;
+    let (a, b, c) = (n(0), n(1), n(2));
+    Ok(match body[0] {
+        1 => Refusal::Minority { together: a, before: b },
+        2 => Refusal::TooFew { nodes: a, min_nodes: b },
+        3 => Refusal::Taken { id: a },
+        4 => Refusal::PastTheWorld { id: a, world: b },
+        5 => Refusal::WorldDiffers { id: a, theirs: b, ours: c },
+        6 => Refusal::SettingsDiffer { id: a },
+        7 => Refusal::NotCertified {
+            id: a,
+            asking: match b {
+                0 => Asking::Launch,
+                1 => Asking::Regroup,
+                2 => Asking::Join,
+                other => return Err(format!("a refusal of a request of kind {other}")),
+            },
+        },
+        8 => Refusal::NotAMember { id: a },
+        9 => Refusal::Twice { id: a },
+        10 => Refusal::LeftOut { id: a },
+        code => return Err(format!("a refusal of unknown code {code}")),
+    })
 }
 
 fn encode_members(out: &mut Vec<u8>, members: &[(u32, SocketAddr)]) {
@@ -282,6 +341,7 @@ pub(crate) async fn regroup(o: &RingOptions, bound: &mut Bound, ask: &Regroup<'_
                 continue;
             }
             Ok(Ok(Message::Members(members))) => formed_with(o, members, member.id, addr),
+            Ok(Ok(Message::Declined(refusal))) => Err(QuicError::Refused(refusal)),
             Ok(Ok(Message::Refused(reason))) => Err(QuicError::Rendezvous(reason)),
             Ok(Ok(other)) => Err(QuicError::peer(member.id, addr, format!("answered the regroup with {other:?}"))),
         };
@@ -325,6 +385,9 @@ pub(crate) async fn ask_to_join(o: &RingOptions, bound: &Bound) -> Result<Formed
                 }
                 Ok(Message::Refused(reason)) => {
                     return Err(QuicError::Rendezvous(format!("{addr} refused this node: {reason}")))
+                }
+                Ok(Message::Declined(refusal)) => {
+                    return Err(QuicError::Rendezvous(format!("{addr} refused this node: {refusal}")))
                 }
                 Ok(other) => {
                     return Err(QuicError::peer(0, addr, format!("answered a request to join with {other:?}")))
@@ -399,7 +462,7 @@ async fn coordinate_survivors(o: &RingOptions, bound: &mut Bound, ask: &Regroup<
     let decided = gathering.decide();
     let reply = match &decided {
         Ok(members) => Message::Members(members.iter().map(|m| (m.id as u32, m.addr)).collect()),
-        Err(refusal) => Message::Refused(refusal.to_string()),
+        Err(refusal) => Message::Declined(refusal.clone()),
     };
     for (send, conn) in came {
         answer(send, &reply).await;
@@ -459,6 +522,7 @@ async fn register(
             Err(QuicError::peer(0, addr, format!("sent {} addresses for a world of {}", table.len(), o.world)))
         }
         Message::Refused(reason) => Err(QuicError::Rendezvous(format!("the coordinator refused this node: {reason}"))),
+        Message::Declined(refusal) => Err(QuicError::Refused(refusal)),
         other => Err(QuicError::peer(0, addr, format!("answered with {other:?}"))),
     }
 }
@@ -514,7 +578,7 @@ async fn coordinate(
     let decided = launch.decide();
     let reply = match &decided {
         Ok(table) => Message::Table(table.clone()),
-        Err(refusal) => Message::Refused(refusal.to_string()),
+        Err(refusal) => Message::Declined(refusal.clone()),
     };
     for (conn, send) in waiting {
         answer(send, &reply).await;
@@ -589,6 +653,11 @@ mod tests {
                 joiners: vec![(2, "10.0.0.2:29500".parse().expect("v4"))],
             },
             Message::Join { id: 3, layout: [6; 32], port: 29501 },
+            Message::Declined(Refusal::Minority { together: 2, before: 4 }),
+            Message::Declined(Refusal::TooFew { nodes: 2, min_nodes: 3 }),
+            Message::Declined(Refusal::WorldDiffers { id: 1, theirs: 3, ours: 4 }),
+            Message::Declined(Refusal::NotCertified { asking: Asking::Join, id: 2 }),
+            Message::Declined(Refusal::LeftOut { id: 5 }),
             Message::Members(vec![(1, "127.0.0.1:5".parse().expect("v4")), (3, "[::1]:7".parse().expect("v6"))]),
         ];
         for m in messages {
@@ -601,7 +670,11 @@ mod tests {
         assert!(Message::decode(b"RV").expect_err("short").contains("shorter"));
         assert!(Message::decode(b"XX\x01\x01").expect_err("magic").contains("not a rendezvous"));
         assert!(Message::decode(b"RV\x09\x01").expect_err("version").contains("version 9"));
-        assert!(Message::decode(b"RV\x01\x07").expect_err("kind").contains("kind 7"));
+        assert!(Message::decode(b"RV\x01\x09").expect_err("kind").contains("kind 9"));
+        assert!(Message::decode(&[b'R', b'V', 1, 7, 1]).expect_err("refusal").contains("1 bytes"));
+        assert!(Message::decode(&[&[b'R', b'V', 1, 7, 99][..], &[0; 12]].concat())
+            .expect_err("code")
+            .contains("code 99"));
         assert!(Message::decode(b"RV\x01\x01abc").expect_err("short registration").contains("3 bytes"));
         assert!(Message::decode(&[b'R', b'V', 1, 2, 0, 0, 0]).expect_err("table").contains("3 bytes"));
         assert!(Message::decode(&[b'R', b'V', 1, 4, 0, 0, 0]).expect_err("survivor").contains("3 bytes"));

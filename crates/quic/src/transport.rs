@@ -16,7 +16,7 @@ use crate::links::{bind, link, Bound, Formed, Links, Member};
 use crate::rendezvous::{answer, ask_to_join, launch, read_request, regroup, Message, Regroup};
 use crate::tls::peer_is;
 use crate::tuning::Tuning;
-use crate::wire::{describe_connection, read_frame, write_frame, ReadFrameError};
+use crate::wire::{describe_connection, read_frame, write_frame, CloseNote, ReadFrameError};
 use crate::{Peers, QuicError};
 use ringtune_membership::Candidate;
 
@@ -85,22 +85,6 @@ const LEAVING: VarInt = VarInt::from_u32(3);
 
 /// How long a step waits for the request of a node that connected to join.
 const JOIN_REQUEST_WAIT: Duration = Duration::from_secs(1);
-
-/// How a closing reason names the members its sender knows lost: `[lost: 0, 3]`.
-const LOST_MARK: &str = "[lost: ";
-
-fn lost_note(ids: &[usize]) -> String {
-    let ids: Vec<String> = ids.iter().map(usize::to_string).collect();
-    format!(" {LOST_MARK}{}]", ids.join(", "))
-}
-
-/// The members every `[lost: …]` note in `text` names.
-fn lost_in(text: &str) -> Vec<usize> {
-    text.match_indices(LOST_MARK)
-        .filter_map(|(at, _)| text[at + LOST_MARK.len()..].split(']').next())
-        .flat_map(|list| list.split(',').filter_map(|id| id.trim().parse().ok()))
-        .collect()
-}
 
 impl RingOptions {
     /// How long a link may go without a packet before its peer counts as lost.
@@ -304,11 +288,8 @@ impl QuicRing {
     /// world change. Fails, naming why, when this node is on the side of a split that must stop (half
     /// or fewer of the last ring, or fewer than `min_nodes`), or cannot reach the others.
     pub fn regroup(&mut self, min_nodes: usize) -> Result<(), QuicError> {
-        self.learn_losses("");
-        let reason = format!("rank {} regroups", self.formed.me());
-        for conn in &self.conns {
-            conn.close(VarInt::from_u32(1), reason.as_bytes());
-        }
+        self.learn_losses();
+        self.close_links(VarInt::from_u32(1), format!("rank {} regroups", self.formed.me()));
         self.lanes_out.clear();
         self.senders.drain(..).for_each(|sender| sender.abort());
         self.lanes_in.clear();
@@ -350,12 +331,11 @@ impl QuicRing {
     }
 
     /// Adds to what this node knows lost: neighbours whose links went silent (QUIC's idle
-    /// timeout) or who said they leave, and the members a failure's `reason` (a neighbour's
-    /// verdict, passed along) names lost. Read before this node closes its links, which
-    /// replaces their reasons.
-    fn learn_losses(&mut self, reason: &str) {
+    /// timeout) or who said they leave, and the members a neighbour's closing note names lost.
+    /// Read before this node closes its links, which replaces their reasons.
+    fn learn_losses(&mut self) {
         let (prev, next) = (self.formed.neighbour(-1).id, self.formed.neighbour(1).id);
-        let mut found = lost_in(reason);
+        let mut found = Vec::new();
         for conn in &self.conns {
             let neighbour = match self.from_prev.iter().any(|p| p.stable_id() == conn.stable_id()) {
                 true => prev,
@@ -367,12 +347,20 @@ impl QuicRing {
                     found.push(neighbour)
                 }
                 Some(quinn::ConnectionError::ApplicationClosed(close)) => {
-                    found.extend(lost_in(&String::from_utf8_lossy(&close.reason)))
+                    found.extend(CloseNote::decode(&close.reason).map(|note| note.lost).unwrap_or_default())
                 }
                 _ => {}
             }
         }
         found.into_iter().for_each(|id| self.formed.peer_lost(id));
+    }
+
+    /// Closes every link with `code` and a note of what this node knows lost and `reason`.
+    fn close_links(&self, code: VarInt, reason: String) {
+        let note = CloseNote { lost: self.formed.lost().to_vec(), reason }.encode();
+        for conn in &self.conns {
+            conn.close(code, &note);
+        }
     }
 
     /// What this node's links have done so far, summed over them (counters only grow: take
@@ -431,9 +419,7 @@ impl Drop for QuicRing {
             return;
         }
         let reason = format!("rank {} left the ring", self.formed.me());
-        for conn in &self.conns {
-            conn.close(LEAVING, reason.as_bytes());
-        }
+        self.close_links(LEAVING, reason.clone());
         // Nor does it take part in a regroup.
         if let Some(bound) = &self.bound {
             bound.close(&reason);
@@ -461,22 +447,18 @@ impl Transport for QuicRing {
     }
 
     /// Closes every link with `reason`, so that the neighbours fail at once instead of at
-    /// their deadline.
-    /// The members this node knows lost ride along, so that every survivor knows them when the
-    /// ring forms again.
+    /// their deadline. The members this node knows lost ride along in the closing note, so that
+    /// every survivor knows them when the ring forms again.
     fn abort(&mut self, reason: &str) {
-        self.learn_losses(reason);
-        let mut text = format!("rank {}: {reason}", self.formed.me());
-        if !self.formed.lost().is_empty() && !reason.contains(LOST_MARK) {
-            text.push_str(&lost_note(self.formed.lost()));
-        }
-        for conn in &self.conns {
-            conn.close(VarInt::from_u32(1), text.as_bytes());
-        }
+        self.learn_losses();
+        self.close_links(VarInt::from_u32(1), format!("rank {}: {reason}", self.formed.me()));
     }
 
     fn regroup(&mut self, min_nodes: usize) -> Result<Vec<usize>, CollectiveError> {
-        QuicRing::regroup(self, min_nodes).map_err(|e| CollectiveError::Transport(e.to_string()))?;
+        QuicRing::regroup(self, min_nodes).map_err(|e| match e {
+            QuicError::Refused(refusal) => CollectiveError::Refused(refusal),
+            other => CollectiveError::Transport(other.to_string()),
+        })?;
         Ok(self.members().iter().map(|m| m.id).collect())
     }
 
@@ -500,12 +482,17 @@ impl Transport for QuicRing {
 
     /// The next frame; when it cannot come, the links are closed with the reason, so every
     /// rank learns which peer failed at once rather than at its own deadline.
+    /// A failure that leaves members known lost says so by type ([`CollectiveError::PeersLost`]).
     fn recv(&mut self) -> Result<(Header, Payload), CollectiveError> {
-        let received = self.recv_frame();
-        if let Err(e) = &received {
+        self.recv_frame().map_err(|e| {
             self.abort(&e.to_string());
-        }
-        received
+            match e {
+                CollectiveError::Transport(reason) if !self.formed.lost().is_empty() => {
+                    CollectiveError::PeersLost { lost: self.formed.lost().to_vec(), reason }
+                }
+                other => other,
+            }
+        })
     }
 }
 
@@ -578,15 +565,6 @@ mod tests {
     use super::*;
     use crate::certs::node_name;
     use crate::tls::{client_crypto, server_crypto, ALPN_RING};
-
-    #[test]
-    fn losses_ride_along_in_closing_reasons() {
-        let reason = format!("rank 1: rank 0 (127.0.0.1:9) stopped answering{}", super::lost_note(&[0, 3]));
-        assert_eq!(reason, "rank 1: rank 0 (127.0.0.1:9) stopped answering [lost: 0, 3]");
-        assert_eq!(super::lost_in(&format!("rank 2: {reason}")), vec![0, 3]);
-        assert_eq!(super::lost_in("rank 2 left the ring"), Vec::<usize>::new());
-        assert_eq!(super::lost_in("[lost: 1] and [lost: 4, x]"), vec![1, 4]);
-    }
 
     /// Rank 1 is played by hand: a correct certificate and handshake, then bytes that are not
     /// a frame. Rank 0's all-reduce must fail with an error naming rank 1, not hang or panic.

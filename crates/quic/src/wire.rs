@@ -71,12 +71,57 @@ pub(crate) fn describe_read(e: quinn::ReadError) -> String {
 /// A connection error in words.
 pub(crate) fn describe_connection(e: &quinn::ConnectionError) -> String {
     match e {
-        quinn::ConnectionError::ApplicationClosed(close) => {
-            format!("closed the connection: {}", String::from_utf8_lossy(&close.reason))
-        }
+        quinn::ConnectionError::ApplicationClosed(close) => match CloseNote::decode(&close.reason) {
+            Some(note) => format!("closed the connection: {}", note.reason),
+            None => format!("closed the connection: {}", String::from_utf8_lossy(&close.reason)),
+        },
         quinn::ConnectionError::TimedOut => "stopped answering (idle timeout)".into(),
         quinn::ConnectionError::LocallyClosed => "link closed here".into(),
         other => other.to_string(),
+    }
+}
+
+/// What a node closes its ring links with: the members it knows lost, as data the survivors'
+/// next regroup reads, and why, for a person. A frame of its own in the close reason: `"RL"`,
+/// version, the ids' count (u16), the ids (u32 each), then the words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CloseNote {
+    pub(crate) lost: Vec<usize>,
+    pub(crate) reason: String,
+}
+
+const NOTE_MAGIC: [u8; 2] = *b"RL";
+const NOTE_VERSION: u8 = 1;
+/// The longest note sent: a close reason must fit one packet.
+const MAX_NOTE: usize = 1000;
+
+impl CloseNote {
+    /// The frame's bytes; the words are cut (at a character) to fit a packet.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let lost = &self.lost[..self.lost.len().min(64)];
+        let mut out = NOTE_MAGIC.to_vec();
+        out.push(NOTE_VERSION);
+        out.extend_from_slice(&(lost.len() as u16).to_le_bytes());
+        lost.iter().for_each(|&id| out.extend_from_slice(&(id as u32).to_le_bytes()));
+        let room = MAX_NOTE.saturating_sub(out.len());
+        let mut end = self.reason.len().min(room);
+        while !self.reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        out.extend_from_slice(&self.reason.as_bytes()[..end]);
+        out
+    }
+
+    /// A note, when `bytes` are one.
+    pub(crate) fn decode(bytes: &[u8]) -> Option<Self> {
+        let (head, rest) = bytes.split_at_checked(5)?;
+        if head[..2] != NOTE_MAGIC || head[2] != NOTE_VERSION {
+            return None;
+        }
+        let count = u16::from_le_bytes([head[3], head[4]]) as usize;
+        let (ids, words) = rest.split_at_checked(count * 4)?;
+        let lost = ids.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize).collect();
+        Some(CloseNote { lost, reason: String::from_utf8_lossy(words).into_owned() })
     }
 }
 
@@ -104,5 +149,24 @@ pub(crate) async fn dial_until_up(
         }
         tokio::time::sleep(wait).await;
         wait = (wait * 2).min(Duration::from_secs(1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CloseNote;
+
+    #[test]
+    fn a_close_note_carries_the_lost_as_data_and_fits_a_packet() {
+        let note = CloseNote { lost: vec![0, 3], reason: "rank 1: rank 0 (127.0.0.1:9) stopped answering".into() };
+        assert_eq!(CloseNote::decode(&note.encode()), Some(note));
+        let long = CloseNote { lost: vec![2], reason: "é".repeat(2000) };
+        let bytes = long.encode();
+        assert!(bytes.len() <= 1000, "{} bytes", bytes.len());
+        let read = CloseNote::decode(&bytes).expect("a note");
+        assert_eq!(read.lost, [2]);
+        assert!(long.reason.starts_with(&read.reason) && !read.reason.is_empty());
+        assert_eq!(CloseNote::decode(b"rank 2 left the ring"), None, "plain words are not a note");
+        assert_eq!(CloseNote::decode(b"RL\x01\x05\x00\x01"), None, "fewer ids than counted");
     }
 }

@@ -5,7 +5,7 @@
 use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
-use ringtune_collective::{all_reduce_mean, Collective, RingMode, Transport, Wire};
+use ringtune_collective::{all_reduce_mean, Collective, CollectiveError, RingMode, Transport, Wire};
 use ringtune_quic::certs::{generate, ClusterCerts, NodeIdentity};
 use ringtune_quic::{Peers, QuicRing, RingOptions, Tuning};
 
@@ -167,12 +167,12 @@ fn a_killed_rank_is_named_at_the_peer_timeout_not_the_deadline() {
         .filter(|&rank| rank != victim)
         .map(|rank| {
             let o = options(&certs, rank, world, &ports, list(&ports), deadline);
-            std::thread::spawn(move || -> (String, Instant) {
+            std::thread::spawn(move || -> (CollectiveError, Instant) {
                 let mut ring = QuicRing::join(o).expect("join");
                 let mut grads = data(rank, len);
                 all_reduce_mean(&mut ring, 1, &mut grads, 4096).expect("first all-reduce");
                 let err = all_reduce_mean(&mut ring, 2, &mut grads, 4096).expect_err("rank 2 was killed");
-                (err.to_string(), Instant::now())
+                (err, Instant::now())
             })
         })
         .collect();
@@ -188,6 +188,9 @@ fn a_killed_rank_is_named_at_the_peer_timeout_not_the_deadline() {
     for h in handles {
         let (err, named) = h.join().expect("rank");
         let took = named.saturating_duration_since(killed);
+        // The loss is data: the neighbours found it, and their closing notes told the rest.
+        assert!(matches!(&err, CollectiveError::PeersLost { lost, .. } if lost == &[2]), "{err:?}");
+        let err = err.to_string();
         assert!(err.contains("rank 2"), "{err}");
         assert!(took < peer_timeout + Duration::from_secs(3), "named after {took:?}: {err}");
     }

@@ -28,13 +28,26 @@ pub enum TrainError {
     #[error(transparent)]
     Optim(#[from] ringtune_optim::OptimError),
     /// Joining the QUIC ring (certificates, rendezvous, a refused handshake).
-    #[error(transparent)]
+    #[error("{}", quic_words(.0))]
     Quic(#[from] ringtune_quic::QuicError),
-    /// The gradient sync failed; the reason names the node when one is to blame.
+    /// An operation of the nodes' ring failed: a node lost (the lost named by id), cut off,
+    /// failing, or refused; what recovery from a lost node matches on.
+    #[error("gradient sync failed: {}", ring_words(.0))]
+    Ring(#[from] ringtune_collective::CollectiveError),
+    /// This node's sync found a fault of its own or a disagreement of the nodes (parameters,
+    /// what they shared): the reason names the node when one is to blame.
     #[error("gradient sync failed: {reason}")]
     Sync {
-        /// What failed, as the ring or a peer told it.
+        /// What failed, in this layer's words.
         reason: String,
+    },
+    /// A ring broke and the nodes left could not form another.
+    #[error("{broken}; the run cannot go on: {}", .regroup.reason())]
+    CannotGoOn {
+        /// What broke the ring.
+        broken: Box<TrainError>,
+        /// Why no new ring formed.
+        regroup: Box<TrainError>,
     },
     /// The gradients' global norm is NaN or infinite: no parameter was changed.
     #[error("{}", not_finite(*.norm, *.nodes))]
@@ -157,6 +170,7 @@ impl TrainError {
     pub fn reason(&self) -> String {
         match self {
             TrainError::Sync { reason } => reason.clone(),
+            TrainError::Ring(e) => ring_words(e),
             other => other.to_string(),
         }
     }
@@ -165,10 +179,41 @@ impl TrainError {
     /// after which the survivors may form a new one.
     pub fn broke_the_ring(&self) -> bool {
         match self {
-            TrainError::Sync { .. } | TrainError::Quic(_) => true,
+            TrainError::Ring(_) | TrainError::Quic(_) => true,
             TrainError::Step { source, .. } => source.broke_the_ring(),
             _ => false,
         }
+    }
+}
+
+/// A ring's failure as a person reads it: a refusal for too few nodes names the flag that set
+/// the minimum.
+fn ring_words(e: &ringtune_collective::CollectiveError) -> String {
+    match e {
+        ringtune_collective::CollectiveError::Refused(refusal) => refusal_words(refusal),
+        other => other.to_string(),
+    }
+}
+
+/// The QUIC layer's error as a person reads it: a refusal names the flags behind it.
+fn quic_words(e: &ringtune_quic::QuicError) -> String {
+    match e {
+        ringtune_quic::QuicError::Refused(refusal) => format!("rendezvous: {}", refusal_words(refusal)),
+        other => other.to_string(),
+    }
+}
+
+/// A membership refusal with the flags behind it: `--min-nodes`, or the settings the nodes'
+/// handshake compares.
+fn refusal_words(refusal: &ringtune_membership::Refusal) -> String {
+    use ringtune_membership::Refusal;
+    match refusal {
+        Refusal::TooFew { .. } => format!("{refusal} (--min-nodes)"),
+        Refusal::SettingsDiffer { .. } => format!(
+            "{refusal} ({}): every node must train the same model with the same settings",
+            crate::sync::SHARED_SETTINGS
+        ),
+        other => other.to_string(),
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
-use ringtune_collective::{BucketKind, Collective, SyncPlan, Transport};
+use ringtune_collective::{BucketKind, Collective, CollectiveError, SyncPlan, Transport};
 use ringtune_runtime::LendableBuffer;
 
 use super::handoff::ToSync;
@@ -63,15 +63,18 @@ impl<T: Transport> RingExchange<T> {
     /// Returns once the gather behind the forward pass, if one is under way, has ended.
     pub(super) fn settle(&self) -> Result<(), TrainError> {
         match &self.gather {
-            Some(gather) => gather.settle().map_err(|reason| self.abort_with(reason)),
+            Some(gather) => gather.settle().map_err(|e| {
+                lock(&self.ring).abort(&e.to_string());
+                TrainError::Ring(e)
+            }),
             None => Ok(()),
         }
     }
 }
 
 /// A failed ring operation (the collective has told the neighbours).
-pub(super) fn sync_error(e: impl std::fmt::Display) -> TrainError {
-    TrainError::Sync { reason: e.to_string() }
+pub(super) fn sync_error(e: CollectiveError) -> TrainError {
+    TrainError::Ring(e)
 }
 
 impl<T: Transport> Exchange for RingExchange<T> {
@@ -129,7 +132,7 @@ impl<T: Transport> Exchange for RingExchange<T> {
             gather.begin();
             if self.to_sync.send(ToSync::Gather(lent)).is_err() {
                 // Nobody will gather: end it here, so that nothing waits for it.
-                gather.gathering().end(Err("the sync thread has stopped".into()));
+                gather.gathering().end(Err(CollectiveError::Setup("the sync thread has stopped".into())));
                 return Err(self.abort_with("the sync thread has stopped"));
             }
             Ok(())

@@ -7,7 +7,7 @@
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use ringtune_collective::SyncPlan;
+use ringtune_collective::{CollectiveError, SyncPlan};
 use ringtune_ops::param_ready::ParamSource;
 
 /// Where the gather of the last step stands.
@@ -18,7 +18,7 @@ struct GatherState {
     /// The buckets (plan indices) whose parameters are in.
     arrived: Vec<bool>,
     /// Why the gather failed, once it has.
-    failed: Option<String>,
+    failed: Option<CollectiveError>,
     /// Time the session's readers waited for parameters, since last taken.
     waited: Duration,
     /// Time the sync thread spent gathering, since last taken.
@@ -78,7 +78,7 @@ impl ParamGather {
         Gathering { gather: self, started: Instant::now(), ended: false }
     }
 
-    fn end(&self, busy: Duration, result: Result<(), String>) {
+    fn end(&self, busy: Duration, result: Result<(), CollectiveError>) {
         let mut state = self.lock();
         state.in_flight = false;
         state.busy += busy;
@@ -95,7 +95,7 @@ impl ParamGather {
     /// ends the wait: each of the ring's receives has its deadline, and [`Gathering`] ends a
     /// gather however the sync thread leaves it. With `count`, the time goes to the readers'
     /// waits (exposed sync).
-    fn wait_until(&self, count: bool, ready: impl Fn(&GatherState) -> bool) -> Result<(), String> {
+    fn wait_until(&self, count: bool, ready: impl Fn(&GatherState) -> bool) -> Result<(), CollectiveError> {
         let started = Instant::now();
         let mut state = self.lock();
         let outcome = loop {
@@ -114,7 +114,7 @@ impl ParamGather {
     }
 
     /// Returns once the whole gather has ended (at once when none is under way).
-    pub(crate) fn settle(&self) -> Result<(), String> {
+    pub(crate) fn settle(&self) -> Result<(), CollectiveError> {
         self.wait_until(false, |_| false)
     }
 
@@ -142,7 +142,7 @@ impl Gathering<'_> {
     }
 
     /// The gather has ended: every bucket is in, or `Err` with the reason it failed.
-    pub(crate) fn end(mut self, result: Result<(), String>) {
+    pub(crate) fn end(mut self, result: Result<(), CollectiveError>) {
         self.ended = true;
         self.gather.end(self.started.elapsed(), result);
     }
@@ -152,7 +152,7 @@ impl Drop for Gathering<'_> {
     fn drop(&mut self) {
         if !self.ended {
             let reason = "the sync thread stopped in the middle of the parameters' all-gather".to_string();
-            self.gather.end(self.started.elapsed(), Err(reason));
+            self.gather.end(self.started.elapsed(), Err(CollectiveError::Setup(reason)));
         }
     }
 }
@@ -160,7 +160,7 @@ impl Drop for Gathering<'_> {
 impl ParamSource for ParamGather {
     fn wait(&self, tensor: usize) -> Result<(), String> {
         let bucket = *self.waits_for.get(tensor).ok_or_else(|| format!("no parameter {tensor} in the layout"))?;
-        self.wait_until(true, |state| state.arrived.get(bucket).copied().unwrap_or(true))
+        self.wait_until(true, |state| state.arrived.get(bucket).copied().unwrap_or(true)).map_err(|e| e.to_string())
     }
 }
 
@@ -245,14 +245,15 @@ mod tests {
         std::thread::scope(|scope| {
             let reader = scope.spawn(|| gather.wait(0));
             std::thread::sleep(Duration::from_millis(20));
-            gather.gathering().end(Err("rank 3 vanished".into()));
+            gather.gathering().end(Err(CollectiveError::PeersLost { lost: vec![3], reason: "rank 3 vanished".into() }));
             assert_eq!(reader.join().expect("reader").expect_err("failed"), "rank 3 vanished");
         });
-        assert_eq!(gather.settle().expect_err("failed"), "rank 3 vanished");
+        let failed = gather.settle().expect_err("failed");
+        assert!(matches!(&failed, CollectiveError::PeersLost { lost, .. } if lost == &[3]), "{failed:?}");
 
         let dropped = ParamGather::new(&plan(), 3);
         dropped.begin();
         drop(dropped.gathering());
-        assert!(dropped.settle().expect_err("ended").contains("stopped in the middle"));
+        assert!(dropped.settle().expect_err("ended").to_string().contains("stopped in the middle"));
     }
 }

@@ -60,12 +60,32 @@ fn low_rank_buckets(plan: &SyncPlan, layout: &ParamLayout, mode: &SyncMode) -> V
         .collect()
 }
 
+/// What the nodes agree on after each step's gradients, in one all-reduce: the mean loss, and
+/// whether any node holds requests to join (so that all take them in at the same step).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct StepControl {
+    /// This node's loss, weighted by its share of the step's rows; agreed, their mean.
+    loss: f32,
+    /// Nodes asking this node to join; agreed, more than 0 when any node holds some.
+    joiners_waiting: usize,
+}
+
+impl StepControl {
+    /// Every node's values, averaged over the ring.
+    fn agree<T: Transport>(self, ring: &mut Collective<T>) -> Result<StepControl, TrainError> {
+        let mut values = [self.loss, self.joiners_waiting as f32];
+        ring.run(&mut values, RingMode::AllReduceMean, Wire::F32).map_err(sync_error)?;
+        // A mean above 0 means some node holds requests; the count itself is not needed.
+        Ok(StepControl { loss: values[0], joiners_waiting: usize::from(values[1] > 0.0) })
+    }
+}
+
 /// Gradient sync over a ring of `T`.
 pub struct RingSync<T: Transport> {
     slots: Arc<GradSlots>,
     exchange: RingExchange<T>,
     worker: Worker,
-    reduced: Receiver<Result<Reduced, String>>,
+    reduced: Receiver<Result<Reduced, TrainError>>,
     table_rows: Option<usize>,
     low_rank: SharedLowRank,
     /// A step has begun and not yet finished.
@@ -196,23 +216,22 @@ impl<T: Transport> GradSync for RingSync<T> {
         self.in_step = false;
         let reduced = match self.reduced.recv() {
             Ok(Ok(r)) => r,
-            Ok(Err(reason)) => return Err(TrainError::Sync { reason }),
+            Ok(Err(failed)) => return Err(failed),
             Err(_) => return Err(TrainError::Sync { reason: "the sync thread stopped".into() }),
         };
         let Reduced { floats, busy, pieces } = reduced;
         // The buffer's pieces are home: dropped, they leave the loop the whole buffer.
         drop(pieces);
-        // Whether any node holds requests to join rides with the loss, so all take them in at
-        // the same step.
         let mut ring = lock(&self.exchange.ring);
-        let mut mean = [loss * self.weight, ring.joiners_waiting() as f32];
-        ring.run(&mut mean, RingMode::AllReduceMean, Wire::F32).map_err(sync_error)?;
+        let mine = StepControl { loss: loss * self.weight, joiners_waiting: ring.joiners_waiting() };
+        let agreed = mine.agree(&mut ring)?;
         drop(ring);
         let bytes = floats * self.exchange.mode.wire.bytes_per_value();
         // The gather measured here is the one behind this step's forward pass (the last
         // step's parameters).
         let (params_wait, gathering) = self.exchange.gather.as_ref().map(|g| g.take_times()).unwrap_or_default();
-        Ok(Averaged { loss: mean[0], bytes, busy: busy + gathering, params_wait, joiners_waiting: mean[1] > 0.0 })
+        let joiners_waiting = agreed.joiners_waiting > 0;
+        Ok(Averaged { loss: agreed.loss, bytes, busy: busy + gathering, params_wait, joiners_waiting })
     }
 
     fn optimizer_view<'a>(

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ringtune_collective::{BucketKind, LowRankBucket, RingMode, SyncPlan, Transport};
+use ringtune_collective::{BucketKind, CollectiveError, LowRankBucket, RingMode, SyncPlan, Transport};
 use ringtune_runtime::LentBuffer;
 
 use super::exchange::{lock, SharedRing};
@@ -15,6 +15,7 @@ use super::handoff::{GradSlots, ToSync};
 use super::param_gather::ParamGather;
 use super::slots::Piece;
 use super::SyncMode;
+use crate::TrainError;
 
 /// What the sync thread reports when a step's buckets are reduced.
 pub(super) struct Reduced {
@@ -52,7 +53,7 @@ pub(super) struct SyncThread<T: Transport> {
     pub(super) low_rank: SharedLowRank,
     pub(super) mode: SyncMode,
     pub(super) from_loop: Receiver<ToSync>,
-    pub(super) report: Sender<Result<Reduced, String>>,
+    pub(super) report: Sender<Result<Reduced, TrainError>>,
     /// Which parameters' gradients have arrived this step.
     pub(super) ready: Vec<bool>,
     /// The buffer's pieces that have arrived this step, by index, until their bucket is reduced.
@@ -124,9 +125,10 @@ impl<T: Transport> SyncThread<T> {
         Ok(joined)
     }
 
-    fn abort(&self, reason: &str) -> String {
+    /// Fails the step for `reason` of this node's: the other nodes are told.
+    fn abort(&self, reason: &str) -> TrainError {
         lock(&self.ring).abort(reason);
-        reason.to_string()
+        TrainError::Sync { reason: reason.to_string() }
     }
 
     /// All-gathers the parameters bucket by bucket in forward order (the reverse of the plan's),
@@ -142,11 +144,12 @@ impl<T: Transport> SyncThread<T> {
         for (index, bucket) in plan.buckets.iter().enumerate().rev() {
             if bucket.kind == BucketKind::Dense {
                 let Some(floats) = params.range_mut(bucket.range.clone()) else {
-                    gathered = Err(format!("bucket {index} lies outside the {} parameters", params.len()));
+                    let reason = format!("bucket {index} lies outside the {} parameters", params.len());
+                    gathered = Err(CollectiveError::Setup(reason));
                     break;
                 };
                 if let Err(e) = lock(&self.ring).all_gather(floats) {
-                    gathered = Err(e.to_string());
+                    gathered = Err(e);
                     break;
                 }
             }
@@ -157,7 +160,7 @@ impl<T: Transport> SyncThread<T> {
     }
 
     /// Reduces every bucket in plan order, each as soon as all its gradients have arrived.
-    fn reduce_step(&mut self, used_rows: &[u32], weight: f32) -> Result<Reduced, String> {
+    fn reduce_step(&mut self, used_rows: &[u32], weight: f32) -> Result<Reduced, TrainError> {
         let plan = self.plan.clone();
         let low_rank = self.low_rank.clone();
         let mut low_rank = low_rank.lock().unwrap_or_else(|p| p.into_inner());
@@ -198,7 +201,7 @@ impl<T: Transport> SyncThread<T> {
                     ring.all_reduce_rows(buffer, width, used_rows, wire).map(|rows| rows * width)
                 }
             };
-            let done = done.map_err(|e| e.to_string())?;
+            let done = done?;
             floats += done;
             busy += started.elapsed();
             // When each bucket's gradients were in and when it was reduced, from the step's

@@ -198,7 +198,7 @@ fn a_rank_that_abandons_its_step_stops_the_others_with_its_reason() {
     });
     for (rank, error) in results.into_iter().enumerate().take(2) {
         let error = error.expect("an error");
-        assert!(matches!(error, TrainError::Sync { .. }), "rank {rank}: {error:?}");
+        assert!(matches!(error, TrainError::Ring(_)), "rank {rank}: {error:?}");
         let text = error.to_string();
         assert!(text.contains("rank 2") && text.contains("out of memory"), "rank {rank}: {text}");
     }

@@ -58,8 +58,7 @@ impl TrainingRun<'_> {
             Ok(members) => members,
             Err(regroup) => {
                 self.save_after_failure();
-                let reason = format!("{}; the run cannot go on: {}", error.reason(), regroup.reason());
-                return Err(TrainError::Sync { reason });
+                return Err(TrainError::CannotGoOn { broken: Box::new(error), regroup: Box::new(regroup) });
             }
         };
         self.regrouped(members, since)?;
