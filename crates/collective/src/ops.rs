@@ -52,6 +52,16 @@ impl<T: Transport> Collective<T> {
         self.transport.joiners_waiting()
     }
 
+    /// Sends `bytes` to member `id` alone (see [`Transport::send_direct`]); no ring operation.
+    pub fn send_direct(&mut self, id: usize, bytes: Bytes) -> Result<(), CollectiveError> {
+        self.transport.send_direct(id, bytes)
+    }
+
+    /// What a member sent this node alone, and its id (see [`Transport::recv_direct`]).
+    pub fn recv_direct(&mut self) -> Result<(usize, Bytes), CollectiveError> {
+        self.transport.recv_direct()
+    }
+
     fn next_op(&mut self) -> u64 {
         self.last_op += 1;
         self.last_op

@@ -31,6 +31,17 @@ pub trait Transport {
     fn joiners_waiting(&mut self) -> usize {
         0
     }
+    /// Sends `bytes` to member `id` (the rank it was launched with) alone, over a path of their
+    /// own rather than around the ring (a node taken in gets the run's state so, and no other
+    /// node receives it). A transport without such a path says so (the default).
+    fn send_direct(&mut self, id: usize, bytes: Bytes) -> Result<(), CollectiveError> {
+        let _ = (id, bytes);
+        Err(CollectiveError::Transport("this transport has no path to one member alone".into()))
+    }
+    /// What a member sent this node with [`Transport::send_direct`], and that member's id.
+    fn recv_direct(&mut self) -> Result<(usize, Bytes), CollectiveError> {
+        Err(CollectiveError::Transport("this transport has no path to one member alone".into()))
+    }
 }
 
 /// Replaces `grads` by its mean over all ranks (operation id `op`; segments of `segment`

@@ -6,17 +6,19 @@
 //! files and MSR's originals (GLUE's train/dev split rebuilt from `dev_ids.tsv`), labels
 //! ([`LabelSet`]: classes in a fixed, recorded order, or a regression score), bad-row reports
 //! naming file and line, exact Hugging Face tokenization of pairs and single sentences through
-//! the `tokenizers` crate, padded `i64` batches, the seeded per-epoch order and
-//! `DistributedSampler`-style shards, the tokenized cache, and where MRPC lives.
+//! the `tokenizers` crate, padded `i64` batches, the seeded per-epoch order, each node's rows of
+//! each step ([`node_batches`]: `DistributedSampler`-style shards on the launch's nodes, the
+//! same rows taken by the rest after a loss), the tokenized cache, and where MRPC lives.
 //!
 //! Does not own: the model (`encoders`), the training loop or the metrics (`trainer`). Everything
 //! here is pure but for file reads and writes.
 //!
 //! ```
-//! use ringtune_data::{epoch_order, shard, LabelHint, LabelSet, ShardMode};
+//! use ringtune_data::{epoch_order, node_batches, LabelHint, LabelSet};
 //! let order = epoch_order(10, 42, 0);
-//! let shards: Vec<Vec<usize>> = (0..4).map(|r| shard(&order, r, 4, ShardMode::Pad).unwrap()).collect();
-//! assert!(shards.iter().all(|s| s.len() == 3));
+//! // Four nodes, a global batch of 8: each node's rows of each step, every node as many steps.
+//! let nodes: Vec<_> = (0..4).map(|r| node_batches(&order, 4, 8, 0, (r, 4))).collect();
+//! assert!(nodes.iter().all(|steps| steps.len() == 2 && steps[0].rows.len() == 2));
 //! let labels = LabelSet::infer(&["pos", "neg", "pos"], LabelHint::Infer).unwrap();
 //! assert_eq!(labels.names(), ["neg", "pos"]);
 //! ```
@@ -41,7 +43,9 @@ pub use choice::TaskChoice;
 pub use error::{BadRow, DataError, REPORTED_ROWS};
 pub use label::{Label, LabelHint, LabelSet, Problem};
 pub use locate::{data_dir, glue_dir, sha256_hex, DataDir, PINNED_SHA256};
-pub use order::{epoch_order, group_by_length, shard, steps_per_epoch, ShardMode, LENGTH_GROUP_BATCHES};
+pub use order::{
+    epoch_order, group_by_length, node_batches, steps_per_epoch, NodeBatch, ShardMode, LENGTH_GROUP_BATCHES,
+};
 pub use prepare::{cache_file, examples, fingerprint, prepare, CacheUse, Prepared};
 pub use reader::{
     glue_labelled_tsv, glue_split, glue_test_tsv, parse_pairs, read_dev_ids, read_pairs, Dataset, GlueFiles, Layout,

@@ -5,8 +5,6 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::error::DataError;
-
 /// The order of `n` examples in `epoch`: a shuffle that depends only on `seed` and `epoch`.
 pub fn epoch_order(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
     let mut order: Vec<usize> = (0..n).collect();
@@ -57,22 +55,56 @@ pub enum ShardMode {
     DropLast,
 }
 
-/// Rank `rank`'s share of `order`: every `world`-th example starting at `rank`, after padding
-/// or dropping to a multiple of `world`. Shards are disjoint (up to padding), cover the order,
-/// and have equal lengths, so every rank runs the same number of steps.
-pub fn shard(order: &[usize], rank: usize, world: usize, mode: ShardMode) -> Result<Vec<usize>, DataError> {
-    if world == 0 || rank >= world {
-        return Err(DataError::Settings(format!("rank {rank} is not within a world of {world}")));
+/// A node's share of one step's examples.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeBatch {
+    /// The step's index in its epoch.
+    pub index: usize,
+    /// This node's rows of the training split.
+    pub rows: Vec<usize>,
+    /// The step's rows over all nodes.
+    pub global_rows: usize,
+}
+
+impl NodeBatch {
+    /// What this node's mean gradient weighs in the average over `world` nodes: its share of
+    /// the step's rows against an even one.
+    pub fn weight(&self, world: usize) -> f32 {
+        if self.rows.len() * world == self.global_rows {
+            return 1.0;
+        }
+        (self.rows.len() * world) as f32 / self.global_rows.max(1) as f32
     }
+}
+
+/// Node `rank` of `world`'s batches of an epoch's `order`, past the first `skip`: the order is
+/// padded to whole rows for each of the `launch_world` nodes (repeating from its start, as
+/// `DistributedSampler` pads), cut into global batches of `global` rows, and each split every
+/// `world`-th row from `rank`. On the launch's nodes each node takes its shard of the order
+/// (every `launch_world`-th example from its rank) in batches, and every node as many steps;
+/// with fewer nodes (after a loss) the rows are the same, taken by the rest.
+pub fn node_batches(
+    order: &[usize],
+    launch_world: usize,
+    global: usize,
+    skip: usize,
+    (rank, world): (usize, usize),
+) -> Vec<NodeBatch> {
     let n = order.len();
-    let total = match mode {
-        ShardMode::Pad => n.div_ceil(world) * world,
-        ShardMode::DropLast => n / world * world,
-    };
-    if n == 0 && total > 0 {
-        return Err(DataError::Settings("cannot shard an empty dataset".into()));
+    if n == 0 {
+        return Vec::new();
     }
-    Ok((rank..total).step_by(world).map(|i| order[i % n]).collect())
+    let padded: Vec<usize> = (0..n.div_ceil(launch_world.max(1)) * launch_world.max(1)).map(|i| order[i % n]).collect();
+    padded
+        .chunks(global.max(1))
+        .enumerate()
+        .skip(skip)
+        .map(|(index, step)| NodeBatch {
+            index,
+            rows: step.iter().skip(rank).step_by(world.max(1)).copied().collect(),
+            global_rows: step.len(),
+        })
+        .collect()
 }
 
 /// Optimizer steps per epoch for `n` examples, `world` ranks and a per-rank batch.
@@ -103,9 +135,28 @@ mod tests {
     }
 
     #[test]
-    fn bad_ranks_are_refused() {
-        assert!(shard(&[0, 1], 2, 2, ShardMode::Pad).is_err());
-        assert!(shard(&[0, 1], 0, 0, ShardMode::Pad).is_err());
+    fn after_a_loss_the_rest_take_every_row_once() {
+        let order: Vec<usize> = (0..100).map(|i| (i * 37) % 100).collect();
+        let (launch, global) = (4, 32);
+        // Two steps on four nodes, then three nodes go on.
+        let mut seen: Vec<usize> = (0..4)
+            .flat_map(|r| node_batches(&order, launch, global, 0, (r, 4)).into_iter().take(2))
+            .flat_map(|b| b.rows)
+            .collect();
+        let mut weights = Vec::new();
+        for rank in 0..3 {
+            for batch in node_batches(&order, launch, global, 2, (rank, 3)) {
+                weights.push((batch.index, batch.weight(3), batch.rows.len(), batch.global_rows));
+                seen.extend(batch.rows);
+            }
+        }
+        seen.sort_unstable();
+        assert_eq!(seen, (0..100).collect::<Vec<_>>(), "every row once");
+        // 32 rows over 3 nodes: 11, 11 and 10, weighed 33/32, 33/32 and 30/32.
+        let third: Vec<f32> = weights.iter().filter(|w| w.0 == 2).map(|w| w.1).collect();
+        assert_eq!(third, vec![33.0 / 32.0, 33.0 / 32.0, 30.0 / 32.0]);
+        assert!(weights.iter().filter(|w| w.2 * 3 == w.3).all(|w| w.1 == 1.0), "even shares weigh 1");
+        assert!(node_batches(&[], 2, 8, 0, (0, 2)).is_empty());
     }
 
     #[test]
@@ -150,41 +201,33 @@ mod tests {
         }
 
         #[test]
-        fn shards_are_disjoint_complete_and_equal(n in 1usize..500, world in 1usize..=8, batch in 1usize..40, seed: u64) {
+        fn launch_nodes_take_disjoint_complete_equal_shards(n in 1usize..500, world in 1usize..=8, batch in 1usize..40, seed: u64) {
             let order = epoch_order(n, seed, 0);
-            for mode in [ShardMode::Pad, ShardMode::DropLast] {
-                let shards: Vec<Vec<usize>> = (0..world).map(|r| shard(&order, r, world, mode).expect("shard")).collect();
-                let len = shards[0].len();
-                prop_assert!(shards.iter().all(|s| s.len() == len), "equal lengths");
-                let steps: HashSet<usize> = shards.iter().map(|s| s.len().div_ceil(batch)).collect();
-                prop_assert_eq!(steps.len(), 1, "equal step counts");
-                prop_assert_eq!(*steps.iter().next().expect("one count"), steps_per_epoch(n, world, batch, mode));
-                let all: Vec<usize> = shards.concat();
-                let distinct: HashSet<usize> = all.iter().copied().collect();
-                match mode {
-                    ShardMode::Pad => {
-                        prop_assert_eq!(distinct.len(), n, "every example is seen");
-                        prop_assert_eq!(all.len() - distinct.len(), all.len() - n, "only padding repeats");
-                        prop_assert!(all.len() - n < world);
-                    }
-                    ShardMode::DropLast => {
-                        prop_assert_eq!(distinct.len(), all.len(), "disjoint");
-                        prop_assert!(n - all.len() < world);
-                    }
-                }
+            let nodes: Vec<Vec<NodeBatch>> =
+                (0..world).map(|r| node_batches(&order, world, world * batch, 0, (r, world))).collect();
+            for (rank, batches) in nodes.iter().enumerate() {
+                prop_assert_eq!(batches.len(), steps_per_epoch(n, world, batch, ShardMode::Pad), "equal step counts");
+                // Each node's rows are its shard: every world-th example of the padded order from its rank.
+                let rows: Vec<usize> = batches.iter().flat_map(|b| b.rows.clone()).collect();
+                let shard: Vec<usize> = (rank..n.div_ceil(world) * world).step_by(world).map(|i| order[i % n]).collect();
+                prop_assert_eq!(rows, shard);
+                prop_assert!(batches.iter().all(|b| b.rows.len() * world == b.global_rows && b.weight(world) == 1.0));
             }
+            let all: Vec<usize> = nodes.iter().flatten().flat_map(|b| b.rows.clone()).collect();
+            let distinct: HashSet<usize> = all.iter().copied().collect();
+            prop_assert_eq!(distinct.len(), n, "every example is seen");
+            prop_assert!(all.len() - n < world, "only padding repeats");
         }
 
         #[test]
-        fn per_rank_batches_union_to_the_global_batch(n in 1usize..300, world in 1usize..=8, batch in 1usize..20) {
-            // Batch k of every rank together holds batch k of one node with batch world*batch.
+        fn per_node_batches_union_to_the_global_batch(n in 1usize..300, world in 1usize..=8, batch in 1usize..20) {
+            // Batch k of every node together holds batch k of one node with batch world*batch.
             let order = epoch_order(n, 7, 0);
-            let padded = shard(&order, 0, 1, ShardMode::Pad).expect("shard");
             let global: Vec<usize> = (0..n.div_ceil(world) * world).map(|i| order[i % n]).collect();
-            prop_assert_eq!(padded.len(), n);
-            let shards: Vec<Vec<usize>> = (0..world).map(|r| shard(&order, r, world, ShardMode::Pad).expect("shard")).collect();
+            let nodes: Vec<Vec<NodeBatch>> =
+                (0..world).map(|r| node_batches(&order, world, world * batch, 0, (r, world))).collect();
             for (k, g) in global.chunks(world * batch).enumerate() {
-                let mut union: Vec<usize> = shards.iter().flat_map(|s| s.chunks(batch).nth(k).unwrap_or(&[]).to_vec()).collect();
+                let mut union: Vec<usize> = nodes.iter().flat_map(|b| b[k].rows.clone()).collect();
                 let mut want = g.to_vec();
                 union.sort_unstable();
                 want.sort_unstable();

@@ -12,7 +12,7 @@ use ringtune_membership::{Membership, Refusal};
 use tokio::sync::mpsc;
 
 use crate::certs::node_name;
-use crate::tls::{alpn, client_crypto, peer_is, server_crypto, ALPN_JOIN, ALPN_RENDEZVOUS, ALPN_RING};
+use crate::tls::{alpn, client_crypto, peer_is, server_crypto, ALPN_DIRECT, ALPN_JOIN, ALPN_RENDEZVOUS, ALPN_RING};
 use crate::tuning::{bind_udp, endpoint, plan_datagrams, probe_path, transport_config, PathMtu, SegmentCap};
 use crate::wire::{describe_connection, dial_until_up, read_frame, write_frame};
 use crate::{QuicError, RingOptions};
@@ -32,6 +32,8 @@ pub(crate) struct Bound {
     pub(crate) registrations: mpsc::UnboundedReceiver<Connection>,
     /// Nodes asking to join, accepted (on lane 0's endpoint).
     pub(crate) joins: mpsc::UnboundedReceiver<Connection>,
+    /// Members sending this node a state of its own, accepted (on lane 0's endpoint).
+    pub(crate) directs: mpsc::UnboundedReceiver<Connection>,
 }
 
 /// Everything a ring node holds once linked.
@@ -69,9 +71,10 @@ pub(crate) fn bind(o: &RingOptions) -> Result<Bound, QuicError> {
     let (endpoints, caps): (Vec<_>, Vec<_>) =
         sockets.into_iter().map(|s| endpoint(s, server.clone())).collect::<Result<Vec<_>, _>>()?.into_iter().unzip();
     let mut routes = endpoints.iter().map(accept_loop).collect::<Vec<_>>().into_iter();
-    let Routes { ring, registrations, joins } = routes.next().ok_or_else(|| QuicError::Setup("no lanes".into()))?;
+    let Routes { ring, registrations, joins, directs } =
+        routes.next().ok_or_else(|| QuicError::Setup("no lanes".into()))?;
     let ring_rxs = std::iter::once(ring).chain(routes.map(|r| r.ring)).collect();
-    Ok(Bound { endpoints, caps, window, transport, ring_rxs, registrations, joins })
+    Ok(Bound { endpoints, caps, window, transport, ring_rxs, registrations, joins, directs })
 }
 
 impl Bound {
@@ -158,19 +161,22 @@ struct Routes {
     ring: mpsc::UnboundedReceiver<Connection>,
     registrations: mpsc::UnboundedReceiver<Connection>,
     joins: mpsc::UnboundedReceiver<Connection>,
+    directs: mpsc::UnboundedReceiver<Connection>,
 }
 
 /// Accepts every incoming connection and routes it by protocol: ring links (their certificates
-/// are checked against the ring being formed), registrations, and nodes asking to join;
-/// anything else is closed with the reason.
+/// are checked against the ring being formed), registrations, nodes asking to join, and states
+/// sent to this node alone; anything else is closed with the reason.
 fn accept_loop(endpoint: &Endpoint) -> Routes {
     let (ring_tx, ring) = mpsc::unbounded_channel::<Connection>();
     let (rdv_tx, registrations) = mpsc::unbounded_channel::<Connection>();
     let (join_tx, joins) = mpsc::unbounded_channel::<Connection>();
+    let (direct_tx, directs) = mpsc::unbounded_channel::<Connection>();
     let accepting = endpoint.clone();
     tokio::spawn(async move {
         while let Some(incoming) = accepting.accept().await {
-            let (ring_tx, rdv_tx, join_tx) = (ring_tx.clone(), rdv_tx.clone(), join_tx.clone());
+            let (ring_tx, rdv_tx, join_tx, direct_tx) =
+                (ring_tx.clone(), rdv_tx.clone(), join_tx.clone(), direct_tx.clone());
             tokio::spawn(async move {
                 let remote = incoming.remote_address();
                 let conn = match incoming.await {
@@ -184,6 +190,7 @@ fn accept_loop(endpoint: &Endpoint) -> Routes {
                     Some(ALPN_RING) => &ring_tx,
                     Some(ALPN_RENDEZVOUS) => &rdv_tx,
                     Some(ALPN_JOIN) => &join_tx,
+                    Some(ALPN_DIRECT) => &direct_tx,
                     _ => {
                         conn.close(VarInt::from_u32(2), b"unknown protocol");
                         return;
@@ -193,7 +200,7 @@ fn accept_loop(endpoint: &Endpoint) -> Routes {
             });
         }
     });
-    Routes { ring, registrations, joins }
+    Routes { ring, registrations, joins, directs }
 }
 
 /// A handshake's header: it says which lane this is and how many this node uses.

@@ -16,6 +16,8 @@ pub(crate) const ALPN_RING: &[u8] = b"ringtune-ring/1";
 pub(crate) const ALPN_RENDEZVOUS: &[u8] = b"ringtune-rdv/1";
 /// ALPN of a node asking to join a running ring.
 pub(crate) const ALPN_JOIN: &[u8] = b"ringtune-join/1";
+/// ALPN of a state sent to one member alone (a node taken in).
+pub(crate) const ALPN_DIRECT: &[u8] = b"ringtune-direct/1";
 
 fn tls(e: impl std::fmt::Display) -> QuicError {
     QuicError::Certificates(e.to_string())
@@ -48,7 +50,8 @@ pub(crate) fn server_crypto(id: &NodeIdentity) -> Result<QuicServerConfig, QuicE
         .with_client_cert_verifier(verifier)
         .with_single_cert(id.chain.clone(), id.key.clone_key())
         .map_err(tls)?;
-    config.alpn_protocols = vec![ALPN_RING.to_vec(), ALPN_RENDEZVOUS.to_vec(), ALPN_JOIN.to_vec()];
+    config.alpn_protocols =
+        vec![ALPN_RING.to_vec(), ALPN_RENDEZVOUS.to_vec(), ALPN_JOIN.to_vec(), ALPN_DIRECT.to_vec()];
     QuicServerConfig::try_from(config).map_err(tls)
 }
 

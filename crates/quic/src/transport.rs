@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bytes::Bytes;
 use quinn::{Connection, RecvStream, VarInt};
 use ringtune_collective::{CollectiveError, Header, Kind, Payload, Transport};
 use tokio::sync::mpsc;
@@ -14,9 +15,9 @@ use crate::certs::node_name;
 use crate::certs::NodeIdentity;
 use crate::links::{bind, link, Bound, Formed, Links, Member};
 use crate::rendezvous::{answer, ask_to_join, launch, read_request, regroup, Message, Regroup};
-use crate::tls::peer_is;
+use crate::tls::{client_crypto, peer_is, ALPN_DIRECT};
 use crate::tuning::Tuning;
-use crate::wire::{describe_connection, read_frame, write_frame, CloseNote, ReadFrameError};
+use crate::wire::{describe_connection, dial_until_up, read_frame, write_frame, CloseNote, ReadFrameError};
 use crate::{Peers, QuicError};
 use ringtune_membership::Candidate;
 
@@ -29,6 +30,8 @@ pub struct LinkStats {
     pub datagrams_received: u64,
     /// UDP payload bytes sent.
     pub bytes_sent: u64,
+    /// UDP payload bytes received.
+    pub bytes_received: u64,
     /// System calls that sent them (fewer than datagrams with segmentation offload).
     pub send_calls: u64,
     /// Packets declared lost (and resent).
@@ -46,6 +49,7 @@ impl LinkStats {
             datagrams_sent: self.datagrams_sent - earlier.datagrams_sent,
             datagrams_received: self.datagrams_received - earlier.datagrams_received,
             bytes_sent: self.bytes_sent - earlier.bytes_sent,
+            bytes_received: self.bytes_received - earlier.bytes_received,
             send_calls: self.send_calls - earlier.send_calls,
             lost_packets: self.lost_packets - earlier.lost_packets,
             congestion_events: self.congestion_events - earlier.congestion_events,
@@ -82,6 +86,9 @@ pub struct RingOptions {
 
 /// The code a node closes its links with when it leaves the ring for good (not to regroup).
 const LEAVING: VarInt = VarInt::from_u32(3);
+
+/// The most a member may send another alone (a base model's state is about 1.3 GB).
+const MAX_DIRECT: usize = 16 << 30;
 
 /// How long a step waits for the request of a node that connected to join.
 const JOIN_REQUEST_WAIT: Duration = Duration::from_secs(1);
@@ -282,6 +289,74 @@ impl QuicRing {
         joiners.len()
     }
 
+    /// Sends `bytes` to member `id` alone, over a connection of its own to that member's
+    /// endpoint (no other node carries them); returns once the member has read them all.
+    pub fn send_direct(&mut self, id: usize, bytes: Bytes) -> Result<(), QuicError> {
+        let QuicRing { rt, bound, formed, options, .. } = self;
+        let member = formed.members().iter().find(|m| m.id == id).cloned();
+        let member = member.ok_or_else(|| QuicError::Setup(format!("node {id} is not in the ring")))?;
+        let bound =
+            bound.as_ref().ok_or_else(|| QuicError::Setup("a ring of one node has no one to send to".into()))?;
+        let mut client = quinn::ClientConfig::new(Arc::new(client_crypto(&options.identity, ALPN_DIRECT)?));
+        client.transport_config(bound.transport.clone());
+        let addr = member.addr;
+        let sending = async {
+            let conn = dial_until_up(&bound.endpoints[0], &client, addr, &node_name(id)).await?;
+            let failed = |reason: String| QuicError::peer(id, addr, reason);
+            let mut stream = conn.open_uni().await.map_err(|e| failed(describe_connection(&e)))?;
+            stream.write_chunk(bytes).await.map_err(|e| failed(e.to_string()))?;
+            stream.finish().map_err(|e| failed(e.to_string()))?;
+            // Every byte acknowledged: the member has them.
+            stream.stopped().await.map_err(|e| failed(e.to_string()))?;
+            conn.close(VarInt::from_u32(0), b"sent");
+            Ok(())
+        };
+        rt.block_on(async {
+            tokio::time::timeout(options.rendezvous_deadline, sending).await.map_err(|_| {
+                QuicError::peer(
+                    id,
+                    addr,
+                    format!("did not take what was sent within {:?}", options.rendezvous_deadline),
+                )
+            })?
+        })
+    }
+
+    /// What a member sends this node with [`QuicRing::send_direct`], and its id; a connection
+    /// from a node outside the ring is refused, and the wait goes on.
+    pub fn recv_direct(&mut self) -> Result<(usize, Bytes), QuicError> {
+        let QuicRing { rt, bound, formed, options, .. } = self;
+        let bound = bound.as_mut().ok_or_else(|| QuicError::Setup("a ring of one node has no one to hear".into()))?;
+        let receiving = async {
+            loop {
+                let conn = bound
+                    .directs
+                    .recv()
+                    .await
+                    .ok_or_else(|| QuicError::Setup("the endpoint stopped accepting".into()))?;
+                let remote = conn.remote_address();
+                let Some(member) = formed.members().iter().find(|m| peer_is(&conn, &node_name(m.id))) else {
+                    tracing::warn!(peer = %remote, "refused a direct sender outside the ring");
+                    conn.close(VarInt::from_u32(2), b"not a member of this ring");
+                    continue;
+                };
+                let id = member.id;
+                let failed = |reason: String| QuicError::peer(id, remote, reason);
+                let mut stream = conn.accept_uni().await.map_err(|e| failed(describe_connection(&e)))?;
+                let bytes = stream.read_to_end(MAX_DIRECT).await.map_err(|e| failed(e.to_string()))?;
+                return Ok((id, Bytes::from(bytes)));
+            }
+        };
+        rt.block_on(async {
+            tokio::time::timeout(options.rendezvous_deadline, receiving).await.map_err(|_| {
+                QuicError::Rendezvous(format!(
+                    "no member sent this node its state within {:?}",
+                    options.rendezvous_deadline
+                ))
+            })?
+        })
+    }
+
     /// After a failed operation, or at a step where nodes wait to join (every member calls it):
     /// the members form a new ring without the nodes that are gone and with those waiting to
     /// join (see the regroup in `rendezvous`), and this node takes its place in it; its rank and
@@ -370,6 +445,7 @@ impl QuicRing {
             sum.datagrams_sent += s.udp_tx.datagrams;
             sum.datagrams_received += s.udp_rx.datagrams;
             sum.bytes_sent += s.udp_tx.bytes;
+            sum.bytes_received += s.udp_rx.bytes;
             sum.send_calls += s.udp_tx.ios;
             sum.lost_packets += s.path.lost_packets;
             sum.congestion_events += s.path.congestion_events;
@@ -464,6 +540,14 @@ impl Transport for QuicRing {
 
     fn joiners_waiting(&mut self) -> usize {
         QuicRing::joiners_waiting(self)
+    }
+
+    fn send_direct(&mut self, id: usize, bytes: Bytes) -> Result<(), CollectiveError> {
+        QuicRing::send_direct(self, id, bytes).map_err(|e| CollectiveError::Transport(e.to_string()))
+    }
+
+    fn recv_direct(&mut self) -> Result<(usize, Bytes), CollectiveError> {
+        QuicRing::recv_direct(self).map_err(|e| CollectiveError::Transport(e.to_string()))
     }
 
     fn send(&mut self, header: Header, payload: Payload) -> Result<(), CollectiveError> {

@@ -428,3 +428,46 @@ fn requests_to_join_that_cannot_be_taken_in_are_refused_with_the_reason() {
         assert_eq!(rings[id].as_ref().unwrap_or_else(|e| panic!("node {id}: {e}")), &[0, 1], "node {id}'s ring");
     }
 }
+
+/// A state sent to one member alone (a node taken in) travels on a connection of its own: that
+/// member gets every byte, and the nodes between the two on the ring receive no more than
+/// their links' keep-alives while it goes.
+#[test]
+fn a_direct_send_reaches_its_member_alone() {
+    let world = 4;
+    let certs = generate(world).expect("certs");
+    let ports = free_ports(world);
+    let state: Vec<u8> = (0..8usize << 20).map(|i| (i % 251) as u8).collect();
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(world));
+    let handles: Vec<_> = (0..world)
+        .map(|rank| {
+            let o = options(&certs, rank, world, &ports, list(&ports), Duration::from_secs(20));
+            let (barrier, state) = (barrier.clone(), state.clone());
+            std::thread::spawn(move || {
+                let mut ring = QuicRing::join(o).expect("join");
+                all_reduce_mean(&mut ring, 1, &mut data(rank, 1000), 4096).expect("all-reduce");
+                barrier.wait();
+                let before = ring.stats();
+                let got = match rank {
+                    0 => {
+                        ring.send_direct(2, bytes::Bytes::from(state)).expect("sent");
+                        None
+                    }
+                    2 => Some(ring.recv_direct().expect("received")),
+                    _ => None,
+                };
+                barrier.wait();
+                let received = ring.stats().since(&before).bytes_received;
+                ring.shutdown();
+                (got, received)
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().expect("rank")).collect();
+    let (from, bytes) = results[2].0.clone().expect("node 2 got the state");
+    assert_eq!(from, 0);
+    assert!(bytes.as_ref() == state.as_slice(), "{} bytes arrived of {}", bytes.len(), state.len());
+    for rank in [1, 3] {
+        assert!(results[rank].1 < 16 << 10, "rank {rank} received {} bytes during the send", results[rank].1);
+    }
+}

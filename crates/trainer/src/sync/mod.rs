@@ -163,6 +163,11 @@ pub trait GradSync {
     /// Every node's `mine`, by rank: what the nodes share between steps (each one's part of an
     /// evaluation). Every node calls it at the same point.
     fn gather(&mut self, mine: Bytes) -> Result<Vec<Bytes>, TrainError>;
+    /// Sends `state` to the member `id` (its rank at launch) alone, over a path of their own:
+    /// a node taken in gets the run's state so, and no other node carries it.
+    fn send_state(&mut self, id: usize, state: Bytes) -> Result<(), TrainError>;
+    /// The state a member sent this node with [`GradSync::send_state`].
+    fn recv_state(&mut self) -> Result<Bytes, TrainError>;
     /// Returns once the parameters of the last step are all in place on this node (the
     /// all-gather behind the forward pass has ended), or with the reason they never will be.
     fn settle(&mut self) -> Result<(), TrainError>;
@@ -255,6 +260,14 @@ impl GradSync for OneNode {
 
     fn gather(&mut self, mine: Bytes) -> Result<Vec<Bytes>, TrainError> {
         Ok(vec![mine])
+    }
+
+    fn send_state(&mut self, id: usize, _state: Bytes) -> Result<(), TrainError> {
+        Err(TrainError::Sync { reason: format!("one node has no node {id} to send its state to") })
+    }
+
+    fn recv_state(&mut self) -> Result<Bytes, TrainError> {
+        Err(TrainError::Sync { reason: "one node has no one to take a state from".into() })
     }
 
     fn settle(&mut self) -> Result<(), TrainError> {

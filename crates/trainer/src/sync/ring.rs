@@ -337,6 +337,15 @@ impl<T: Transport> GradSync for RingSync<T> {
         self.exchange.gather(mine)
     }
 
+    fn send_state(&mut self, id: usize, state: Bytes) -> Result<(), TrainError> {
+        self.settle()?;
+        lock(&self.exchange.ring).send_direct(id, state).map_err(sync_error)
+    }
+
+    fn recv_state(&mut self) -> Result<Bytes, TrainError> {
+        lock(&self.exchange.ring).recv_direct().map(|(_, state)| state).map_err(sync_error)
+    }
+
     fn check_params(&mut self, params: &[f32]) -> Result<(), TrainError> {
         self.settle()?;
         let hash = params_hash(params);

@@ -1,5 +1,5 @@
-//! Going on without lost nodes (`--min-nodes`): the loop runs the epochs left; a step or an
-//! epoch's end that fails because the ring broke is given up, the survivors form a new ring
+//! Going on without lost nodes (`--min-nodes`): a step or an epoch's end of
+//! [`TrainingRun::run_epochs`] that fails because the ring broke is given up, the survivors form a new ring
 //! ([`GradSync::regroup`](crate::sync::GradSync::regroup)) and check that they hold the same
 //! parameters, and the loop goes on from the last completed step with the same global batch,
 //! the lost nodes' rows taken by the rest. Each change is logged, written to `metrics.jsonl` and
@@ -11,33 +11,12 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use super::{Continue, TrainingRun};
+use super::TrainingRun;
 use crate::checkpoint::{self, Checkpoint};
 use crate::metrics::{MembershipRecord, Record};
 use crate::TrainError;
 
 impl TrainingRun<'_> {
-    /// Trains the epochs left, ending each (checkpoint, evaluation), including one whose end
-    /// failed before.
-    pub fn run_epochs(&mut self) -> Result<(), TrainError> {
-        loop {
-            if self.progress.epoch > self.ended_epochs {
-                self.end_epoch(self.progress.epoch - 1)?;
-                continue;
-            }
-            let Some(epoch) = self.next_epoch() else { return Ok(()) };
-            if self.progress.batch_in_epoch == 0 {
-                self.epoch_examples = Some(0);
-            }
-            for share in self.epoch_batches(epoch)? {
-                if self.step(epoch, &share)?.next == Continue::Stop {
-                    break;
-                }
-            }
-            self.end_epoch(epoch)?;
-        }
-    }
-
     /// Whether this run goes on when nodes are lost, and takes nodes in (`--min-nodes`).
     pub(super) fn elastic(&self) -> bool {
         self.launch_world > 1 && (1..self.launch_world).contains(&self.cfg.min_nodes)
@@ -72,28 +51,28 @@ impl TrainingRun<'_> {
     }
 
     /// Between steps, when nodes ask to join: every node forms the grown ring, the first node of
-    /// the old one hands the run's state to the new ones (all nodes take part in one gather),
-    /// and the nodes check they hold the same parameters.
+    /// the old one sends the run's state to each new one alone (no other node carries it), and
+    /// the nodes check they hold the same parameters.
     pub(super) fn admit(&mut self) -> Result<(), TrainError> {
         let since = Instant::now();
         let before = self.members.clone();
         let members = self.sync.regroup(self.cfg.min_nodes)?;
         self.regrouped(members.clone(), since)?;
         let sender = members.iter().position(|id| before.contains(id)) == Some(self.rank);
-        let state = if sender { Bytes::from(self.handover()?) } else { Bytes::new() };
-        self.sync.gather(state)?;
+        if sender {
+            let state = Bytes::from(self.handover()?);
+            for id in members.iter().filter(|id| !before.contains(id)) {
+                self.sync.send_state(*id, state.clone())?;
+            }
+        }
         self.check_params()
     }
 
     /// A node started with `--join`, in the ring now: takes the run's state from the node that
-    /// hands it over (see [`TrainingRun::admit`]); returns the step it goes on from.
+    /// sends it (see [`TrainingRun::admit`]); returns the step it goes on from.
     pub(super) fn take_over(&mut self) -> Result<u64, TrainError> {
         let since = Instant::now();
-        let parts = self.sync.gather(Bytes::new())?;
-        let state = parts
-            .into_iter()
-            .find(|p| !p.is_empty())
-            .ok_or_else(|| TrainError::Sync { reason: "the nodes that took this one in sent no state".into() })?;
+        let state = self.sync.recv_state()?;
         let handover = Handover::decode(&state, &self.plan.layout_hash)?;
         self.take_state(handover.checkpoint)?;
         self.members = handover.info.members;

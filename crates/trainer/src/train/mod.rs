@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ringtune_data::{epoch_order, group_by_length, Batch, Example, Padding};
+use ringtune_data::{epoch_order, group_by_length, node_batches, Batch, Example, Padding};
 use ringtune_encoders::load_params;
 use ringtune_ops::grad_ready::GradSink;
 use ringtune_optim::{AdamW, AdamWConfig};
@@ -26,7 +26,6 @@ use crate::selection::{Judge, Metric, Selection, Verdict};
 use crate::sync::{GradSync, OneNode};
 use crate::{TrainConfig, TrainError};
 
-mod batches;
 mod checkpoints;
 mod elastic;
 mod inputs;
@@ -34,10 +33,9 @@ mod outputs;
 mod run_log;
 mod summary;
 
-use batches::node_batches;
-pub use batches::NodeBatch;
 pub use inputs::Inputs;
 use inputs::{plan, refuse_earlier_run, sessions, Plan};
+pub use ringtune_data::NodeBatch;
 use run_log::RunLog;
 pub use summary::{Int8Summary, Summary, TrainingShape};
 
@@ -300,6 +298,27 @@ impl<'s> TrainingRun<'s> {
                 powersgd_rank = mode.low_rank,
                 "gradient sync"
             );
+        }
+    }
+
+    /// Trains the epochs left, ending each (checkpoint, evaluation), including one whose end
+    /// failed before.
+    pub fn run_epochs(&mut self) -> Result<(), TrainError> {
+        loop {
+            if self.progress.epoch > self.ended_epochs {
+                self.end_epoch(self.progress.epoch - 1)?;
+                continue;
+            }
+            let Some(epoch) = self.next_epoch() else { return Ok(()) };
+            if self.progress.batch_in_epoch == 0 {
+                self.epoch_examples = Some(0);
+            }
+            for share in self.epoch_batches(epoch)? {
+                if self.step(epoch, &share)?.next == Continue::Stop {
+                    break;
+                }
+            }
+            self.end_epoch(epoch)?;
         }
     }
 
