@@ -12,7 +12,7 @@ use ringtune_membership::{Membership, Refusal};
 use tokio::sync::mpsc;
 
 use crate::certs::node_name;
-use crate::tls::{alpn, client_crypto, peer_is, server_crypto, ALPN_DIRECT, ALPN_JOIN, ALPN_RENDEZVOUS, ALPN_RING};
+use crate::tls::{alpn, client_config, peer_is, server_crypto, ALPN_DIRECT, ALPN_JOIN, ALPN_RENDEZVOUS, ALPN_RING};
 use crate::tuning::{bind_udp, endpoint, plan_datagrams, probe_path, transport_config, PathMtu, SegmentCap};
 use crate::wire::{describe_connection, dial_until_up, read_frame, write_frame};
 use crate::{QuicError, RingOptions};
@@ -107,8 +107,7 @@ pub(crate) async fn link(o: &RingOptions, bound: &mut Bound, formed: &Formed) ->
     }
     tracing::debug!(peer = %next, datagram = plan.initial, window = bound.window, "link to the next rank");
     bound.caps.iter().for_each(|cap| cap.set(&plan));
-    let mut client = quinn::ClientConfig::new(Arc::new(client_crypto(&o.identity, ALPN_RING)?));
-    client.transport_config(Arc::new(transport_config(&plan, bound.window, o.silence())?));
+    let client = client_config(&o.identity, ALPN_RING, Arc::new(transport_config(&plan, bound.window, o.silence())?))?;
     let ((outgoing, mut conns), (incoming, accepted, prev_addr)) =
         tokio::try_join!(dial_next(o, formed, &bound.endpoints, &client), accept_prev(o, formed, &mut bound.ring_rxs))?;
     let from_prev = accepted.clone();

@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 
 use crate::certs::node_name;
 use crate::links::{Bound, Formed, Member};
-use crate::tls::{client_crypto, peer_is, ALPN_JOIN, ALPN_RENDEZVOUS};
+use crate::tls::{client_config, peer_is, ALPN_JOIN, ALPN_RENDEZVOUS};
 use crate::wire::{describe_connection, dial_until_up};
 use crate::{QuicError, RingOptions};
 use ringtune_membership::{Asking, Candidate, Launch, Membership, Refusal};
@@ -315,8 +315,7 @@ pub(crate) struct Regroup<'a> {
 /// one side of a split goes on.
 pub(crate) async fn regroup(o: &RingOptions, bound: &mut Bound, ask: &Regroup<'_>) -> Result<Formed, QuicError> {
     let last = ask.last;
-    let mut client = quinn::ClientConfig::new(Arc::new(client_crypto(&o.identity, ALPN_RENDEZVOUS)?));
-    client.transport_config(bound.transport.clone());
+    let client = client_config(&o.identity, ALPN_RENDEZVOUS, bound.transport.clone())?;
     for member in last.coordinators() {
         let name = node_name(member.id);
         let dial = dial_until_up(&bound.endpoints[0], &client, member.addr, &name);
@@ -368,8 +367,7 @@ pub(crate) async fn ask_to_join(o: &RingOptions, bound: &Bound) -> Result<Formed
     }
     let endpoint = &bound.endpoints[0];
     let port = endpoint.local_addr().map_err(|e| QuicError::Io(e.to_string()))?.port();
-    let mut client = quinn::ClientConfig::new(Arc::new(client_crypto(&o.identity, ALPN_JOIN)?));
-    client.transport_config(bound.transport.clone());
+    let client = client_config(&o.identity, ALPN_JOIN, bound.transport.clone())?;
     let request = Message::Join { id: o.rank as u32, layout: o.layout, port };
     loop {
         for (id, host_port) in &known {
@@ -507,8 +505,7 @@ async fn register(
     coordinator: &str,
 ) -> Result<Vec<SocketAddr>, QuicError> {
     let addr = resolve(coordinator).await?;
-    let mut client = quinn::ClientConfig::new(Arc::new(client_crypto(&o.identity, ALPN_RENDEZVOUS)?));
-    client.transport_config(transport.clone());
+    let client = client_config(&o.identity, ALPN_RENDEZVOUS, transport.clone())?;
     let conn = dial_until_up(endpoint, &client, addr, &node_name(0)).await?;
     let me = Message::Register { rank: o.rank as u32, world: o.world as u32, layout: o.layout, port: local.port() };
     let answer = exchange(&conn, &me).await.map_err(|e| QuicError::peer(0, addr, format!("answered badly: {e}")))?;
@@ -592,6 +589,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::tls::client_crypto;
     use crate::{QuicRing, Tuning};
 
     /// A node with a valid certificate sends the coordinator bytes that are not a

@@ -67,6 +67,18 @@ pub(crate) fn client_crypto(id: &NodeIdentity, alpn: &[u8]) -> Result<QuicClient
     QuicClientConfig::try_from(config).map_err(tls)
 }
 
+/// The client side of every connection this node opens: its certificate, `alpn`, and the
+/// links' `transport` settings.
+pub(crate) fn client_config(
+    id: &NodeIdentity,
+    alpn: &[u8],
+    transport: Arc<quinn::TransportConfig>,
+) -> Result<quinn::ClientConfig, QuicError> {
+    let mut client = quinn::ClientConfig::new(Arc::new(client_crypto(id, alpn)?));
+    client.transport_config(transport);
+    Ok(client)
+}
+
 /// Whether the peer of `conn` presented a certificate for `name` (the CA check already passed
 /// during the handshake).
 pub(crate) fn peer_is(conn: &quinn::Connection, name: &str) -> bool {

@@ -15,7 +15,7 @@ use crate::certs::node_name;
 use crate::certs::NodeIdentity;
 use crate::links::{bind, link, Bound, Formed, Links, Member};
 use crate::rendezvous::{answer, ask_to_join, launch, read_request, regroup, Message, Regroup};
-use crate::tls::{client_crypto, peer_is, ALPN_DIRECT};
+use crate::tls::{client_config, peer_is, ALPN_DIRECT};
 use crate::tuning::Tuning;
 use crate::wire::{describe_connection, dial_until_up, read_frame, write_frame, CloseNote, ReadFrameError};
 use crate::{Peers, QuicError};
@@ -297,8 +297,7 @@ impl QuicRing {
         let member = member.ok_or_else(|| QuicError::Setup(format!("node {id} is not in the ring")))?;
         let bound =
             bound.as_ref().ok_or_else(|| QuicError::Setup("a ring of one node has no one to send to".into()))?;
-        let mut client = quinn::ClientConfig::new(Arc::new(client_crypto(&options.identity, ALPN_DIRECT)?));
-        client.transport_config(bound.transport.clone());
+        let client = client_config(&options.identity, ALPN_DIRECT, bound.transport.clone())?;
         let addr = member.addr;
         let sending = async {
             let conn = dial_until_up(&bound.endpoints[0], &client, addr, &node_name(id)).await?;
