@@ -36,7 +36,7 @@ use std::net::SocketAddr;
 pub use links::Member;
 pub use rendezvous::{Message as RendezvousMessage, Peers};
 pub use transport::{LinkStats, QuicRing, RingOptions};
-pub use tuning::{plan_datagrams, probe_path, DatagramPlan, PathMtu, Tuning, DEFAULT_PEER_TIMEOUT};
+pub use tuning::{plan_datagrams, probe_path, DatagramPlan, PathMtu, Tuning, DEFAULT_PEER_TIMEOUT, FAST_PEER_TIMEOUT};
 
 /// What can go wrong setting up or running the ring.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -253,9 +253,11 @@ pub(crate) struct ClusterArgs {
     #[arg(long, default_value_t = 60)]
     pub(crate) deadline: u64,
     /// Seconds a link may carry no packet (keep-alives go every quarter of it) before its peer
-    /// counts as lost: a node killed or cut off is named this soon, not at --deadline.
-    #[arg(long, default_value_t = ringtune_quic::DEFAULT_PEER_TIMEOUT.as_secs_f64())]
-    pub(crate) peer_timeout: f64,
+    /// counts as lost: a node killed or cut off is named this soon, not at --deadline. Default:
+    /// 2 when --min-nodes lets the run go on without it (the time a loss costs), else 4 (a link
+    /// down for 2 s is waited out).
+    #[arg(long)]
+    pub(crate) peer_timeout: Option<f64>,
     /// QUIC connections per neighbour.
     #[arg(long, default_value_t = 1)]
     pub(crate) lanes: usize,

@@ -71,7 +71,7 @@ fn cluster_options_from(args: &ClusterArgs, var: impl Fn(&str) -> Option<String>
         certs,
         listen,
         deadline: std::time::Duration::from_secs(args.deadline.max(1)),
-        peer_timeout: peer_timeout(args.peer_timeout)?,
+        peer_timeout: peer_timeout(args.peer_timeout.unwrap_or(ringtune_quic::DEFAULT_PEER_TIMEOUT.as_secs_f64()))?,
         lanes: args.lanes.max(1),
         mtu: args.mtu,
         mode: sync_mode(args, args.powersgd_rank),
@@ -80,8 +80,9 @@ fn cluster_options_from(args: &ClusterArgs, var: impl Fn(&str) -> Option<String>
 }
 
 /// A run that may lose nodes (`--min-nodes` below the world) says so to the other nodes (in the
-/// handshake) and keeps the whole optimizer state on every node, since a shard would be lost
-/// with its node.
+/// handshake), keeps the whole optimizer state on every node, since a shard would be lost with
+/// its node, and gives a silent link up sooner (unless `--peer-timeout` says), since the time
+/// a loss costs is mostly that wait.
 pub(crate) fn allow_losses(cluster: &mut ClusterOptions, args: &ClusterArgs, min_nodes: usize) -> Result<()> {
     if min_nodes > cluster.world {
         bail!("--min-nodes {min_nodes} is more than the {} nodes of the run", cluster.world);
@@ -98,6 +99,9 @@ pub(crate) fn allow_losses(cluster: &mut ClusterOptions, args: &ClusterArgs, min
     }
     cluster.mode.shard_optimizer = false;
     cluster.min_nodes = min_nodes;
+    if args.peer_timeout.is_none() {
+        cluster.peer_timeout = ringtune_quic::FAST_PEER_TIMEOUT;
+    }
     Ok(())
 }
 
@@ -181,9 +185,20 @@ mod tests {
         allow_losses(&mut c, &args.cluster, 4).expect("no loss allowed");
         assert!(c.mode.shard_optimizer);
         assert_eq!(c.min_nodes, 0, "all 4 nodes needed: it stops at a loss, as without --min-nodes");
+        assert_eq!(c.peer_timeout, ringtune_quic::DEFAULT_PEER_TIMEOUT);
         allow_losses(&mut c, &args.cluster, 2).expect("losses allowed");
         assert!(!c.mode.shard_optimizer);
         assert_eq!(c.min_nodes, 2, "told to the other nodes in the handshake");
+        assert_eq!(c.peer_timeout, ringtune_quic::FAST_PEER_TIMEOUT, "a loss costs little more than this wait");
+        let Command::Train(patient) =
+            Cli::parse_from("ringtune train --peer-timeout 5 --min-nodes 2".split_whitespace()).command
+        else {
+            panic!("not a train command");
+        };
+        let mut c =
+            cluster("--world 4 --rank 0 --coordinator h0:1 --peer-timeout 5", &[]).expect("ok").expect("cluster");
+        allow_losses(&mut c, &patient.cluster, 2).expect("losses allowed");
+        assert_eq!(c.peer_timeout, std::time::Duration::from_secs(5), "the flag wins");
         assert!(allow_losses(&mut c, &args.cluster, 5).expect_err("too many").to_string().contains("--min-nodes 5"));
         let Command::Train(sharded) =
             Cli::parse_from("ringtune train --shard-optimizer true".split_whitespace()).command
