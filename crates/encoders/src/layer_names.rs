@@ -1,8 +1,8 @@
 //! The names of an encoder layer's parameters: every family's layer has the same parts in the
 //! same order, under its own Hugging Face module names (each family's module says them).
 
-use crate::families::shared::{linear, norm};
-use crate::families::AddParam;
+use crate::param_shapes::AddParam;
+use crate::param_shapes::{linear, norm};
 
 /// The names of one encoder layer's parameters (prefixes of Hugging Face linear and
 /// LayerNorm modules).

@@ -39,6 +39,7 @@ mod forward;
 mod int8;
 mod layer_names;
 mod layout;
+mod param_shapes;
 mod params;
 mod tensor_file;
 

@@ -186,6 +186,10 @@ impl TrainError {
     }
 }
 
+/// The settings the nodes' handshake compares beside the parameter layout (`sync::quic`'s
+/// `handshake_hash`), by flag, as a refusal for other settings names them.
+pub(crate) const SHARED_SETTINGS: &str = "--wire, --shard-optimizer, --overlap, --powersgd-rank, --min-nodes";
+
 /// A ring's failure as a person reads it: a refusal for too few nodes names the flag that set
 /// the minimum.
 fn ring_words(e: &ringtune_collective::CollectiveError) -> String {
@@ -209,10 +213,9 @@ fn refusal_words(refusal: &ringtune_membership::Refusal) -> String {
     use ringtune_membership::Refusal;
     match refusal {
         Refusal::TooFew { .. } => format!("{refusal} (--min-nodes)"),
-        Refusal::SettingsDiffer { .. } => format!(
-            "{refusal} ({}): every node must train the same model with the same settings",
-            crate::sync::SHARED_SETTINGS
-        ),
+        Refusal::SettingsDiffer { .. } => {
+            format!("{refusal} ({}): every node must train the same model with the same settings", SHARED_SETTINGS)
+        }
         other => other.to_string(),
     }
 }

@@ -10,10 +10,11 @@
 
 use ringtune_onnx_ir::{DType, Tensor, Value};
 
-use crate::families::shared::{linear, norm};
-use crate::families::{AddParam, Rules};
+use crate::families::rules::Rules;
 use crate::forward::Builder;
 use crate::layer_names::LayerNames;
+use crate::param_shapes::AddParam;
+use crate::param_shapes::{linear, norm};
 use crate::{DebertaSettings, ModelConfig, ModelError, RelativeAttention};
 
 pub(crate) struct Deberta;

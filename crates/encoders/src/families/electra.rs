@@ -6,10 +6,12 @@
 use ringtune_onnx_ir::Value;
 
 use crate::families::bert::Bert;
-use crate::families::shared::{bert_layer_names, linear};
-use crate::families::{AddParam, Rules};
+use crate::families::rules::Rules;
+use crate::families::shared::bert_layer_names;
 use crate::forward::Builder;
 use crate::layer_names::LayerNames;
+use crate::param_shapes::linear;
+use crate::param_shapes::AddParam;
 use crate::{ModelConfig, ModelError};
 
 pub(crate) struct Electra;

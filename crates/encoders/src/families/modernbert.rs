@@ -7,10 +7,11 @@
 
 use ringtune_onnx_ir::{DType, Tensor, Value};
 
-use crate::families::shared::norm;
-use crate::families::{AddParam, Rules};
+use crate::families::rules::Rules;
 use crate::forward::Builder;
 use crate::layer_names::LayerNames;
+use crate::param_shapes::norm;
+use crate::param_shapes::AddParam;
 use crate::{ModelConfig, ModelError, ModernBertSettings};
 
 pub(crate) struct ModernBert;

@@ -7,10 +7,12 @@
 
 use ringtune_onnx_ir::{Tensor, Value};
 
-use crate::families::shared::{bert_layer_names, linear, norm};
-use crate::families::{AddParam, Rules};
+use crate::families::rules::Rules;
+use crate::families::shared::bert_layer_names;
 use crate::forward::Builder;
 use crate::layer_names::LayerNames;
+use crate::param_shapes::AddParam;
+use crate::param_shapes::{linear, norm};
 use crate::{ModelConfig, ModelError};
 
 pub(crate) struct Roberta;

@@ -3,7 +3,6 @@
 
 use ringtune_onnx_ir::{DType, Tensor, Value};
 
-use crate::families::AddParam;
 use crate::forward::Builder;
 use crate::layer_names::LayerNames;
 use crate::ModelError;
@@ -21,18 +20,6 @@ pub(crate) fn bert_layer_names(prefix: &str, l: usize) -> LayerNames {
         output: format!("{p}output.dense"),
         output_norm: format!("{p}output.LayerNorm"),
     }
-}
-
-/// A linear layer's weight (`[out, in]`, as Hugging Face stores it) and bias.
-pub(crate) fn linear(add: AddParam<'_>, prefix: &str, inputs: usize, outputs: usize) {
-    add(format!("{prefix}.weight"), vec![outputs, inputs]);
-    add(format!("{prefix}.bias"), vec![outputs]);
-}
-
-/// A LayerNorm's scale and shift over `width`.
-pub(crate) fn norm(add: AddParam<'_>, prefix: &str, width: usize) {
-    add(format!("{prefix}.weight"), vec![width]);
-    add(format!("{prefix}.bias"), vec![width]);
 }
 
 impl Builder<'_> {

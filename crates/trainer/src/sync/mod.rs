@@ -27,7 +27,6 @@ use ringtune_optim::{AdamW, AdamWState};
 use ringtune_runtime::LendableBuffer;
 
 pub use handoff::WholeGrads;
-pub(crate) use quic::SHARED_SETTINGS;
 pub use quic::{ClusterOptions, QuicSync};
 pub use ring::RingSync;
 

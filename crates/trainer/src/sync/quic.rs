@@ -45,11 +45,8 @@ pub struct ClusterOptions {
     pub min_nodes: usize,
 }
 
-/// The settings [`handshake_hash`] covers beside the layout, as a refusal for other settings
-/// names them.
-pub(crate) const SHARED_SETTINGS: &str = "--wire, --shard-optimizer, --overlap, --powersgd-rank, --min-nodes";
-
-/// The layout hash the nodes compare when they connect, with the settings that must agree on
+/// The layout hash the nodes compare when they connect (a refusal for another names these
+/// settings by flag: [`crate::error::SHARED_SETTINGS`]), with the settings that must agree on
 /// every node (a node reducing in bf16 cannot pair with one expecting `f32`; with a sharded
 /// optimizer, overlap decides the order of the parameters' all-gather; a compressed ring sends
 /// other buffers; nodes that disagree on `--min-nodes` would disagree on whether to regroup).
