@@ -431,7 +431,8 @@ fn requests_to_join_that_cannot_be_taken_in_are_refused_with_the_reason() {
 
 /// A state sent to one member alone (a node taken in) travels on a connection of its own: that
 /// member gets every byte, and the nodes between the two on the ring receive no more than
-/// their links' keep-alives while it goes.
+/// their links' own traffic while it goes (keep-alives, acknowledgements, path probes: 18 KB
+/// seen under a loaded `just test`, against the 8 MB a ring would relay through each).
 #[test]
 fn a_direct_send_reaches_its_member_alone() {
     let world = 4;
@@ -468,6 +469,6 @@ fn a_direct_send_reaches_its_member_alone() {
     assert_eq!(from, 0);
     assert!(bytes.as_ref() == state.as_slice(), "{} bytes arrived of {}", bytes.len(), state.len());
     for rank in [1, 3] {
-        assert!(results[rank].1 < 16 << 10, "rank {rank} received {} bytes during the send", results[rank].1);
+        assert!(results[rank].1 < 64 << 10, "rank {rank} received {} bytes during the send", results[rank].1);
     }
 }
