@@ -29,6 +29,11 @@ impl<T: Transport> Collective<T> {
         self.transport.world()
     }
 
+    /// The members' ids, in rank order (see [`Transport::members`]).
+    pub fn members(&self) -> Vec<usize> {
+        self.transport.members()
+    }
+
     /// The transport, to read its counters.
     pub fn transport(&self) -> &T {
         &self.transport

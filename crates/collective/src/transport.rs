@@ -10,6 +10,11 @@ pub trait Transport {
     fn rank(&self) -> usize;
     /// Ranks in the ring.
     fn world(&self) -> usize;
+    /// The members' ids (the ranks they were launched with), in rank order: the ranks
+    /// themselves unless the ring was formed again (the default).
+    fn members(&self) -> Vec<usize> {
+        (0..self.world()).collect()
+    }
     /// Elements per pipeline segment of a ring operation over this transport.
     fn segment(&self) -> usize;
     /// Queues a frame to the next rank.

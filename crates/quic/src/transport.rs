@@ -517,6 +517,10 @@ impl Transport for QuicRing {
         self.formed.world()
     }
 
+    fn members(&self) -> Vec<usize> {
+        self.formed.ids()
+    }
+
     fn segment(&self) -> usize {
         self.segment
     }

@@ -12,7 +12,7 @@ use ringtune_runtime::LendableBuffer;
 
 use super::handoff::ToSync;
 use super::param_gather::ParamGather;
-use super::{Exchange, SyncMode};
+use super::{Exchange, Nodes, SyncMode};
 use crate::TrainError;
 
 /// The ring's operations, shared by the loop and the sync thread.
@@ -30,9 +30,8 @@ pub(super) struct RingExchange<T: Transport> {
     /// The parameters' all-gather behind the next forward pass (sharded, overlapping runs).
     pub(super) gather: Option<Arc<ParamGather>>,
     pub(super) mode: SyncMode,
-    pub(super) rank: usize,
-    /// Nodes in the ring now (the plan's world is the launch's, which shards and buckets keep).
-    pub(super) world: usize,
+    /// Who is in the ring now (the plan's world is the launch's, which shards and buckets keep).
+    pub(super) nodes: Nodes,
     pub(super) to_sync: Sender<ToSync>,
 }
 
@@ -79,12 +78,12 @@ pub(super) fn sync_error(e: CollectiveError) -> TrainError {
 
 impl<T: Transport> Exchange for RingExchange<T> {
     fn nodes(&self) -> usize {
-        self.world
+        self.nodes.world()
     }
 
     fn norm_pieces(&self, _len: usize) -> Vec<Range<usize>> {
         if self.mode.shard_optimizer {
-            self.plan.owned_by(self.rank)
+            self.plan.owned_by(self.nodes.rank)
         } else {
             self.plan.pieces().into_iter().map(|(_, r)| r).collect()
         }

@@ -125,10 +125,8 @@ fn table_rows(plan: &SyncPlan) -> Option<usize> {
 /// optimizer step over [`GradSync::optimizer_view`]. Whatever reads the parameters outside a
 /// step calls [`GradSync::settle`] first.
 pub trait GradSync {
-    /// This node's rank.
-    fn rank(&self) -> usize;
-    /// Number of nodes.
-    fn world(&self) -> usize;
+    /// Who trains now: the loop reads it here, where the ring keeps it, rather than copies.
+    fn nodes(&self) -> Nodes;
     /// How this node syncs.
     fn mode(&self) -> SyncMode;
     /// Where the training session hands each gradient as the backward pass produces it (the
@@ -177,13 +175,11 @@ pub trait GradSync {
     /// The compressors as they start: the first `Q`s, no error.
     fn reset_low_rank(&mut self);
     /// After a step failed because nodes were lost, or between steps when nodes wait to join
-    /// (every node calls it): the nodes form a new ring of at least `min_nodes` (on the side of
-    /// a split that holds more than half of the last one) with those waiting, this node's rank
-    /// and the world change, what a failed step left is dropped and the compressors start
-    /// again. Returns the members' ids (their ranks at launch) in rank order.
-    fn regroup(&mut self, min_nodes: usize) -> Result<Vec<usize>, TrainError>;
-    /// Nodes at launch: what the batches and the plan are cut for, whoever is in the ring now.
-    fn launch_world(&self) -> usize;
+    /// (every node calls it): the nodes form a new ring of at least [`Nodes::min_nodes`] (on
+    /// the side of a split that holds more than half of the last one) with those waiting;
+    /// [`GradSync::nodes`] changes, what a failed step left is dropped and the compressors
+    /// start again.
+    fn regroup(&mut self) -> Result<(), TrainError>;
     /// The run is over or left on an error path: a gather still under way is cut short (the
     /// ring is closed with the reason) and has ended when this returns, so the parameters'
     /// buffer is written no more.
@@ -207,17 +203,39 @@ pub trait Exchange {
     fn fail(&mut self, reason: &str);
 }
 
+/// Who trains, as the sync layer knows it (one value, read by the loop).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Nodes {
+    /// The members' ids (the ranks they were launched with), in rank order.
+    pub members: Vec<usize>,
+    /// This node's rank among them.
+    pub rank: usize,
+    /// Nodes at launch: what the batches and the plan are cut for, whoever is in the ring now.
+    pub launch_world: usize,
+    /// The fewest nodes the run goes on with after losing some (`--min-nodes`, resolved
+    /// against the launch's world); 0: it stops at the first loss.
+    pub min_nodes: usize,
+}
+
+impl Nodes {
+    /// Nodes training now.
+    pub fn world(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Whether the run goes on when nodes are lost, and takes nodes in.
+    pub fn elastic(&self) -> bool {
+        self.launch_world > 1 && (1..self.launch_world).contains(&self.min_nodes)
+    }
+}
+
 /// One node: nothing to average, exchange or check; the gradients stay in the session's
 /// buffer.
 pub struct OneNode;
 
 impl GradSync for OneNode {
-    fn rank(&self) -> usize {
-        0
-    }
-
-    fn world(&self) -> usize {
-        1
+    fn nodes(&self) -> Nodes {
+        Nodes { members: vec![0], rank: 0, launch_world: 1, min_nodes: 0 }
     }
 
     fn mode(&self) -> SyncMode {
@@ -288,12 +306,8 @@ impl GradSync for OneNode {
 
     fn reset_low_rank(&mut self) {}
 
-    fn regroup(&mut self, _min_nodes: usize) -> Result<Vec<usize>, TrainError> {
+    fn regroup(&mut self) -> Result<(), TrainError> {
         Err(TrainError::Sync { reason: "one node has no ring to form again".into() })
-    }
-
-    fn launch_world(&self) -> usize {
-        1
     }
 
     fn release(&mut self) {}

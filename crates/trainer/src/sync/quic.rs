@@ -86,6 +86,7 @@ impl RingSync<QuicRing> {
             sync_plan(model, options.world, &options.mode),
             &model.layout,
             options.mode,
+            options.min_nodes,
         )
     }
 

@@ -27,7 +27,7 @@ use super::exchange::{lock, sync_error, RingExchange};
 use super::handoff::{GradSlots, Handoff, ToSync, WholeGrads};
 use super::param_gather::ParamGather;
 use super::sync_thread::{Reduced, SharedLowRank, SyncThread, Worker};
-use super::{table_rows, Averaged, Exchange, GradSync, SyncMode};
+use super::{table_rows, Averaged, Exchange, GradSync, Nodes, SyncMode};
 use crate::engine::SyncHooks;
 use crate::train::params_hash;
 use crate::TrainError;
@@ -95,12 +95,14 @@ pub struct RingSync<T: Transport> {
 }
 
 impl<T: Transport + Send + 'static> RingSync<T> {
-    /// Starts the sync thread over `ring` for gradients of `layout`, bucketed by `plan`.
+    /// Starts the sync thread over `ring` for gradients of `layout`, bucketed by `plan`, in a
+    /// run that goes on with at least `min_nodes` after losing some (0: it stops at the first).
     pub fn start(
         ring: Collective<T>,
         plan: SyncPlan,
         layout: &ParamLayout,
         mode: SyncMode,
+        min_nodes: usize,
     ) -> Result<Self, TrainError> {
         if mode.low_rank.is_some() && mode.shard_optimizer {
             return Err(TrainError::Setting {
@@ -112,6 +114,7 @@ impl<T: Transport + Send + 'static> RingSync<T> {
         let low_rank = Arc::new(Mutex::new(low_rank_buckets(&plan, layout, &mode)));
         let plan = Arc::new(plan);
         let rank = ring.rank();
+        let nodes = Nodes { members: ring.members(), rank, launch_world: plan.world(), min_nodes };
         let tensors = layout.entries().iter().map(|e| e.range()).collect();
         let slots = Arc::new(GradSlots::new(layout.total_len(), tensors, &plan));
         let gather = mode.gathers_behind().then(|| Arc::new(ParamGather::new(&plan, layout.entries().len())));
@@ -138,7 +141,7 @@ impl<T: Transport + Send + 'static> RingSync<T> {
         Ok(RingSync {
             slots,
             table_rows: table_rows(&plan),
-            exchange: RingExchange { ring, world: plan.world(), plan, gather, mode, rank, to_sync: to_sync.clone() },
+            exchange: RingExchange { ring, plan, gather, mode, nodes, to_sync: to_sync.clone() },
             worker: Worker { to_sync, thread: Some(thread) },
             reduced,
             low_rank,
@@ -162,12 +165,8 @@ impl<T: Transport> RingSync<T> {
 }
 
 impl<T: Transport> GradSync for RingSync<T> {
-    fn rank(&self) -> usize {
-        self.exchange.rank
-    }
-
-    fn world(&self) -> usize {
-        self.exchange.world
+    fn nodes(&self) -> Nodes {
+        self.exchange.nodes.clone()
     }
 
     fn mode(&self) -> SyncMode {
@@ -182,7 +181,7 @@ impl<T: Transport> GradSync for RingSync<T> {
     }
 
     fn optimizer_pieces(&self) -> Option<Vec<Range<usize>>> {
-        self.exchange.mode.shard_optimizer.then(|| self.exchange.plan.shard_of(self.exchange.rank))
+        self.exchange.mode.shard_optimizer.then(|| self.exchange.plan.shard_of(self.exchange.nodes.rank))
     }
 
     fn begin(&mut self, token_ids: &[i64], weight: f32) -> Result<(), TrainError> {
@@ -277,7 +276,7 @@ impl<T: Transport> GradSync for RingSync<T> {
         buckets.iter_mut().flatten().for_each(LowRankBucket::reset);
     }
 
-    fn regroup(&mut self, min_nodes: usize) -> Result<Vec<usize>, TrainError> {
+    fn regroup(&mut self) -> Result<(), TrainError> {
         if self.exchange.mode.shard_optimizer {
             return Err(TrainError::Sync {
                 reason: "a node was lost, and with a sharded optimizer its share of the optimizer state with it: \
@@ -295,17 +294,14 @@ impl<T: Transport> GradSync for RingSync<T> {
         }
         self.slots.reclaim();
         let mut ring = lock(&self.exchange.ring);
-        let members = ring.regroup(min_nodes).map_err(sync_error)?;
-        (self.exchange.rank, self.exchange.world) = (ring.rank(), ring.world());
+        let nodes = &mut self.exchange.nodes;
+        nodes.members = ring.regroup(nodes.min_nodes).map_err(sync_error)?;
+        nodes.rank = ring.rank();
         drop(ring);
         // Nodes may have left the step at different buckets: every compressor starts again, the
         // same on every node.
         self.reset_low_rank();
-        Ok(members)
-    }
-
-    fn launch_world(&self) -> usize {
-        self.exchange.plan.world()
+        Ok(())
     }
 
     fn release(&mut self) {
@@ -355,7 +351,7 @@ impl<T: Transport> GradSync for RingSync<T> {
         if differ.is_empty() {
             Ok(())
         } else {
-            let rank = self.exchange.rank;
+            let rank = self.exchange.nodes.rank;
             Err(self
                 .exchange
                 .abort_with(format!("parameters diverged: ranks {differ:?} hold other parameters than rank {rank}")))

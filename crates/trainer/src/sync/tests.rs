@@ -56,7 +56,7 @@ fn nodes(mode: SyncMode) -> Vec<RingSync<MemoryTransport>> {
     let layout = layout();
     memory_ring(WORLD, DEADLINE)
         .into_iter()
-        .map(|t| RingSync::start(Collective::new(t), plan(&layout, WORLD), &layout, mode).expect("start"))
+        .map(|t| RingSync::start(Collective::new(t), plan(&layout, WORLD), &layout, mode, 0).expect("start"))
         .collect()
 }
 

@@ -46,7 +46,7 @@ impl TrainingRun<'_> {
                 }
             };
         };
-        if self.rank == 0 {
+        if self.rank() == 0 {
             for refusal in &refused {
                 match checkpoint::set_aside(&refusal.path) {
                     Ok(aside) => tracing::warn!("kept the refused checkpoint as {}", aside.display()),
@@ -79,13 +79,13 @@ impl TrainingRun<'_> {
         }
         let meta = self.take_state(ckpt)?;
         self.resume_low_rank(meta.progress.step)?;
-        let batch_in_epoch = meta.resume_batch(self.launch_world, self.plan.batch_size);
+        let batch_in_epoch = meta.resume_batch(self.launch_world(), self.plan.batch_size);
         if batch_in_epoch != self.progress.batch_in_epoch {
             // Another number of nodes, or another batch per node, cuts the epoch into other
             // batches.
             tracing::warn!(
                 from_nodes = meta.world,
-                to_nodes = self.launch_world,
+                to_nodes = self.launch_world(),
                 from_node_batch = meta.node_batch,
                 to_node_batch = self.plan.batch_size,
                 "resuming with another global batch split: epoch {} goes on at batch {batch_in_epoch}, not {}",
@@ -106,7 +106,7 @@ impl TrainingRun<'_> {
         if self.sync.mode().low_rank.is_none() {
             return Ok(());
         }
-        let loaded = low_rank_file::load(&self.plan.checkpoints, step, (self.rank, self.world))
+        let loaded = low_rank_file::load(&self.plan.checkpoints, step, (self.rank(), self.world()))
             .and_then(|state| self.sync.restore_low_rank(&state));
         if let Err(e) = &loaded {
             tracing::warn!("{e}");
@@ -124,7 +124,7 @@ impl TrainingRun<'_> {
 
     /// The global batch the data's order is grouped by length for, if it is.
     pub(super) fn length_groups(&self) -> Option<usize> {
-        self.cfg.group_by_length.then_some(self.plan.batch_size * self.launch_world)
+        self.cfg.group_by_length.then_some(self.plan.batch_size * self.launch_world())
     }
 
     /// Every node calls it at the same step (a sharded optimizer's moments are gathered
@@ -134,10 +134,10 @@ impl TrainingRun<'_> {
         self.settle()?;
         let gathered = self.sync.full_moments(&self.adam)?;
         if let Some(state) = self.sync.low_rank_state() {
-            let node = (self.rank, self.world);
+            let node = (self.rank(), self.world());
             low_rank_file::save(&self.plan.checkpoints, self.progress.step, node, &state, self.cfg.keep_checkpoints)?;
         }
-        if self.rank != 0 {
+        if self.rank() != 0 {
             return Ok(());
         }
         let state = self.adam.state();
@@ -188,7 +188,7 @@ impl TrainingRun<'_> {
             layout_hash: self.plan.layout_hash.clone(),
             total_len: self.engine.params()?.len(),
             adam_step: self.adam.state().step,
-            world: self.launch_world,
+            world: self.launch_world(),
             node_batch: Some(self.plan.batch_size),
             length_groups: self.length_groups(),
             selection: self.selection.clone(),

@@ -19,7 +19,7 @@ use crate::TrainError;
 impl TrainingRun<'_> {
     /// Whether this run goes on when nodes are lost, and takes nodes in (`--min-nodes`).
     pub(super) fn elastic(&self) -> bool {
-        self.launch_world > 1 && (1..self.launch_world).contains(&self.cfg.min_nodes)
+        self.sync.nodes().elastic()
     }
 
     /// After `error` ended [`TrainingRun::run_epochs`]: when it broke the ring and the run may
@@ -31,16 +31,14 @@ impl TrainingRun<'_> {
             return Err(error);
         }
         let since = Instant::now();
-        let min_nodes = self.cfg.min_nodes;
+        let before = self.sync.nodes();
+        let min_nodes = before.min_nodes;
         self.log.bar.suspend(|| tracing::warn!("{error}: the nodes left form a new ring (--min-nodes {min_nodes})"));
-        let members = match self.sync.regroup(min_nodes) {
-            Ok(members) => members,
-            Err(regroup) => {
-                self.save_after_failure();
-                return Err(TrainError::CannotGoOn { broken: Box::new(error), regroup: Box::new(regroup) });
-            }
-        };
-        self.regrouped(members, since)?;
+        if let Err(regroup) = self.sync.regroup() {
+            self.save_after_failure();
+            return Err(TrainError::CannotGoOn { broken: Box::new(error), regroup: Box::new(regroup) });
+        }
+        self.regrouped(&before.members, before.rank == 0, since)?;
         // A node that was lost as the step completed elsewhere leaves the survivors a step apart:
         // nothing can put them back together but a checkpoint.
         self.check_params().map_err(|e| TrainError::Sync {
@@ -55,13 +53,14 @@ impl TrainingRun<'_> {
     /// the nodes check they hold the same parameters.
     pub(super) fn admit(&mut self) -> Result<(), TrainError> {
         let since = Instant::now();
-        let before = self.members.clone();
-        let members = self.sync.regroup(self.cfg.min_nodes)?;
-        self.regrouped(members.clone(), since)?;
-        let sender = members.iter().position(|id| before.contains(id)) == Some(self.rank);
+        let before = self.sync.nodes();
+        self.sync.regroup()?;
+        self.regrouped(&before.members, before.rank == 0, since)?;
+        let (before, now) = (before.members, self.sync.nodes());
+        let sender = now.members.iter().position(|id| before.contains(id)) == Some(now.rank);
         if sender {
             let state = Bytes::from(self.handover()?);
-            for id in members.iter().filter(|id| !before.contains(id)) {
+            for id in now.members.iter().filter(|id| !before.contains(id)) {
                 self.sync.send_state(*id, state.clone())?;
             }
         }
@@ -75,7 +74,6 @@ impl TrainingRun<'_> {
         let state = self.sync.recv_state()?;
         let handover = Handover::decode(&state, &self.plan.layout_hash)?;
         self.take_state(handover.checkpoint)?;
-        self.members = handover.info.members;
         self.membership = handover.info.membership;
         self.ended_epochs = handover.info.ended_epochs;
         self.epoch_examples = handover.info.epoch_examples;
@@ -84,21 +82,20 @@ impl TrainingRun<'_> {
         self.recovering_since = Some(since);
         self.check_params()?;
         self.log.bar.set_position(self.progress.step);
-        tracing::info!(step = self.progress.step, nodes = ?self.members, "joined the run");
+        tracing::info!(step = self.progress.step, nodes = ?self.sync.nodes().members, "joined the run");
         Ok(self.progress.step)
     }
 
-    /// After a regroup into `members` (begun at `since`): this node's place, who left and who
-    /// joined, the lead's role where it moved, and the change recorded.
-    fn regrouped(&mut self, members: Vec<usize>, since: Instant) -> Result<(), TrainError> {
-        let left: Vec<usize> = self.members.iter().copied().filter(|id| !members.contains(id)).collect();
-        let joined: Vec<usize> = members.iter().copied().filter(|id| !self.members.contains(id)).collect();
-        let was_lead = self.rank == 0;
-        (self.rank, self.world) = (self.sync.rank(), self.sync.world());
-        self.members = members.clone();
-        if self.rank == 0 && !was_lead {
+    /// After a regroup of the ring of `before` (where this node led when `was_lead`), begun at
+    /// `since`: who left and who joined, the lead's role where it moved, and the change
+    /// recorded.
+    fn regrouped(&mut self, before: &[usize], was_lead: bool, since: Instant) -> Result<(), TrainError> {
+        let members = self.sync.nodes().members;
+        let left: Vec<usize> = before.iter().copied().filter(|id| !members.contains(id)).collect();
+        let joined: Vec<usize> = members.iter().copied().filter(|id| !before.contains(id)).collect();
+        if self.rank() == 0 && !was_lead {
             self.log.take_the_lead(&self.plan, self.progress.step)?;
-        } else if was_lead && self.rank != 0 {
+        } else if was_lead && self.rank() != 0 {
             self.log.hand_over_the_lead();
         }
         self.log.bar.suspend(|| {
@@ -131,7 +128,6 @@ impl TrainingRun<'_> {
         let state = self.adam.state();
         let meta = self.checkpoint_meta()?;
         let info = HandoverInfo {
-            members: self.members.clone(),
             membership: self.membership.clone(),
             ended_epochs: self.ended_epochs,
             epoch_examples: self.epoch_examples,
@@ -148,9 +144,10 @@ impl TrainingRun<'_> {
     /// A step completed: after a change of nodes, how long the change took, written down.
     pub(super) fn recovered(&mut self) -> Result<(), TrainError> {
         let Some(since) = self.recovering_since.take() else { return Ok(()) };
+        let lead = self.rank() == 0;
         let Some(change) = self.membership.last_mut() else { return Ok(()) };
         change.recovery_s = since.elapsed().as_secs_f64();
-        if self.rank == 0 {
+        if lead {
             tracing::info!(seconds = change.recovery_s, "the first step without the lost nodes is done");
             if let Some(metrics) = self.log.metrics.as_mut() {
                 metrics.write(&Record::Membership(change.clone()))?;
@@ -162,7 +159,7 @@ impl TrainingRun<'_> {
     /// The run stops on a broken ring: the lead saves the last completed step first, so that
     /// `--resume` loses at most the step in flight.
     fn save_after_failure(&mut self) {
-        if self.rank != 0 {
+        if self.rank() != 0 {
             return;
         }
         if let Err(e) = self.save_checkpoint() {
@@ -174,7 +171,6 @@ impl TrainingRun<'_> {
 /// What a node taken in learns beside the checkpoint.
 #[derive(Debug, Serialize, Deserialize)]
 struct HandoverInfo {
-    members: Vec<usize>,
     membership: Vec<MembershipRecord>,
     ended_epochs: u32,
     epoch_examples: Option<u64>,

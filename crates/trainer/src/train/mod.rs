@@ -157,8 +157,6 @@ pub enum Continue {
 pub struct TrainingRun<'s> {
     cfg: TrainConfig,
     sync: &'s mut dyn GradSync,
-    rank: usize,
-    world: usize,
     inputs: Inputs,
     plan: Plan,
     engine: Engine,
@@ -166,10 +164,6 @@ pub struct TrainingRun<'s> {
     adam: AdamW,
     progress: Progress,
     log: RunLog,
-    /// Nodes at launch: the global batch is one node's batch times this, whoever is left.
-    launch_world: usize,
-    /// The ids (ranks at launch) of the nodes training, in rank order.
-    members: Vec<usize>,
     /// Epochs whose end (checkpoint, evaluation) is done.
     ended_epochs: u32,
     /// Training examples this epoch has taken (`None` when it began before this process).
@@ -206,7 +200,8 @@ impl<'s> TrainingRun<'s> {
     ) -> Result<Self, TrainError> {
         cfg.validate()?;
         let started = Instant::now();
-        let (rank, world, launch_world) = (sync.rank(), sync.world(), sync.launch_world());
+        let nodes = sync.nodes();
+        let (rank, world, launch_world) = (nodes.rank, nodes.world(), nodes.launch_world);
         let layout = inputs.model.layout.clone();
         let plan = plan(cfg, root, &inputs, launch_world)?;
         if rank == 0 && start == Start::Fresh {
@@ -247,8 +242,6 @@ impl<'s> TrainingRun<'s> {
         let mut run = TrainingRun {
             cfg: cfg.clone(),
             sync,
-            rank,
-            world,
             inputs,
             plan,
             engine,
@@ -256,8 +249,6 @@ impl<'s> TrainingRun<'s> {
             adam,
             progress,
             log,
-            launch_world,
-            members: (0..world).collect(),
             ended_epochs: 0,
             epoch_examples: Some(0),
             membership: Vec::new(),
@@ -283,13 +274,13 @@ impl<'s> TrainingRun<'s> {
             steps = plan.total,
             per_epoch = plan.batches_per_epoch,
             warmup = plan.schedule.warmup,
-            nodes = self.world,
-            global_batch = plan.batch_size * self.launch_world,
+            nodes = self.world(),
+            global_batch = plan.batch_size * self.launch_world(),
             params = self.inputs.model.layout.num_params(),
             "training {}",
             self.inputs.model.dir.display()
         );
-        if self.world > 1 {
+        if self.world() > 1 {
             let mode = self.sync.mode();
             tracing::info!(
                 wire = mode.wire_name(),
@@ -322,6 +313,21 @@ impl<'s> TrainingRun<'s> {
         }
     }
 
+    /// This node's rank now (the sync's [`GradSync::nodes`] is where it is kept).
+    fn rank(&self) -> usize {
+        self.sync.nodes().rank
+    }
+
+    /// Nodes training now.
+    fn world(&self) -> usize {
+        self.sync.nodes().world()
+    }
+
+    /// Nodes at launch: the global batch is one node's batch times this, whoever is left.
+    fn launch_world(&self) -> usize {
+        self.sync.nodes().launch_world
+    }
+
     /// The epoch to run next, or `None` when the run is done.
     pub fn next_epoch(&self) -> Option<u32> {
         let p = &self.progress;
@@ -348,14 +354,14 @@ impl<'s> TrainingRun<'s> {
             order = group_by_length(&order, &lengths, global_batch, self.cfg.seed, epoch as u64);
         }
         let skip = if epoch == self.progress.epoch { self.progress.batch_in_epoch as usize } else { 0 };
-        let global = self.plan.batch_size * self.launch_world;
-        Ok(node_batches(&order, self.launch_world, global, skip, (self.rank, self.world)))
+        let global = self.plan.batch_size * self.launch_world();
+        Ok(node_batches(&order, self.launch_world(), global, skip, (self.rank(), self.world())))
     }
 
     /// One optimizer step on this node's share of a step of `epoch`.
     pub fn step(&mut self, epoch: u32, share: &NodeBatch) -> Result<StepDone, TrainError> {
         let (index, rows) = (share.index, share.rows.as_slice());
-        let weight = share.weight(self.world);
+        let weight = share.weight(self.world());
         let _step_span = tracing::debug_span!("step", step = self.progress.step).entered();
         let t0 = Instant::now();
         let batches = {
@@ -394,7 +400,7 @@ impl<'s> TrainingRun<'s> {
             let _span = tracing::debug_span!("sync_exposed").entered();
             self.sync.finish(loss)?
         };
-        let (loss, synced) = (averaged.loss, (self.world > 1).then_some(averaged));
+        let (loss, synced) = (averaged.loss, (self.world() > 1).then_some(averaged));
         let t3 = Instant::now();
         // Checked before the optimizer, which would carry a NaN into the parameters and so into
         // the checkpoints.
@@ -429,7 +435,7 @@ impl<'s> TrainingRun<'s> {
         self.log.bar.set_position(step);
         self.log.bar.set_message(format!("epoch {} loss {loss:.4}", epoch + 1));
         if step.is_multiple_of(self.cfg.log_every.max(1)) || step == self.plan.total {
-            self.log.write_window(self.rank, step, epoch, lr, grad_norm)?;
+            self.log.write_window(self.rank(), step, epoch, lr, grad_norm)?;
         }
         if step >= self.plan.total || step == self.cfg.stop_after {
             return Ok(StepDone { next: Continue::Stop, loss, times });
@@ -456,7 +462,7 @@ impl<'s> TrainingRun<'s> {
     /// `--gradient-accumulation-steps` its micro-batches in turn, their gradients summed in
     /// proportion to their rows, the mean over the whole batch's rows as one pass over it gives.
     fn forward_backward(&mut self, batches: &[Batch]) -> Result<f32, TrainError> {
-        let seed = dropout_seed(self.cfg.seed, self.rank, self.progress.step);
+        let seed = dropout_seed(self.cfg.seed, self.rank(), self.progress.step);
         let loss = match batches {
             [batch] => {
                 self.engine.set_dropout_seed(seed);
@@ -584,7 +590,7 @@ impl<'s> TrainingRun<'s> {
             let split_at = (examples.as_slice(), self.cfg.eval_batch_size, c.pad_token_id);
             let scores = evaluate_shared(&mut self.evaluator, params, split_at, scoring, &mut *self.sync)?;
             evaluations.insert(split.clone(), scores);
-            if self.rank != 0 {
+            if self.rank() != 0 {
                 continue;
             }
             self.log.bar.suspend(|| tracing::info!(epoch = epoch + 1, step, "{split} {}", scores.describe()));
@@ -602,7 +608,7 @@ impl<'s> TrainingRun<'s> {
         }
         self.evaluated_at = Some(step);
         let verdict = self.judge.judge(&mut self.selection, step, &evaluations);
-        if self.rank == 0 && verdict.stop {
+        if self.rank() == 0 && verdict.stop {
             let (metric, patience) = (self.judge.metric, self.cfg.early_stopping_patience.unwrap_or_default());
             let best = self
                 .selection
@@ -646,7 +652,7 @@ impl TrainingRun<'_> {
                 return Ok(());
             }
         }
-        if self.rank == 0 {
+        if self.rank() == 0 {
             self.log.open_metrics(&self.plan, resumed_at)?;
         }
         // Training time is counted from here: reading, building and resuming are setup.

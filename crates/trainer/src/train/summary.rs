@@ -118,7 +118,7 @@ impl TrainingRun<'_> {
         let output = &self.plan.output;
         let mut int8 = None;
         let mut model_step = self.progress.step;
-        if self.rank == 0 {
+        if self.rank() == 0 {
             let (params, step) = self.final_params()?;
             model_step = step;
             if step != self.progress.step {
@@ -143,7 +143,7 @@ impl TrainingRun<'_> {
             model_step,
             stopped_early_at: self.selection.stopped_early_at,
         };
-        if self.rank == 0 {
+        if self.rank() == 0 {
             let json = serde_json::to_string_pretty(&summary)?;
             ringtune_files::write_atomically(&output.join("summary.json"), json.as_bytes())?;
         }
@@ -167,7 +167,7 @@ impl TrainingRun<'_> {
                 path.display()
             ))
         })?;
-        if self.rank == 0 {
+        if self.rank() == 0 {
             tracing::info!(
                 step = self.progress.step,
                 "{} holds a finished run: nothing to train, nothing written",
@@ -180,8 +180,8 @@ impl TrainingRun<'_> {
     /// How this run trains.
     fn shape(&self) -> TrainingShape {
         TrainingShape {
-            nodes: self.launch_world,
-            global_batch: self.plan.batch_size * self.launch_world,
+            nodes: self.launch_world(),
+            global_batch: self.plan.batch_size * self.launch_world(),
             learning_rate: self.cfg.learning_rate,
             lr_scheduler: self.plan.schedule.kind,
             warmup_steps: self.plan.schedule.warmup,
