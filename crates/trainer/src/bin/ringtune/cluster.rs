@@ -84,11 +84,9 @@ fn cluster_options_from(args: &ClusterArgs, var: impl Fn(&str) -> Option<String>
 /// its node, and gives a silent link up sooner (unless `--peer-timeout` says), since the time
 /// a loss costs is mostly that wait.
 pub(crate) fn allow_losses(cluster: &mut ClusterOptions, args: &ClusterArgs, min_nodes: usize) -> Result<()> {
-    if min_nodes > cluster.world {
-        bail!("--min-nodes {min_nodes} is more than the {} nodes of the run", cluster.world);
-    }
-    if !(1..cluster.world).contains(&min_nodes) {
-        cluster.min_nodes = 0;
+    let min_nodes = resolve_min_nodes(min_nodes, cluster.world)?;
+    cluster.min_nodes = min_nodes;
+    if min_nodes == 0 {
         return Ok(());
     }
     if args.shard_optimizer == Some(true) {
@@ -98,11 +96,20 @@ pub(crate) fn allow_losses(cluster: &mut ClusterOptions, args: &ClusterArgs, min
         );
     }
     cluster.mode.shard_optimizer = false;
-    cluster.min_nodes = min_nodes;
     if args.peer_timeout.is_none() {
         cluster.peer_timeout = ringtune_quic::FAST_PEER_TIMEOUT;
     }
     Ok(())
+}
+
+/// `--min-nodes` against a run of `world` nodes, as every rank and the launcher read it: the
+/// fewest the run goes on with after a loss, or 0 where it stops at the first (`M` is 0, or the
+/// whole world); more than the world is an error.
+pub(crate) fn resolve_min_nodes(min_nodes: usize, world: usize) -> Result<usize> {
+    if min_nodes > world {
+        bail!("--min-nodes {min_nodes} is more than the {world} nodes of the run");
+    }
+    Ok(if (1..world).contains(&min_nodes) { min_nodes } else { 0 })
 }
 
 /// `--peer-timeout`'s seconds, at least half a second (keep-alives then go every 125 ms).

@@ -6,6 +6,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use clap::Parser;
+
+use crate::args::{train_config, Cli, Command};
+use crate::cluster::resolve_min_nodes;
 
 /// The ranks a launch started and their certificates: ranks not yet waited for are killed and
 /// the certificates removed however the launch ends (a rank that fails to start, an error).
@@ -30,6 +34,7 @@ pub(crate) fn launch(nodes: usize, port: u16, train: &[String]) -> Result<()> {
     if nodes == 0 {
         bail!("--nodes must be at least 1");
     }
+    let may_lose = ranks_it_may_lose(nodes, train)?;
     ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst))
         .context("installing the SIGINT/SIGTERM handler")?;
     let certs = std::env::temp_dir().join(format!("ringtune-certs-{}", std::process::id()));
@@ -51,18 +56,19 @@ pub(crate) fn launch(nodes: usize, port: u16, train: &[String]) -> Result<()> {
             .env("MASTER_PORT", port.to_string());
         launched.ranks.push(cmd.spawn().with_context(|| format!("starting rank {rank}"))?);
     }
-    let may_fail = min_nodes(train).map_or(0, |min| nodes.saturating_sub(min.max(1)));
-    wait_for(&mut launched.ranks, || INTERRUPTED.load(Ordering::SeqCst), may_fail)
+    wait_for(&mut launched.ranks, || INTERRUPTED.load(Ordering::SeqCst), may_lose)
 }
 
-/// The `--min-nodes` among the training arguments, when they have one.
-fn min_nodes(train: &[String]) -> Option<usize> {
-    let value = train.iter().enumerate().find_map(|(i, a)| match a.strip_prefix("--min-nodes") {
-        Some("") => train.get(i + 1).map(String::as_str),
-        Some(rest) => rest.strip_prefix('='),
-        None => None,
-    })?;
-    value.parse().ok()
+/// How many of `nodes` ranks the run `train` describes may lose and go on: its `--min-nodes`
+/// read as `ringtune train` reads it (the flag, else its `--config` file) and resolved as each
+/// rank resolves it.
+fn ranks_it_may_lose(nodes: usize, train: &[String]) -> Result<usize> {
+    let line = ["ringtune", "train"].into_iter().map(String::from).chain(train.iter().cloned());
+    let Command::Train(args) = Cli::try_parse_from(line)?.command else {
+        bail!("the arguments after -- are `ringtune train`'s")
+    };
+    let min_nodes = resolve_min_nodes(train_config(&args)?.min_nodes, nodes)?;
+    Ok(if min_nodes == 0 { 0 } else { nodes - min_nodes })
 }
 
 /// Set by SIGINT or SIGTERM: the launch then stops its ranks and removes the certificates
@@ -154,10 +160,27 @@ mod tests {
             let _ = rank.kill();
             let _ = rank.wait();
         }
+    }
+
+    /// The launcher reads `--min-nodes` as the ranks do: the flag, or the `--config` file's
+    /// setting (which a scan of the arguments missed), resolved against the nodes launched.
+    #[test]
+    fn a_launch_allows_the_losses_the_ranks_allow() {
         let args = |line: &str| line.split_whitespace().map(String::from).collect::<Vec<_>>();
-        assert_eq!(min_nodes(&args("--epochs 2 --min-nodes 3")), Some(3));
-        assert_eq!(min_nodes(&args("--min-nodes=2 --epochs 2")), Some(2));
-        assert_eq!(min_nodes(&args("--epochs 2")), None);
+        let may_lose = |line: &str| ranks_it_may_lose(4, &args(line)).expect("read");
+        assert_eq!(may_lose("--epochs 2 --min-nodes 3"), 1);
+        assert_eq!(may_lose("--min-nodes=2 --epochs 2"), 2);
+        assert_eq!(may_lose("--epochs 2"), 0);
+        assert_eq!(may_lose("--min-nodes 0"), 0, "0: the run stops at its first loss");
+        assert_eq!(may_lose("--min-nodes 4"), 0, "the whole world: no loss allowed");
+        let dir = tempfile::tempdir().expect("dir");
+        let file = dir.path().join("run.toml");
+        std::fs::write(&file, "min_nodes = 2\n").expect("config");
+        assert_eq!(may_lose(&format!("--config {}", file.display())), 2);
+        assert!(ranks_it_may_lose(4, &args("--min-nodes 5"))
+            .expect_err("past the world")
+            .to_string()
+            .contains("--min-nodes 5"));
     }
 
     #[test]
