@@ -62,8 +62,7 @@ pub fn evaluate_shared(
     scoring: Scoring,
     sync: &mut dyn GradSync,
 ) -> Result<Scores, TrainError> {
-    let nodes = sync.nodes();
-    let (rank, world) = (nodes.rank, nodes.world());
+    let (rank, world) = (sync.nodes().rank, sync.nodes().world());
     let _span = tracing::debug_span!("evaluate", rank, world).entered();
     let mine = eval_share(examples.len(), batch_size, rank, world);
     let own = predict_logits(evaluator, params, &examples[mine], batch_size, pad_id)?;

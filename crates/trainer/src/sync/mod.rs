@@ -126,7 +126,7 @@ fn table_rows(plan: &SyncPlan) -> Option<usize> {
 /// step calls [`GradSync::settle`] first.
 pub trait GradSync {
     /// Who trains now: the loop reads it here, where the ring keeps it, rather than copies.
-    fn nodes(&self) -> Nodes;
+    fn nodes(&self) -> &Nodes;
     /// How this node syncs.
     fn mode(&self) -> SyncMode;
     /// Where the training session hands each gradient as the backward pass produces it (the
@@ -234,8 +234,10 @@ impl Nodes {
 pub struct OneNode;
 
 impl GradSync for OneNode {
-    fn nodes(&self) -> Nodes {
-        Nodes { members: vec![0], rank: 0, launch_world: 1, min_nodes: 0 }
+    fn nodes(&self) -> &Nodes {
+        static ALONE: std::sync::LazyLock<Nodes> =
+            std::sync::LazyLock::new(|| Nodes { members: vec![0], rank: 0, launch_world: 1, min_nodes: 0 });
+        &ALONE
     }
 
     fn mode(&self) -> SyncMode {

@@ -165,8 +165,8 @@ impl<T: Transport> RingSync<T> {
 }
 
 impl<T: Transport> GradSync for RingSync<T> {
-    fn nodes(&self) -> Nodes {
-        self.exchange.nodes.clone()
+    fn nodes(&self) -> &Nodes {
+        &self.exchange.nodes
     }
 
     fn mode(&self) -> SyncMode {

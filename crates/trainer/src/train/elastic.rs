@@ -31,7 +31,7 @@ impl TrainingRun<'_> {
             return Err(error);
         }
         let since = Instant::now();
-        let before = self.sync.nodes();
+        let before = self.sync.nodes().clone();
         let min_nodes = before.min_nodes;
         self.log.bar.suspend(|| tracing::warn!("{error}: the nodes left form a new ring (--min-nodes {min_nodes})"));
         if let Err(regroup) = self.sync.regroup() {
@@ -53,10 +53,10 @@ impl TrainingRun<'_> {
     /// the nodes check they hold the same parameters.
     pub(super) fn admit(&mut self) -> Result<(), TrainError> {
         let since = Instant::now();
-        let before = self.sync.nodes();
+        let before = self.sync.nodes().clone();
         self.sync.regroup()?;
         self.regrouped(&before.members, before.rank == 0, since)?;
-        let (before, now) = (before.members, self.sync.nodes());
+        let (before, now) = (before.members, self.sync.nodes().clone());
         let sender = now.members.iter().position(|id| before.contains(id)) == Some(now.rank);
         if sender {
             let state = Bytes::from(self.handover()?);
@@ -90,7 +90,7 @@ impl TrainingRun<'_> {
     /// `since`: who left and who joined, the lead's role where it moved, and the change
     /// recorded.
     fn regrouped(&mut self, before: &[usize], was_lead: bool, since: Instant) -> Result<(), TrainError> {
-        let members = self.sync.nodes().members;
+        let members = self.sync.nodes().members.clone();
         let left: Vec<usize> = before.iter().copied().filter(|id| !members.contains(id)).collect();
         let joined: Vec<usize> = members.iter().copied().filter(|id| !before.contains(id)).collect();
         if self.rank() == 0 && !was_lead {

@@ -470,19 +470,25 @@ impl<'s> TrainingRun<'s> {
             }
             _ => self.accumulate(batches, seed)?,
         };
-        if let Some(sink) = &self.hand_over {
-            let grads = self.engine.grads();
-            for (tensor, entry) in self.engine.layout().entries().iter().enumerate() {
-                sink.take(tensor, &grads[entry.range()]).map_err(|reason| TrainError::Sync {
-                    reason: format!("handing over the summed gradients: {reason}"),
-                })?;
+        // The step's gradients: the one pass's in the engine's buffer, or the passes' sum.
+        let grads = if batches.len() == 1 { self.engine.grads() } else { &self.accumulated };
+        match &self.hand_over {
+            Some(sink) => {
+                for (tensor, entry) in self.engine.layout().entries().iter().enumerate() {
+                    sink.take(tensor, &grads[entry.range()]).map_err(|reason| TrainError::Sync {
+                        reason: format!("handing over the summed gradients: {reason}"),
+                    })?;
+                }
             }
+            // One node steps the optimizer over the engine's buffer.
+            None if batches.len() > 1 => self.engine.grads_mut().copy_from_slice(&self.accumulated),
+            None => {}
         }
         Ok(loss)
     }
 
     /// The passes over `batches` in turn, their gradients summed in proportion to their rows
-    /// into the engine's buffer; their mean loss.
+    /// into `accumulated`; their mean loss.
     fn accumulate(&mut self, batches: &[Batch], seed: u64) -> Result<f32, TrainError> {
         let rows: usize = batches.iter().map(|b| b.rows).sum();
         let mut loss = 0.0;
@@ -499,7 +505,6 @@ impl<'s> TrainingRun<'s> {
                 self.accumulated.iter_mut().zip(grads).for_each(|(sum, g)| *sum += share * g);
             }
         }
-        self.engine.grads_mut().copy_from_slice(&self.accumulated);
         Ok(loss)
     }
 
