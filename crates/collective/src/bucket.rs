@@ -229,14 +229,39 @@ impl SyncPlan {
     /// while gathering the stepped table would send every row, every step (weight decay and the
     /// moments move the rows no batch used): on MiniLM, as many bytes as the dense parameters.
     pub fn shard_of(&self, rank: usize) -> Vec<Range<usize>> {
-        let table = self.buckets.iter().find(|b| matches!(b.kind, BucketKind::Table { .. }));
-        let mut shard: Vec<Range<usize>> = self
-            .owned_by(rank)
+        let mut shard = self.dense_owned_by(rank);
+        shard.extend(self.table().map(|t| t.range.clone()));
+        shard
+    }
+
+    /// The word-embedding table's bucket, when the plan has one.
+    fn table(&self) -> Option<&Bucket> {
+        self.buckets.iter().find(|b| matches!(b.kind, BucketKind::Table { .. }))
+    }
+
+    /// The pieces `rank` owns outside the word-embedding table.
+    pub fn dense_owned_by(&self, rank: usize) -> Vec<Range<usize>> {
+        let table = self.table();
+        self.owned_by(rank)
             .into_iter()
             .filter(|piece| table.is_none_or(|t| piece.end <= t.range.start || t.range.end <= piece.start))
-            .collect();
-        shard.extend(table.map(|t| t.range.clone()));
-        shard
+            .collect()
+    }
+
+    /// The dense pieces of the rank before `rank` in the ring, which `rank` also steps when
+    /// each shard of the optimizer is kept by two ranks: a rank lost takes none of the state
+    /// with it while its successor lives. Empty on one rank.
+    pub fn shard_backup(&self, rank: usize) -> Vec<Range<usize>> {
+        if self.world < 2 {
+            return Vec::new();
+        }
+        self.dense_owned_by((rank + self.world - 1) % self.world)
+    }
+
+    /// The same buckets on `world` ranks (after nodes are lost or join: the buckets stay, each
+    /// rank's pieces of them change).
+    pub fn for_world(&self, world: usize) -> SyncPlan {
+        SyncPlan { buckets: self.buckets.clone(), world: world.max(1) }
     }
 
     /// Ranks in the plan.
@@ -321,6 +346,26 @@ mod tests {
         }
         let dense_only = SyncPlan::new(&tensors, total, None, 3, SIZES);
         assert_eq!(dense_only.shard_of(1), dense_only.owned_by(1));
+    }
+
+    #[test]
+    fn each_dense_shard_is_also_the_next_ranks_backup() {
+        let (tensors, total) = tensors();
+        let plan = SyncPlan::new(&tensors, total, Some((0, 8)), 5, SIZES);
+        assert!(plan.for_world(1).shard_backup(0).is_empty(), "one rank keeps no second copy");
+        for world in 2..=5 {
+            let plan = plan.for_world(world);
+            assert_eq!(plan.buckets, SyncPlan::new(&tensors, total, Some((0, 8)), 9, SIZES).buckets, "same buckets");
+            for rank in 0..world {
+                let backup = plan.shard_backup((rank + 1) % world);
+                assert_eq!(backup, plan.dense_owned_by(rank), "world {world}: rank {rank}'s by the next");
+                assert!(backup.iter().all(|p| p.start >= 800), "world {world}: the table is every rank's already");
+                let own = plan.shard_of(rank);
+                let overlap =
+                    plan.shard_backup(rank).iter().any(|b| own.iter().any(|o| o.start < b.end && b.start < o.end));
+                assert!(!overlap, "world {world} rank {rank}: its backup and its shard overlap");
+            }
+        }
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use bytes::Bytes;
 
-use crate::{all_reduce_rows, gather, ring, CollectiveError, RingMode, Transport, Wire};
+use crate::{all_reduce_rows, gather, ring, shift, CollectiveError, RingMode, Transport, Wire, MAX_PAYLOAD};
 
 /// A transport with the ring's order of operations: every rank makes the same calls in the same
 /// order, so their operation ids agree, and a frame of another operation is refused by the
@@ -114,6 +114,56 @@ impl<T: Transport> Collective<T> {
         self.checked(result)
     }
 
+    /// `mine` to the next rank, the previous rank's into `theirs` (see [`shift`]).
+    pub fn shift(&mut self, mine: &[f32], theirs: &mut [f32]) -> Result<(), CollectiveError> {
+        let (op, segment) = (self.next_op(), self.transport.segment());
+        let result = shift(&mut self.transport, op, mine, theirs, segment);
+        self.checked(result)
+    }
+
+    /// Every rank's `value`, in rank order, however large: [`Collective::gather`] carries one
+    /// frame (at most [`MAX_PAYLOAD`] bytes), so the lengths go round first, then slices of every
+    /// value, as many rounds as the longest needs.
+    pub fn gather_large(&mut self, value: Bytes) -> Result<Vec<Bytes>, CollectiveError> {
+        let slice = MAX_PAYLOAD as usize / 2;
+        let lengths = self.gather(Bytes::copy_from_slice(&(value.len() as u64).to_le_bytes()))?;
+        let lengths: Vec<usize> = lengths
+            .iter()
+            .enumerate()
+            .map(|(rank, b)| {
+                let bytes: [u8; 8] = b.as_ref().try_into().map_err(|_| CollectiveError::Protocol {
+                    peer: rank,
+                    reason: format!("sent a length of {} bytes", b.len()),
+                })?;
+                Ok(u64::from_le_bytes(bytes) as usize)
+            })
+            .collect::<Result<_, CollectiveError>>()
+            .map_err(|e| self.failed(e))?;
+        let rounds = lengths.iter().map(|len| len.div_ceil(slice)).max().unwrap_or(0);
+        let mut values: Vec<Vec<u8>> = lengths.iter().map(|&len| Vec::with_capacity(len)).collect();
+        for round in 0..rounds {
+            let from = (round * slice).min(value.len());
+            let parts = self.gather(value.slice(from..(from + slice).min(value.len())))?;
+            for (rank, (part, into)) in parts.iter().zip(&mut values).enumerate() {
+                let expected = lengths[rank].saturating_sub(round * slice).min(slice);
+                if part.len() != expected {
+                    return Err(self.failed(CollectiveError::Protocol {
+                        peer: rank,
+                        reason: format!("sent {} bytes of round {round} where {expected} were due", part.len()),
+                    }));
+                }
+                into.extend_from_slice(part);
+            }
+        }
+        Ok(values.into_iter().map(Bytes::from).collect())
+    }
+
+    /// Fails the ring with `error` (found in what an operation brought), telling the neighbours.
+    fn failed(&mut self, error: CollectiveError) -> CollectiveError {
+        self.transport.abort(&error.to_string());
+        error
+    }
+
     /// Leaves the ring because of `reason`: the neighbours fail at once, with it.
     pub fn abort(&mut self, reason: &str) {
         self.transport.abort(reason);
@@ -158,6 +208,43 @@ mod tests {
             assert_eq!(table, vec![1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0]);
             assert_eq!(moved, 3);
             assert_eq!(values, vec![Bytes::from(vec![0u8]), Bytes::from(vec![1u8]), Bytes::from(vec![2u8])]);
+        }
+    }
+
+    #[test]
+    fn a_shift_hands_each_rank_the_previous_ones_values_in_segments() {
+        let results = on_threads(4, |mut c| {
+            // Longer than a memory ring's segment: several frames.
+            let mine: Vec<f32> = (0..40_000).map(|i| (c.rank() * 100_000 + i) as f32).collect();
+            let mut theirs = vec![0.0; mine.len()];
+            c.shift(&mine, &mut theirs).expect("shift");
+            let mut alone = vec![0.0; 3];
+            (theirs, c.run(&mut alone, RingMode::AllReduceMean, Wire::F32).is_ok())
+        });
+        for (rank, (theirs, next_op_agrees)) in results.into_iter().enumerate() {
+            let prev = (rank + 3) % 4;
+            assert!(theirs.iter().enumerate().all(|(i, &v)| v == (prev * 100_000 + i) as f32), "rank {rank}");
+            assert!(next_op_agrees, "rank {rank}: the operation after the shift");
+        }
+        let mismatched = on_threads(3, |mut c| {
+            let len = if c.rank() == 1 { 5 } else { 6 };
+            c.shift(&vec![1.0; len], &mut vec![0.0; len]).err().map(|e| e.to_string())
+        });
+        assert!(mismatched[2].as_ref().is_some_and(|e| e.contains("rank 1")), "{mismatched:?}");
+    }
+
+    #[test]
+    fn values_larger_than_a_frame_are_gathered_in_rounds() {
+        let results = on_threads(3, |mut c| {
+            // Rank 1's value takes three rounds, rank 2's none.
+            let len = [10, 2 * MAX_PAYLOAD as usize + 7, 0][c.rank()];
+            let value: Vec<u8> = (0..len).map(|i| (i % 251) as u8 ^ c.rank() as u8).collect();
+            c.gather_large(Bytes::from(value)).expect("gather")
+        });
+        for values in results {
+            let lens: Vec<usize> = values.iter().map(Bytes::len).collect();
+            assert_eq!(lens, vec![10, 2 * MAX_PAYLOAD as usize + 7, 0]);
+            assert!(values[1].iter().enumerate().all(|(i, &b)| b == (i % 251) as u8 ^ 1));
         }
     }
 

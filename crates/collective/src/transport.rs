@@ -2,7 +2,9 @@
 
 use bytes::Bytes;
 
-use crate::{CollectiveError, Header, Payload, RingAllReduce, RingGather, RingMode, Schedule, Wire};
+use crate::{
+    float_payload, CollectiveError, Header, Kind, Payload, Phase, RingAllReduce, RingGather, RingMode, Schedule, Wire,
+};
 
 /// A ring position: frames go to the next rank and come from the previous one, in order.
 pub trait Transport {
@@ -81,6 +83,46 @@ pub fn ring(
         let (header, payload) = t.recv()?;
         ring.handle_frame(header, payload, buffer)?;
     }
+}
+
+/// One hop round the ring (operation id `op`): `mine` goes to the next rank, and `theirs` is
+/// overwritten by what the previous rank sent as its `mine` (as long on both: the ring's ranks
+/// agree on the lengths), in `f32`, in segments of `segment` values. Every rank sends before it
+/// receives, so the hop costs one link's time, not a pass round the ring.
+pub fn shift(
+    t: &mut impl Transport,
+    op: u64,
+    mine: &[f32],
+    theirs: &mut [f32],
+    segment: usize,
+) -> Result<(), CollectiveError> {
+    if t.world() < 2 {
+        theirs.copy_from_slice(mine);
+        return Ok(());
+    }
+    let frame = |offset: usize, len: usize| {
+        let mut header = Header::control(Kind::Data, op, (len * 4) as u32);
+        header.phase = Phase::AllGather;
+        header.offset = offset as u64;
+        header
+    };
+    let segment = segment.max(1);
+    for (i, values) in mine.chunks(segment).enumerate() {
+        t.send(frame(i * segment, values.len()), float_payload(values.to_vec()).into())?;
+    }
+    let prev = (t.rank() + t.world() - 1) % t.world();
+    for (i, values) in theirs.chunks_mut(segment).enumerate() {
+        let (header, payload) = t.recv()?;
+        let expected = frame(i * segment, values.len());
+        if header != expected || payload.len() != values.len() * 4 {
+            return Err(CollectiveError::Protocol {
+                peer: prev,
+                reason: format!("sent {header:?} where {expected:?} was due in a shift"),
+            });
+        }
+        payload.copy_values(Wire::F32, values);
+    }
+    Ok(())
 }
 
 /// Every rank's `value`, in rank order.
