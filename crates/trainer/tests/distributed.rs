@@ -442,3 +442,129 @@ fn a_killed_node_fails_the_others_by_name_and_resume_finishes_the_run() {
     assert_eq!(summary["steps"], 3 * 34);
     assert!(std::fs::read_to_string(&logs2[0]).expect("log").contains("resumed"));
 }
+
+/// A sharded optimizer keeps each shard on two nodes when the run may lose some: three nodes
+/// lose one at a step (its process gone), the other two form a new ring, put the optimizer's
+/// state together and go on, and end bit for bit where an unsharded run losing the same node at
+/// the same step ends, whichever node is lost, the parameters gathered at once or behind.
+#[test]
+fn a_sharded_run_that_loses_a_node_goes_on_bit_for_bit_as_an_unsharded_one() {
+    let dir = tempfile::tempdir().expect("dir");
+    let certs = certs(dir.path(), 3);
+    let model = tiny_model(dir.path());
+    let whole = SyncMode { shard_optimizer: false, ..BOTH };
+    let at_once = SyncMode { overlap: false, ..BOTH };
+    for victim in [1, 0] {
+        let reference = lose_a_node_mid_run(&model, &certs, whole, victim);
+        let survivors: Vec<usize> = (0..3).filter(|&r| r != victim).collect();
+        for mode in [BOTH, at_once] {
+            let sharded = lose_a_node_mid_run(&model, &certs, mode, victim);
+            for &rank in &survivors {
+                let (ours, theirs) =
+                    (sharded[rank].as_ref().expect("a survivor"), reference[rank].as_ref().expect("one"));
+                let same = ours.iter().zip(theirs).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{mode:?}, node {victim} lost: rank {rank} is {} from the unsharded run",
+                    l2(ours, theirs)
+                );
+            }
+        }
+        let (a, b) = (reference[survivors[0]].as_ref(), reference[survivors[1]].as_ref());
+        assert!(a.is_some() && a == b, "node {victim} lost: the survivors hold other parameters");
+    }
+}
+
+/// Node `id`'s gradient of parameter `tensor` at `step`: zero on the word-embedding rows its
+/// batch (`batch_tokens`) does not use, as a backward pass leaves them.
+fn varied_grad(layout: &ringtune_encoders::ParamLayout, tensor: usize, id: usize, step: usize) -> Vec<f32> {
+    let entry = &layout.entries()[tensor];
+    let table = entry.name.contains("word_embeddings");
+    let width = entry.shape.last().copied().unwrap_or(1);
+    (0..entry.len())
+        .map(|i| {
+            if table && !batch_tokens(id).contains(&((i / width) as i64)) {
+                0.0
+            } else {
+                ((i * 7 + id * 13 + step * 31 + tensor) % 97) as f32 / 97.0 - 0.5
+            }
+        })
+        .collect()
+}
+
+fn batch_tokens(id: usize) -> Vec<i64> {
+    vec![101, 2000 + id as i64, 102]
+}
+
+/// Three nodes of the tiny model on loopback (`--min-nodes 2`) take five optimizer steps of
+/// made-up gradients; `victim` leaves before the third (its sync dropped, its links closed), and
+/// the others regroup, put the state together and take that step again. Each node's final
+/// parameters (`None` for the victim).
+fn lose_a_node_mid_run(model: &Path, certs: &Path, mode: SyncMode, victim: usize) -> Vec<Option<Vec<f32>>> {
+    const STEPS: usize = 5;
+    const LOST_AT: usize = 2;
+    let ports = free_ports(3);
+    let layout = ringtune_trainer::model::ModelDir::open(model).expect("model").layout;
+    // Nobody leaves before the last step's frames are all delivered: a barrier per ring.
+    let barriers = [std::sync::Arc::new(std::sync::Barrier::new(3)), std::sync::Arc::new(std::sync::Barrier::new(2))];
+    let handles: Vec<_> = (0..3)
+        .map(|id| {
+            let mut cluster = on_loopback(id, &ports, certs, Duration::from_secs(20), mode);
+            cluster.min_nodes = 2;
+            let (model, layout, barriers) = (model.to_path_buf(), layout.clone(), barriers.clone());
+            std::thread::spawn(move || {
+                let model = ringtune_trainer::model::ModelDir::open(&model).expect("model");
+                let mut sync = QuicSync::join(&cluster, &model).expect("join");
+                let len = layout.total_len();
+                let groups = [ringtune_optim::Group { range: 0..len, weight_decay: 0.01 }];
+                let mut adam = ringtune_optim::AdamW::new(Default::default(), &groups, len).expect("adam");
+                if let Some(pieces) = sync.optimizer_pieces() {
+                    adam = adam.owning(pieces).expect("pieces");
+                }
+                let start: Vec<f32> = (0..len).map(|i| ((i % 13) as f32 - 6.0) / 10.0).collect();
+                let mut params = LendableBuffer::new(FlatBuffer::from_slice(&start));
+                for step in 0..STEPS {
+                    if step == LOST_AT && id == victim {
+                        drop(sync);
+                        return None;
+                    }
+                    while let Err(error) = one_step(&mut sync, &mut adam, &mut params, &layout, id, step) {
+                        assert!(step == LOST_AT && sync.nodes().world() == 3, "node {id}, step {step}: {error}");
+                        sync.regroup().expect("the two form a ring");
+                        let floats = params.floats_mut().expect("the parameters are home");
+                        sync.reshard(&mut adam, floats).expect("the state put together");
+                    }
+                    sync.settle().expect("gathered");
+                    assert_eq!(sync.nodes().world(), if step < LOST_AT { 3 } else { 2 }, "node {id}, step {step}");
+                    barriers[usize::from(step >= LOST_AT)].wait();
+                }
+                let last = params.floats().expect("home").to_vec();
+                sync.shutdown();
+                Some(last)
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().expect("no panic")).collect()
+}
+
+/// One step of node `id` through the loop's calls: its gradients handed over, averaged, the
+/// optimizer stepped over them (clipped to norm 1).
+fn one_step(
+    sync: &mut QuicSync,
+    adam: &mut ringtune_optim::AdamW,
+    params: &mut LendableBuffer,
+    layout: &ringtune_encoders::ParamLayout,
+    id: usize,
+    step: usize,
+) -> Result<(), ringtune_trainer::TrainError> {
+    sync.begin(&batch_tokens(id), 1.0)?;
+    let sink = sync.hooks().grads.expect("a gradient sink");
+    for tensor in (0..layout.entries().len()).rev() {
+        sink.take(tensor, &varied_grad(layout, tensor, id, step))
+            .map_err(|reason| ringtune_trainer::TrainError::Sync { reason })?;
+    }
+    sync.finish(0.5)?;
+    let (mut grads, exchange) = sync.optimizer_view(&mut [])?;
+    ringtune_trainer::optimizer::step(adam, params, grads.floats()?, exchange, 1.0, 1e-2, 1)?;
+    Ok(())
+}

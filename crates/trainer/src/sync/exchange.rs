@@ -30,9 +30,13 @@ pub(super) struct RingExchange<T: Transport> {
     /// The parameters' all-gather behind the next forward pass (sharded, overlapping runs).
     pub(super) gather: Option<Arc<ParamGather>>,
     pub(super) mode: SyncMode,
-    /// Who is in the ring now (the plan's world is the launch's, which shards and buckets keep).
+    /// Who is in the ring now (the plan is cut for them: it changes with the ring).
     pub(super) nodes: Nodes,
     pub(super) to_sync: Sender<ToSync>,
+    /// Why the parameters' all-gather after the optimizer step failed, when it ran at once in
+    /// a run that goes on without lost nodes: the step is done (each shard is stepped), so the
+    /// failure is the next step's, which a regroup takes.
+    pub(super) gather_failed: Option<CollectiveError>,
 }
 
 impl<T: Transport> RingExchange<T> {
@@ -59,8 +63,43 @@ impl<T: Transport> RingExchange<T> {
         lock(&self.ring).gather(value).map_err(sync_error)
     }
 
+    /// Whether each dense shard is also stepped by the next node (a sharded optimizer in a run
+    /// that goes on without lost nodes): a lost node's shard lives on with its successor.
+    pub(super) fn keeps_backups(&self) -> bool {
+        self.mode.shard_optimizer && self.nodes.elastic() && self.nodes.world() > 1
+    }
+
+    /// The pieces this node's sharded optimizer steps: its shard, and its backup of the node
+    /// before it (see [`RingExchange::keeps_backups`]).
+    pub(super) fn stepped_pieces(&self) -> Vec<Range<usize>> {
+        let mut pieces = self.plan.shard_of(self.nodes.rank);
+        if self.keeps_backups() {
+            pieces.extend(self.plan.shard_backup(self.nodes.rank));
+        }
+        pieces
+    }
+
+    /// After the reduce-scatter: this node's reduced dense shard of `grads` goes to the next
+    /// node, and the previous node's comes into its backup pieces, so that both step it.
+    pub(super) fn back_up(&self, ring: &mut Collective<T>, grads: &mut [f32]) -> Result<(), TrainError> {
+        let rank = self.nodes.rank;
+        let own: Vec<f32> = self.plan.dense_owned_by(rank).into_iter().flat_map(|p| grads[p].to_vec()).collect();
+        let backup = self.plan.shard_backup(rank);
+        let mut theirs = vec![0.0; backup.iter().map(Range::len).sum()];
+        ring.shift(&own, &mut theirs).map_err(sync_error)?;
+        let mut at = 0;
+        for piece in backup {
+            grads[piece.clone()].copy_from_slice(&theirs[at..at + piece.len()]);
+            at += piece.len();
+        }
+        Ok(())
+    }
+
     /// Returns once the gather behind the forward pass, if one is under way, has ended.
     pub(super) fn settle(&self) -> Result<(), TrainError> {
+        if let Some(failed) = &self.gather_failed {
+            return Err(TrainError::Ring(failed.clone()));
+        }
         match &self.gather {
             Some(gather) => gather.settle().map_err(|e| {
                 lock(&self.ring).abort(&e.to_string());
@@ -136,7 +175,13 @@ impl<T: Transport> Exchange for RingExchange<T> {
             }
             Ok(())
         } else if self.mode.shard_optimizer {
-            self.all_gather(params.floats_mut().ok_or_else(TrainError::params_lent)?)
+            match self.all_gather(params.floats_mut().ok_or_else(TrainError::params_lent)?) {
+                Err(TrainError::Ring(e)) if self.nodes.elastic() => {
+                    self.gather_failed = Some(e);
+                    Ok(())
+                }
+                gathered => gathered,
+            }
         } else {
             Ok(())
         }

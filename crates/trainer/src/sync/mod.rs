@@ -12,6 +12,7 @@ mod exchange;
 mod handoff;
 mod param_gather;
 mod quic;
+mod reshard;
 mod ring;
 mod slots;
 mod sync_thread;
@@ -180,6 +181,13 @@ pub trait GradSync {
     /// [`GradSync::nodes`] changes, what a failed step left is dropped and the compressors
     /// start again.
     fn regroup(&mut self) -> Result<(), TrainError>;
+    /// After [`GradSync::regroup`] (every member calls it, a node just taken in too, before it
+    /// takes the run's state): a sharded optimizer's state as the last completed step left it
+    /// is put together from the members that hold it (each shard's owner, or the next node,
+    /// which steps it too), so that `params` holds every parameter and `adam` the moments of
+    /// the pieces this node steps in the new ring; returns the whole state (`None`: not
+    /// sharded, `adam` holds it all already).
+    fn reshard(&mut self, adam: &mut AdamW, params: &mut [f32]) -> Result<Option<AdamWState>, TrainError>;
     /// The run is over or left on an error path: a gather still under way is cut short (the
     /// ring is closed with the reason) and has ended when this returns, so the parameters'
     /// buffer is written no more.
@@ -310,6 +318,10 @@ impl GradSync for OneNode {
 
     fn regroup(&mut self) -> Result<(), TrainError> {
         Err(TrainError::Sync { reason: "one node has no ring to form again".into() })
+    }
+
+    fn reshard(&mut self, _adam: &mut AdamW, _params: &mut [f32]) -> Result<Option<AdamWState>, TrainError> {
+        Ok(None)
     }
 
     fn release(&mut self) {}

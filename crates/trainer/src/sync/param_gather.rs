@@ -66,6 +66,15 @@ impl ParamGather {
         state.arrived.fill(false);
     }
 
+    /// After the ring was formed again: no gather under way, none failed, every bucket in
+    /// (the parameters are put together by the regroup).
+    pub(crate) fn reset(&self) {
+        let mut state = self.lock();
+        state.in_flight = false;
+        state.failed = None;
+        state.arrived.fill(true);
+    }
+
     /// Whether a gather has begun and not ended.
     pub(crate) fn in_flight(&self) -> bool {
         self.lock().in_flight

@@ -26,6 +26,7 @@ use ringtune_optim::{AdamW, AdamWState};
 use super::exchange::{lock, sync_error, RingExchange};
 use super::handoff::{GradSlots, Handoff, ToSync, WholeGrads};
 use super::param_gather::ParamGather;
+use super::reshard;
 use super::sync_thread::{Reduced, SharedLowRank, SyncThread, Worker};
 use super::{table_rows, Averaged, Exchange, GradSync, Nodes, SyncMode};
 use crate::engine::SyncHooks;
@@ -92,6 +93,11 @@ pub struct RingSync<T: Transport> {
     in_step: bool,
     /// What this step's gradients and loss are scaled by before they are averaged.
     weight: f32,
+    /// A sharded optimizer's ring before the last regroup and its plan, until its state has
+    /// followed to the new ring ([`GradSync::reshard`]).
+    before: Option<(Nodes, Arc<SyncPlan>)>,
+    /// The parameters' last all-gather ended (a regroup after one cut short needs them sent).
+    params_whole: bool,
 }
 
 impl<T: Transport + Send + 'static> RingSync<T> {
@@ -112,9 +118,10 @@ impl<T: Transport + Send + 'static> RingSync<T> {
             });
         }
         let low_rank = Arc::new(Mutex::new(low_rank_buckets(&plan, layout, &mode)));
-        let plan = Arc::new(plan);
         let rank = ring.rank();
         let nodes = Nodes { members: ring.members(), rank, launch_world: plan.world(), min_nodes };
+        // A node taken into a running job finds a ring of another size than the launch's.
+        let plan = Arc::new(plan.for_world(ring.world()));
         let tensors = layout.entries().iter().map(|e| e.range()).collect();
         let slots = Arc::new(GradSlots::new(layout.total_len(), tensors, &plan));
         let gather = mode.gathers_behind().then(|| Arc::new(ParamGather::new(&plan, layout.entries().len())));
@@ -141,17 +148,38 @@ impl<T: Transport + Send + 'static> RingSync<T> {
         Ok(RingSync {
             slots,
             table_rows: table_rows(&plan),
-            exchange: RingExchange { ring, plan, gather, mode, nodes, to_sync: to_sync.clone() },
+            exchange: RingExchange { ring, plan, gather, mode, nodes, to_sync: to_sync.clone(), gather_failed: None },
             worker: Worker { to_sync, thread: Some(thread) },
             reduced,
             low_rank,
             in_step: false,
             weight: 1.0,
+            before: None,
+            params_whole: true,
         })
     }
 }
 
 impl<T: Transport> RingSync<T> {
+    /// The pieces of the last ring's `plan` this node (`old`) sends the members `now`: its own
+    /// shard, its predecessor's backup when that one is gone, and the word-embedding table from
+    /// the first old member when a new node needs it. Fails when a shard went with both copies.
+    fn held(&self, old: &Nodes, plan: &SyncPlan, now: &[usize]) -> Result<Vec<Range<usize>>, TrainError> {
+        if let Some((id, next)) = reshard::lost_with_backup(old, now) {
+            return Err(self.exchange.abort_with(format!(
+                "nodes {id} and {next} were lost together, and with them both copies of node {id}'s shard of \
+                 the optimizer state: resume from the last checkpoint (--resume)"
+            )));
+        }
+        let mut held = reshard::held_pieces(old, plan, now);
+        let newcomer = now.iter().any(|id| !old.members.contains(id));
+        let sender = now.iter().find(|id| old.members.contains(id)) == old.members.get(old.rank);
+        if newcomer && sender {
+            held.extend(plan.buckets.iter().filter(|b| b.kind != BucketKind::Dense).map(|b| b.range.clone()));
+        }
+        Ok(held)
+    }
+
     /// Stops the sync thread (once the parameters' gather, if one is under way, has ended) and
     /// returns the transport, to close it cleanly.
     pub fn into_transport(mut self) -> Option<T> {
@@ -181,10 +209,14 @@ impl<T: Transport> GradSync for RingSync<T> {
     }
 
     fn optimizer_pieces(&self) -> Option<Vec<Range<usize>>> {
-        self.exchange.mode.shard_optimizer.then(|| self.exchange.plan.shard_of(self.exchange.nodes.rank))
+        self.exchange.mode.shard_optimizer.then(|| self.exchange.stepped_pieces())
     }
 
     fn begin(&mut self, token_ids: &[i64], weight: f32) -> Result<(), TrainError> {
+        // The last step's parameters never all arrived: the ring is broken.
+        if let Some(failed) = &self.exchange.gather_failed {
+            return Err(TrainError::Ring(failed.clone()));
+        }
         let used_rows = match self.table_rows {
             Some(rows) => used_rows(token_ids, rows).map_err(|e| self.exchange.abort_with(e))?,
             None => Vec::new(),
@@ -224,6 +256,10 @@ impl<T: Transport> GradSync for RingSync<T> {
         let mut ring = lock(&self.exchange.ring);
         let mine = StepControl { loss: loss * self.weight, joiners_waiting: ring.joiners_waiting() };
         let agreed = mine.agree(&mut ring)?;
+        if self.exchange.keeps_backups() {
+            let mut grads = self.slots.whole()?;
+            self.exchange.back_up(&mut ring, grads.floats()?)?;
+        }
         drop(ring);
         let bytes = floats * self.exchange.mode.wire.bytes_per_value();
         // The gather measured here is the one behind this step's forward pass (the last
@@ -277,31 +313,68 @@ impl<T: Transport> GradSync for RingSync<T> {
     }
 
     fn regroup(&mut self) -> Result<(), TrainError> {
-        if self.exchange.mode.shard_optimizer {
-            return Err(TrainError::Sync {
-                reason: "a node was lost, and with a sharded optimizer its share of the optimizer state with it: \
-                         train with --shard-optimizer false to go on without it"
-                    .into(),
-            });
-        }
         if self.in_step {
             self.abandon("the ring is being formed again");
         }
-        // What the failed step left with the sync thread goes back before the step runs again.
+        // What the failed step left with the sync thread goes back before the step runs again
+        // (a gather of parameters under way ends first: the thread takes messages in turn).
         let (done, forgotten) = mpsc::channel();
         if self.worker.to_sync.send(ToSync::Forget(done)).is_ok() {
             let _ = forgotten.recv();
         }
         self.slots.reclaim();
+        let gathered = self.exchange.gather.as_ref().is_none_or(|g| g.settle().is_ok());
+        self.params_whole = gathered && self.exchange.gather_failed.take().is_none();
+        if let Some(gather) = &self.exchange.gather {
+            gather.reset();
+        }
+        let before = self.exchange.nodes.clone();
         let mut ring = lock(&self.exchange.ring);
         let nodes = &mut self.exchange.nodes;
         nodes.members = ring.regroup(nodes.min_nodes).map_err(sync_error)?;
         nodes.rank = ring.rank();
+        let world = ring.world();
         drop(ring);
+        // Every node's pieces follow the new ring: the buckets stay.
+        let plan = Arc::new(self.exchange.plan.for_world(world));
+        let last = std::mem::replace(&mut self.exchange.plan, plan);
+        if self.exchange.mode.shard_optimizer {
+            self.before = Some((before, last));
+        }
         // Nodes may have left the step at different buckets: every compressor starts again, the
         // same on every node.
         self.reset_low_rank();
         Ok(())
+    }
+
+    fn reshard(&mut self, adam: &mut AdamW, params: &mut [f32]) -> Result<Option<AdamWState>, TrainError> {
+        if !self.exchange.mode.shard_optimizer {
+            return Ok(None);
+        }
+        let before = self.before.take();
+        let now = self.exchange.nodes.members.clone();
+        let held = match &before {
+            Some((old, plan)) => self.held(old, plan, &now)?,
+            None => Vec::new(),
+        };
+        let len = params.len();
+        let (mut m, mut v) = (vec![0.0f32; len], vec![0.0f32; len]);
+        adam.place_moments(&mut m, &mut v);
+        let mut ring = lock(&self.exchange.ring);
+        // A node taken in holds no parameters, and one whose last gather was cut short not all.
+        let whole = u8::from(self.params_whole && before.is_some());
+        let with_params = ring.gather(Bytes::from(vec![whole])).map_err(sync_error)?.iter().any(|w| w[..] != [1]);
+        let mine = reshard::encode(adam.state().step, &held, with_params.then_some(&*params), &m, &v);
+        let parts = ring.gather_large(mine).map_err(sync_error)?;
+        drop(ring);
+        let plan = self.exchange.plan.clone();
+        let step = reshard::assemble(&parts, &plan, before.is_none(), params, &mut m, &mut v)
+            .map_err(|reason| self.exchange.abort_with(reason))?;
+        self.params_whole = true;
+        let full = AdamWState { step, m, v };
+        *adam = adam.clone().owning(self.exchange.stepped_pieces())?;
+        adam.restore(full.clone())?;
+        Ok(Some(full))
     }
 
     fn release(&mut self) {

@@ -51,12 +51,13 @@ fn tokens(rank: usize) -> Vec<i64> {
     vec![1, 5 + rank as i64, 900]
 }
 
-/// Every rank's sync over one in-memory ring.
-fn nodes(mode: SyncMode) -> Vec<RingSync<MemoryTransport>> {
+/// Every rank's sync over one in-memory ring, in a run that goes on with `min_nodes` (0: stops
+/// at a loss).
+fn nodes(mode: SyncMode, min_nodes: usize) -> Vec<RingSync<MemoryTransport>> {
     let layout = layout();
     memory_ring(WORLD, DEADLINE)
         .into_iter()
-        .map(|t| RingSync::start(Collective::new(t), plan(&layout, WORLD), &layout, mode, 0).expect("start"))
+        .map(|t| RingSync::start(Collective::new(t), plan(&layout, WORLD), &layout, mode, min_nodes).expect("start"))
         .collect()
 }
 
@@ -65,7 +66,15 @@ fn on_ranks<R: Send + 'static>(
     mode: SyncMode,
     work: impl Fn(usize, RingSync<MemoryTransport>) -> R + Send + Sync + Clone + 'static,
 ) -> Vec<R> {
-    let handles: Vec<_> = nodes(mode)
+    on_ranks_of(nodes(mode, 0), work)
+}
+
+/// Runs `work` on the thread of each of `syncs`; the results in rank order.
+fn on_ranks_of<R: Send + 'static>(
+    syncs: Vec<RingSync<MemoryTransport>>,
+    work: impl Fn(usize, RingSync<MemoryTransport>) -> R + Send + Sync + Clone + 'static,
+) -> Vec<R> {
+    let handles: Vec<_> = syncs
         .into_iter()
         .enumerate()
         .map(|(rank, sync)| {
@@ -148,7 +157,13 @@ fn weighted_nodes_average_to_the_mean_over_their_rows() {
 
 /// One optimizer step of every rank, through the loop's step; each rank's parameters after it.
 fn step_all(mode: SyncMode) -> Vec<Vec<f32>> {
-    on_ranks(mode, move |rank, mut sync| {
+    step_all_of(nodes(mode, 0)).into_iter().map(|(params, _)| params).collect()
+}
+
+/// [`step_all`] over `syncs`: each rank's parameters, and its first moments where its optimizer
+/// keeps them (zero elsewhere).
+fn step_all_of(syncs: Vec<RingSync<MemoryTransport>>) -> Vec<(Vec<f32>, Vec<f32>)> {
+    on_ranks_of(syncs, move |rank, mut sync| {
         let len = layout().total_len();
         let groups =
             [Group { range: 0..len / 2, weight_decay: 0.01 }, Group { range: len / 2..len, weight_decay: 0.0 }];
@@ -166,7 +181,9 @@ fn step_all(mode: SyncMode) -> Vec<Vec<f32>> {
             .expect("step");
         drop(grads);
         sync.settle().expect("gathered");
-        params.floats().expect("handed back once settled").to_vec()
+        let (mut m, mut v) = (vec![0.0; len], vec![0.0; len]);
+        adam.place_moments(&mut m, &mut v);
+        (params.floats().expect("handed back once settled").to_vec(), m)
     })
 }
 
@@ -176,7 +193,19 @@ fn a_sharded_step_gathered_at_once_or_behind_changes_no_bit() {
     let sharded = step_all(SyncMode { overlap: false, shard_optimizer: true, ..PLAIN });
     let behind = step_all(SyncMode { overlap: true, shard_optimizer: true, ..PLAIN });
     assert!(whole[0].iter().any(|&p| p != 0.25), "the step moved the parameters");
-    for (name, run) in [("sharded", &sharded), ("gathered behind", &behind)] {
+    // A run that may lose nodes steps each shard on two nodes: the same bits again.
+    let kept_twice = step_all_of(nodes(SyncMode { overlap: true, shard_optimizer: true, ..PLAIN }, 2));
+    let plan = plan(&layout(), WORLD);
+    for (rank, (_, m)) in kept_twice.iter().enumerate() {
+        let owner = &kept_twice[(rank + WORLD - 1) % WORLD].1;
+        for piece in plan.shard_backup(rank) {
+            assert!(m[piece.clone()].iter().any(|&x| x != 0.0), "rank {rank}: backup {piece:?} not stepped");
+            let same = m[piece.clone()].iter().zip(&owner[piece.clone()]).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "rank {rank}: its backup {piece:?} differs from its owner's moments");
+        }
+    }
+    let kept_twice: Vec<Vec<f32>> = kept_twice.into_iter().map(|(params, _)| params).collect();
+    for (name, run) in [("sharded", &sharded), ("gathered behind", &behind), ("kept twice", &kept_twice)] {
         for (rank, params) in run.iter().enumerate() {
             let same = params.iter().zip(&whole[0]).all(|(a, b)| a.to_bits() == b.to_bits());
             assert!(same, "{name}, rank {rank}: other parameters than the unsharded step's");

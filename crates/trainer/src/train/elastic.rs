@@ -9,6 +9,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use ringtune_optim::AdamWState;
 use serde::{Deserialize, Serialize};
 
 use super::TrainingRun;
@@ -39,6 +40,9 @@ impl TrainingRun<'_> {
             return Err(TrainError::CannotGoOn { broken: Box::new(error), regroup: Box::new(regroup) });
         }
         self.regrouped(&before.members, before.rank == 0, since)?;
+        if let Err(reshard) = self.reshard() {
+            return Err(TrainError::CannotGoOn { broken: Box::new(error), regroup: Box::new(reshard) });
+        }
         // A node that was lost as the step completed elsewhere leaves the survivors a step apart:
         // nothing can put them back together but a checkpoint.
         self.check_params().map_err(|e| TrainError::Sync {
@@ -56,10 +60,11 @@ impl TrainingRun<'_> {
         let before = self.sync.nodes().clone();
         self.sync.regroup()?;
         self.regrouped(&before.members, before.rank == 0, since)?;
+        let whole = self.reshard()?;
         let (before, now) = (before.members, self.sync.nodes().clone());
         let sender = now.members.iter().position(|id| before.contains(id)) == Some(now.rank);
         if sender {
-            let state = Bytes::from(self.handover()?);
+            let state = Bytes::from(self.handover(whole.as_ref())?);
             for id in now.members.iter().filter(|id| !before.contains(id)) {
                 self.sync.send_state(*id, state.clone())?;
             }
@@ -71,6 +76,8 @@ impl TrainingRun<'_> {
     /// sends it (see [`TrainingRun::admit`]); returns the step it goes on from.
     pub(super) fn take_over(&mut self) -> Result<u64, TrainError> {
         let since = Instant::now();
+        // The members put a sharded optimizer's state together first, this node among them.
+        self.reshard()?;
         let state = self.sync.recv_state()?;
         let handover = Handover::decode(&state, &self.plan.layout_hash)?;
         self.take_state(handover.checkpoint)?;
@@ -122,10 +129,17 @@ impl TrainingRun<'_> {
         Ok(())
     }
 
-    /// The run's state for a node taken in: a checkpoint of the last step and what the log and
-    /// the loop keep.
-    fn handover(&mut self) -> Result<Vec<u8>, TrainError> {
-        let state = self.adam.state();
+    /// After a regroup: a sharded optimizer's state follows the new ring (see
+    /// [`GradSync::reshard`](crate::sync::GradSync::reshard)); the whole state when sharded.
+    fn reshard(&mut self) -> Result<Option<AdamWState>, TrainError> {
+        let params = self.engine.params_mut()?;
+        self.sync.reshard(&mut self.adam, params)
+    }
+
+    /// The run's state for a node taken in: a checkpoint of the last step (with the optimizer's
+    /// `whole` state when it is sharded) and what the log and the loop keep.
+    fn handover(&mut self, whole: Option<&AdamWState>) -> Result<Vec<u8>, TrainError> {
+        let state = whole.unwrap_or_else(|| self.adam.state());
         let meta = self.checkpoint_meta()?;
         let info = HandoverInfo {
             membership: self.membership.clone(),
