@@ -28,15 +28,15 @@ impl Drop for Nodes {
     }
 }
 
-/// Trains on four nodes allowing two losses, kills `victim` once the run passes `kill_at`, and
-/// checks the rest finish the run; with `replace`, a node started with `--join` as the victim's
-/// rank once the rest go on is taken in, and the run ends on four nodes.
-fn lose_a_node(victim: usize, kill_at: u64, replace: bool) {
+/// Trains on four nodes allowing two losses (with `extra` arguments), kills `victim` once the
+/// run passes `kill_at`, and checks the rest finish the run; with `replace`, a node started with
+/// `--join` as the victim's rank once the rest go on is taken in, and the run ends on four nodes.
+fn lose_a_node(victim: usize, kill_at: u64, replace: bool, extra: &[&str]) {
     // One run at a time: four processes each already share this machine's cores, and the
     // time to the next step is asserted.
     let _one_at_a_time = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let train_rows = 640;
-    let Job { dir, certs, output, args, port, logs, mut nodes } = Job::start(4, train_rows, kill_at);
+    let Job { dir, certs, output, args, port, logs, mut nodes } = Job::start(4, train_rows, kill_at, extra);
     let world = 4;
     nodes.0[victim].kill().expect("kill -9");
     let killed_at = Instant::now();
@@ -116,24 +116,36 @@ struct Job {
 }
 
 impl Job {
-    /// `world` nodes training a tiny BERT on `train_rows` rows of MRPC (see [`train_args`]),
-    /// once the run has passed `step`.
-    fn start(world: usize, train_rows: usize, step: u64) -> Job {
+    /// `world` nodes training a tiny BERT on `train_rows` rows of MRPC (see [`train_args`], and
+    /// `extra`), once the run has passed `step`.
+    fn start(world: usize, train_rows: usize, step: u64, extra: &[&str]) -> Job {
         let dir = tempfile::tempdir().expect("dir");
         let certs = certs(dir.path(), world);
         let (model, data) = (tiny_model(dir.path()), small_mrpc(dir.path(), train_rows, 40));
         let output = dir.path().join("run");
-        let args = train_args(&model, &data, &output);
+        let mut args = train_args(&model, &data, &output);
+        args.extend(extra.iter().map(|a| a.to_string()));
         let port = free_ports(1)[0];
         let logs: Vec<PathBuf> = (0..world).map(|r| dir.path().join(format!("rank{r}.log"))).collect();
-        let nodes = Nodes((0..world).map(|r| spawn_node(r, world, port, &certs, &args, &logs[r])).collect());
+        let mut nodes = Nodes((0..world).map(|r| spawn_node(r, world, port, &certs, &args, &logs[r])).collect());
         let started = Instant::now();
         while latest_step(&output) < step {
-            assert!(started.elapsed() < Duration::from_secs(300), "the run did not reach step {step}");
+            let ended = nodes.0.iter_mut().any(|n| n.try_wait().ok().flatten().is_some());
+            if ended || started.elapsed() > Duration::from_secs(300) {
+                let tails: Vec<String> = logs.iter().map(|l| log_tail(l)).collect();
+                panic!("the run did not reach step {step}:\n{}", tails.join("\n"));
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
         Job { dir, certs, output, args, port, logs, nodes }
     }
+}
+
+/// The last lines of a node's log, to say why a run failed.
+fn log_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    format!("{}:\n{}", log.display(), lines[lines.len().saturating_sub(15)..].join("\n"))
 }
 
 /// Two epochs on the nodes of `output`'s run, going on with two of them.
@@ -168,23 +180,30 @@ fn path(p: &Path) -> &str {
 #[test]
 fn three_nodes_go_on_without_a_killed_middle_rank() {
     // 640 rows in global batches of 32: 20 steps an epoch; rank 2 dies early in the second.
-    lose_a_node(2, 23, false);
+    lose_a_node(2, 23, false, &[]);
 }
 
 #[test]
 fn three_nodes_go_on_without_a_killed_rank_0() {
-    lose_a_node(0, 12, false);
+    lose_a_node(0, 12, false, &[]);
 }
 
 #[test]
 fn a_replacement_started_with_join_is_taken_in_and_the_run_ends_on_four_nodes() {
-    lose_a_node(1, 6, true);
+    lose_a_node(1, 6, true, &[]);
+}
+
+#[test]
+fn a_sharded_optimizer_outlives_a_killed_node_and_is_shared_with_its_replacement() {
+    // Each shard is also stepped by the next node: rank 1's lives on with rank 2, the three
+    // put the state together and go on; the replacement takes part in the next one.
+    lose_a_node(1, 6, true, &["--shard-optimizer", "true", "--wire", "fp32"]);
 }
 
 #[test]
 fn a_node_left_alone_stops_naming_why_after_saving_the_last_step() {
     let _one_at_a_time = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let Job { dir: _dir, output, logs, mut nodes, .. } = Job::start(3, 640, 6);
+    let Job { dir: _dir, output, logs, mut nodes, .. } = Job::start(3, 640, 6, &[]);
     // Two of three gone: rank 0 is not more than half of the ring, and stops.
     for victim in [1, 2] {
         nodes.0[victim].kill().expect("kill -9");

@@ -114,7 +114,11 @@ fn train(args: &TrainArgs) -> Result<()> {
         return Ok(());
     };
     let _rank = tracing::info_span!("rank", rank = cluster.rank).entered();
-    let chosen = MultiNodeRecipe::choose(&config, cluster.world, args.sets_batch(), args.cluster.powersgd_rank);
+    // A sharded optimizer steps the mean of every float: asked for, it keeps the recipe's
+    // gradients whole (an explicit --powersgd-rank beside it is refused by the sync).
+    let shards = args.cluster.shard_optimizer == Some(true);
+    let powersgd_rank = args.cluster.powersgd_rank.or(shards.then_some(0));
+    let chosen = MultiNodeRecipe::choose(&config, cluster.world, args.sets_batch(), powersgd_rank);
     if let Some(recipe) = chosen {
         recipe.apply(&mut config);
         cluster.mode = cluster::sync_mode(&args.cluster, recipe.powersgd_rank);
