@@ -193,7 +193,7 @@ impl AdamW {
 
     /// Restores checkpointed state: moments over the whole buffer, of which the owned pieces
     /// are kept.
-    pub fn restore(&mut self, state: AdamWState) -> Result<(), OptimError> {
+    pub fn restore(&mut self, state: &AdamWState) -> Result<(), OptimError> {
         for found in [state.m.len(), state.v.len()] {
             if found != self.len {
                 return Err(OptimError::StateLength { found, expected: self.len });
@@ -327,12 +327,12 @@ mod tests {
         let mut p = vec![1.0, 2.0];
         a.step(&mut p, &[0.1, 0.2], 0.1);
         let mut b = AdamW::new(AdamWConfig::default(), &groups, 2).expect("b");
-        b.restore(a.state().clone()).expect("restore");
+        b.restore(a.state()).expect("restore");
         let mut q = p.clone();
         a.step(&mut p, &[0.3, -0.1], 0.1);
         b.step(&mut q, &[0.3, -0.1], 0.1);
         assert_eq!(p, q);
-        assert!(b.restore(AdamWState { step: 1, m: vec![0.0; 3], v: vec![0.0; 3] }).is_err());
+        assert!(b.restore(&AdamWState { step: 1, m: vec![0.0; 3], v: vec![0.0; 3] }).is_err());
     }
 
     #[test]
@@ -390,7 +390,7 @@ mod tests {
         assert_eq!(ranks[1].state().m.len(), 119_990, "a rank keeps the moments of its pieces only");
         let mut again =
             AdamW::new(AdamWConfig::default(), &groups, len).expect("adam").owning(shards[1].clone()).expect("pieces");
-        again.restore(AdamWState { step: 3, m, v }).expect("restore");
+        again.restore(&AdamWState { step: 3, m, v }).expect("restore");
         assert_eq!(again.state(), ranks[1].state());
         let overlapping = AdamW::new(AdamWConfig::default(), &groups, len).expect("adam").owning(vec![0..10, 5..20]);
         assert!(overlapping.expect_err("overlap").to_string().contains("overlaps"));

@@ -15,7 +15,7 @@ use common::{config, small_mrpc, tiny_model};
 use ringtune_collective::Wire;
 use ringtune_runtime::{FlatBuffer, LendableBuffer, SessionOptions};
 use ringtune_trainer::predict::{Precision, Predictor};
-use ringtune_trainer::sync::{GradSync, QuicSync, SyncMode};
+use ringtune_trainer::sync::{GradSync, QuicSync, Regroup, SyncMode};
 use ringtune_trainer::train::Start;
 use ringtune_trainer::TrainConfig;
 

@@ -3,9 +3,11 @@
 //! [`QuicSync`]), or on one node [`OneNode`], whose calls do nothing; and what the optimizer
 //! step exchanges ([`Exchange`]).
 //!
-//! The sync offers collectives only: reduce a step's buckets while the backward pass runs
-//! ([`GradSync::begin`], [`GradSync::finish`]), the norm's sums and the parameters' share
-//! ([`Exchange`]), the checks that keep nodes in step. The loop owns the optimizer and steps it
+//! The sync offers collectives only, by job: a step's ([`GradSync`]: reduce its buckets while
+//! the backward pass runs, [`GradSync::begin`] and [`GradSync::finish`]; the norm's sums and the
+//! parameters' share, [`Exchange`]; the checks that keep nodes in step), the ring's changes
+//! ([`Regroup`]: nodes lost or taken in, and the state that follows them) and the compressors'
+//! state ([`Compression`]). One node has neither of the last two. The loop owns the optimizer and steps it
 //! the same way on any number of nodes (`crate::optimizer`).
 
 mod exchange;
@@ -161,37 +163,49 @@ pub trait GradSync {
     /// Every node's `mine`, by rank: what the nodes share between steps (each one's part of an
     /// evaluation). Every node calls it at the same point.
     fn gather(&mut self, mine: Bytes) -> Result<Vec<Bytes>, TrainError>;
-    /// Sends `state` to the member `id` (its rank at launch) alone, over a path of their own:
-    /// a node taken in gets the run's state so, and no other node carries it.
-    fn send_state(&mut self, id: usize, state: Bytes) -> Result<(), TrainError>;
-    /// The state a member sent this node with [`GradSync::send_state`].
-    fn recv_state(&mut self) -> Result<Bytes, TrainError>;
     /// Returns once the parameters of the last step are all in place on this node (the
     /// all-gather behind the forward pass has ended), or with the reason they never will be.
     fn settle(&mut self) -> Result<(), TrainError>;
-    /// This node's compressor state, bucket by bucket (`None`: gradients go whole). Between steps.
-    fn low_rank_state(&self) -> Option<Vec<LowRankState>>;
-    /// Puts back what [`GradSync::low_rank_state`] gave (from a checkpoint).
-    fn restore_low_rank(&mut self, state: &[LowRankState]) -> Result<(), TrainError>;
-    /// The compressors as they start: the first `Q`s, no error.
-    fn reset_low_rank(&mut self);
+    /// How the ring's members change (`None` on one node, which has no ring to change).
+    fn regroups(&mut self) -> Option<&mut dyn Regroup>;
+    /// The gradient compressors' state between steps (`None` where gradients go whole).
+    fn compression(&mut self) -> Option<&mut dyn Compression>;
+    /// The run is over or left on an error path: a gather still under way is cut short (the
+    /// ring is closed with the reason) and has ended when this returns, so the parameters'
+    /// buffer is written no more.
+    fn release(&mut self);
+}
+
+/// How a ring's members change: nodes lost or taken in, and the state that follows them.
+pub trait Regroup {
     /// After a step failed because nodes were lost, or between steps when nodes wait to join
     /// (every node calls it): the nodes form a new ring of at least [`Nodes::min_nodes`] (on
     /// the side of a split that holds more than half of the last one) with those waiting;
     /// [`GradSync::nodes`] changes, what a failed step left is dropped and the compressors
     /// start again.
     fn regroup(&mut self) -> Result<(), TrainError>;
-    /// After [`GradSync::regroup`] (every member calls it, a node just taken in too, before it
+    /// After [`Regroup::regroup`] (every member calls it, a node just taken in too, before it
     /// takes the run's state): a sharded optimizer's state as the last completed step left it
     /// is put together from the members that hold it (each shard's owner, or the next node,
     /// which steps it too), so that `params` holds every parameter and `adam` the moments of
     /// the pieces this node steps in the new ring; returns the whole state (`None`: not
     /// sharded, `adam` holds it all already).
     fn reshard(&mut self, adam: &mut AdamW, params: &mut [f32]) -> Result<Option<AdamWState>, TrainError>;
-    /// The run is over or left on an error path: a gather still under way is cut short (the
-    /// ring is closed with the reason) and has ended when this returns, so the parameters'
-    /// buffer is written no more.
-    fn release(&mut self);
+    /// Sends `state` to the member `id` (its rank at launch) alone, over a path of their own:
+    /// a node taken in gets the run's state so, and no other node carries it.
+    fn send_state(&mut self, id: usize, state: Bytes) -> Result<(), TrainError>;
+    /// The state a member sent this node with [`Regroup::send_state`].
+    fn recv_state(&mut self) -> Result<Bytes, TrainError>;
+}
+
+/// The gradient compressors' state, which a checkpoint keeps. Between steps.
+pub trait Compression {
+    /// This node's compressor state, bucket by bucket.
+    fn state(&self) -> Vec<LowRankState>;
+    /// Puts back what [`Compression::state`] gave (from a checkpoint).
+    fn restore(&mut self, state: &[LowRankState]) -> Result<(), TrainError>;
+    /// The compressors as they start: the first `Q`s, no error.
+    fn reset(&mut self);
 }
 
 /// What the optimizer step exchanges with the other nodes.
@@ -289,39 +303,16 @@ impl GradSync for OneNode {
         Ok(vec![mine])
     }
 
-    fn send_state(&mut self, id: usize, _state: Bytes) -> Result<(), TrainError> {
-        Err(TrainError::Sync { reason: format!("one node has no node {id} to send its state to") })
-    }
-
-    fn recv_state(&mut self) -> Result<Bytes, TrainError> {
-        Err(TrainError::Sync { reason: "one node has no one to take a state from".into() })
-    }
-
     fn settle(&mut self) -> Result<(), TrainError> {
         Ok(())
     }
 
-    fn low_rank_state(&self) -> Option<Vec<LowRankState>> {
+    fn regroups(&mut self) -> Option<&mut dyn Regroup> {
         None
     }
 
-    fn restore_low_rank(&mut self, state: &[LowRankState]) -> Result<(), TrainError> {
-        match state.is_empty() {
-            true => Ok(()),
-            false => {
-                Err(TrainError::Resume("one node sends its gradients whole: no compression state to restore".into()))
-            }
-        }
-    }
-
-    fn reset_low_rank(&mut self) {}
-
-    fn regroup(&mut self) -> Result<(), TrainError> {
-        Err(TrainError::Sync { reason: "one node has no ring to form again".into() })
-    }
-
-    fn reshard(&mut self, _adam: &mut AdamW, _params: &mut [f32]) -> Result<Option<AdamWState>, TrainError> {
-        Ok(None)
+    fn compression(&mut self) -> Option<&mut dyn Compression> {
+        None
     }
 
     fn release(&mut self) {}

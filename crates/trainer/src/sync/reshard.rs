@@ -88,12 +88,15 @@ pub(super) fn assemble(
             }
             _ => step = Some(theirs),
         }
-        let mut values = part[at..].chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
         let targets: Vec<&mut [f32]> =
             if with_params { vec![&mut *params, &mut *m, &mut *v] } else { vec![&mut *m, &mut *v] };
+        let mut at = at;
         for target in targets {
             for piece in &pieces {
-                target[piece.clone()].iter_mut().zip(values.by_ref()).for_each(|(t, x)| *t = x);
+                // The target's bytes, not the part's floats: a part need not be aligned.
+                let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut target[piece.clone()]);
+                bytes.copy_from_slice(&part[at..at + bytes.len()]);
+                at += bytes.len();
             }
         }
         covered.extend(pieces);

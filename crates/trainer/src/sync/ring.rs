@@ -12,7 +12,7 @@
 use std::ops::Range;
 use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use ringtune_collective::{
@@ -28,7 +28,7 @@ use super::handoff::{GradSlots, Handoff, ToSync, WholeGrads};
 use super::param_gather::ParamGather;
 use super::reshard;
 use super::sync_thread::{Reduced, SharedLowRank, SyncThread, Worker};
-use super::{table_rows, Averaged, Exchange, GradSync, Nodes, SyncMode};
+use super::{table_rows, Averaged, Compression, Exchange, GradSync, Nodes, Regroup, SyncMode};
 use crate::engine::SyncHooks;
 use crate::train::params_hash;
 use crate::TrainError;
@@ -161,6 +161,12 @@ impl<T: Transport + Send + 'static> RingSync<T> {
 }
 
 impl<T: Transport> RingSync<T> {
+    /// Every compressor as it starts: the first `Q`s, no error.
+    fn reset_compressors(&mut self) {
+        let mut buckets = self.low_rank.lock().unwrap_or_else(|p| p.into_inner());
+        buckets.iter_mut().flatten().for_each(LowRankBucket::reset);
+    }
+
     /// The pieces of the last ring's `plan` this node (`old`) sends the members `now`: its own
     /// shard, its predecessor's backup when that one is gone, and the word-embedding table from
     /// the first old member when a new node needs it. Fails when a shard went with both copies.
@@ -280,38 +286,64 @@ impl<T: Transport> GradSync for RingSync<T> {
         self.exchange.settle()
     }
 
-    fn low_rank_state(&self) -> Option<Vec<LowRankState>> {
-        let buckets = self.low_rank.lock().unwrap_or_else(|p| p.into_inner());
-        (!buckets.is_empty())
-            .then(|| buckets.iter().map(|b| b.as_ref().map(LowRankBucket::state).unwrap_or_default()).collect())
-    }
-
-    fn restore_low_rank(&mut self, state: &[LowRankState]) -> Result<(), TrainError> {
-        let mut buckets = self.low_rank.lock().unwrap_or_else(|p| p.into_inner());
-        if state.len() != buckets.len() {
-            return Err(TrainError::Resume(format!(
-                "the compression state holds {} buckets, this run's sync {}",
-                state.len(),
-                buckets.len()
-            )));
-        }
-        for (index, (bucket, saved)) in buckets.iter_mut().zip(state).enumerate() {
-            match bucket {
-                Some(b) => b.restore(saved).map_err(|e| TrainError::Resume(format!("bucket {index}: {e}")))?,
-                None if *saved == LowRankState::default() => {}
-                None => {
-                    return Err(TrainError::Resume(format!("bucket {index} is sent whole, its saved state is not")))
-                }
+    fn release(&mut self) {
+        if let Some(gather) = self.exchange.gather.clone() {
+            if gather.in_flight() {
+                // The ring's next operation fails at once; the one under way, by its deadline.
+                let _ = self.exchange.abort_with("the training run ended while parameters were being gathered");
+                let _ = gather.settle();
             }
         }
-        Ok(())
     }
 
-    fn reset_low_rank(&mut self) {
-        let mut buckets = self.low_rank.lock().unwrap_or_else(|p| p.into_inner());
-        buckets.iter_mut().flatten().for_each(LowRankBucket::reset);
+    fn full_moments(&mut self, adam: &AdamW) -> Result<Option<AdamWState>, TrainError> {
+        if !self.exchange.mode.shard_optimizer {
+            return Ok(None);
+        }
+        // The ring's operations must come in one order on every node: the gather first.
+        self.settle()?;
+        let len = self.slots.len();
+        let (mut m, mut v) = (vec![0.0f32; len], vec![0.0f32; len]);
+        adam.place_moments(&mut m, &mut v);
+        self.exchange.all_gather(&mut m)?;
+        self.exchange.all_gather(&mut v)?;
+        Ok(Some(AdamWState { step: adam.state().step, m, v }))
     }
 
+    fn gather(&mut self, mine: Bytes) -> Result<Vec<Bytes>, TrainError> {
+        self.settle()?;
+        self.exchange.gather(mine)
+    }
+
+    fn check_params(&mut self, params: &[f32]) -> Result<(), TrainError> {
+        self.settle()?;
+        let hash = params_hash(params);
+        let hashes = self.exchange.gather(Bytes::copy_from_slice(&hash))?;
+        let differ: Vec<usize> =
+            hashes.iter().enumerate().filter(|(_, h)| h.as_ref() != hash).map(|(r, _)| r).collect();
+        if differ.is_empty() {
+            Ok(())
+        } else {
+            let rank = self.exchange.nodes.rank;
+            Err(self
+                .exchange
+                .abort_with(format!("parameters diverged: ranks {differ:?} hold other parameters than rank {rank}")))
+        }
+    }
+
+    fn regroups(&mut self) -> Option<&mut dyn Regroup> {
+        Some(self)
+    }
+
+    fn compression(&mut self) -> Option<&mut dyn Compression> {
+        match self.exchange.mode.low_rank {
+            Some(_) => Some(self),
+            None => None,
+        }
+    }
+}
+
+impl<T: Transport> Regroup for RingSync<T> {
     fn regroup(&mut self) -> Result<(), TrainError> {
         if self.in_step {
             self.abandon("the ring is being formed again");
@@ -343,7 +375,7 @@ impl<T: Transport> GradSync for RingSync<T> {
         }
         // Nodes may have left the step at different buckets: every compressor starts again, the
         // same on every node.
-        self.reset_low_rank();
+        self.reset_compressors();
         Ok(())
     }
 
@@ -360,6 +392,7 @@ impl<T: Transport> GradSync for RingSync<T> {
         let len = params.len();
         let (mut m, mut v) = (vec![0.0f32; len], vec![0.0f32; len]);
         adam.place_moments(&mut m, &mut v);
+        let started = Instant::now();
         let mut ring = lock(&self.exchange.ring);
         // A node taken in holds no parameters, and one whose last gather was cut short not all.
         let whole = u8::from(self.params_whole && before.is_some());
@@ -367,43 +400,22 @@ impl<T: Transport> GradSync for RingSync<T> {
         let mine = reshard::encode(adam.state().step, &held, with_params.then_some(&*params), &m, &v);
         let parts = ring.gather_large(mine).map_err(sync_error)?;
         drop(ring);
+        let gathered = started.elapsed();
         let plan = self.exchange.plan.clone();
         let step = reshard::assemble(&parts, &plan, before.is_none(), params, &mut m, &mut v)
             .map_err(|reason| self.exchange.abort_with(reason))?;
         self.params_whole = true;
         let full = AdamWState { step, m, v };
         *adam = adam.clone().owning(self.exchange.stepped_pieces())?;
-        adam.restore(full.clone())?;
+        adam.restore(&full)?;
+        tracing::info!(
+            received_mb = parts.iter().map(Bytes::len).sum::<usize>() as f64 / 1e6,
+            with_params,
+            gathered_s = gathered.as_secs_f64(),
+            total_s = started.elapsed().as_secs_f64(),
+            "the optimizer's state put together for the new ring"
+        );
         Ok(Some(full))
-    }
-
-    fn release(&mut self) {
-        if let Some(gather) = self.exchange.gather.clone() {
-            if gather.in_flight() {
-                // The ring's next operation fails at once; the one under way, by its deadline.
-                let _ = self.exchange.abort_with("the training run ended while parameters were being gathered");
-                let _ = gather.settle();
-            }
-        }
-    }
-
-    fn full_moments(&mut self, adam: &AdamW) -> Result<Option<AdamWState>, TrainError> {
-        if !self.exchange.mode.shard_optimizer {
-            return Ok(None);
-        }
-        // The ring's operations must come in one order on every node: the gather first.
-        self.settle()?;
-        let len = self.slots.len();
-        let (mut m, mut v) = (vec![0.0f32; len], vec![0.0f32; len]);
-        adam.place_moments(&mut m, &mut v);
-        self.exchange.all_gather(&mut m)?;
-        self.exchange.all_gather(&mut v)?;
-        Ok(Some(AdamWState { step: adam.state().step, m, v }))
-    }
-
-    fn gather(&mut self, mine: Bytes) -> Result<Vec<Bytes>, TrainError> {
-        self.settle()?;
-        self.exchange.gather(mine)
     }
 
     fn send_state(&mut self, id: usize, state: Bytes) -> Result<(), TrainError> {
@@ -414,20 +426,36 @@ impl<T: Transport> GradSync for RingSync<T> {
     fn recv_state(&mut self) -> Result<Bytes, TrainError> {
         lock(&self.exchange.ring).recv_direct().map(|(_, state)| state).map_err(sync_error)
     }
+}
 
-    fn check_params(&mut self, params: &[f32]) -> Result<(), TrainError> {
-        self.settle()?;
-        let hash = params_hash(params);
-        let hashes = self.exchange.gather(Bytes::copy_from_slice(&hash))?;
-        let differ: Vec<usize> =
-            hashes.iter().enumerate().filter(|(_, h)| h.as_ref() != hash).map(|(r, _)| r).collect();
-        if differ.is_empty() {
-            Ok(())
-        } else {
-            let rank = self.exchange.nodes.rank;
-            Err(self
-                .exchange
-                .abort_with(format!("parameters diverged: ranks {differ:?} hold other parameters than rank {rank}")))
+impl<T: Transport> Compression for RingSync<T> {
+    fn state(&self) -> Vec<LowRankState> {
+        let buckets = self.low_rank.lock().unwrap_or_else(|p| p.into_inner());
+        buckets.iter().map(|b| b.as_ref().map(LowRankBucket::state).unwrap_or_default()).collect()
+    }
+
+    fn restore(&mut self, state: &[LowRankState]) -> Result<(), TrainError> {
+        let mut buckets = self.low_rank.lock().unwrap_or_else(|p| p.into_inner());
+        if state.len() != buckets.len() {
+            return Err(TrainError::Resume(format!(
+                "the compression state holds {} buckets, this run's sync {}",
+                state.len(),
+                buckets.len()
+            )));
         }
+        for (index, (bucket, saved)) in buckets.iter_mut().zip(state).enumerate() {
+            match bucket {
+                Some(b) => b.restore(saved).map_err(|e| TrainError::Resume(format!("bucket {index}: {e}")))?,
+                None if *saved == LowRankState::default() => {}
+                None => {
+                    return Err(TrainError::Resume(format!("bucket {index} is sent whole, its saved state is not")))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        self.reset_compressors();
     }
 }

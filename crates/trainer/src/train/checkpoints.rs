@@ -103,18 +103,17 @@ impl TrainingRun<'_> {
     /// every node or none (the nodes' `Q`s must stay equal), so a node whose file is missing or
     /// refused makes them all start the error feedback afresh, with a warning naming it.
     fn resume_low_rank(&mut self, step: u64) -> Result<(), TrainError> {
-        if self.sync.mode().low_rank.is_none() {
-            return Ok(());
-        }
-        let loaded = low_rank_file::load(&self.plan.checkpoints, step, (self.rank(), self.world()))
-            .and_then(|state| self.sync.restore_low_rank(&state));
+        let node = (self.rank(), self.world());
+        let Some(compression) = self.sync.compression() else { return Ok(()) };
+        let loaded =
+            low_rank_file::load(&self.plan.checkpoints, step, node).and_then(|state| compression.restore(&state));
         if let Err(e) = &loaded {
             tracing::warn!("{e}");
         }
         let all = self.sync.gather(Bytes::from(vec![u8::from(loaded.is_ok())]))?;
         let missing: Vec<usize> = (0..all.len()).filter(|&r| all[r].as_ref() != [1]).collect();
         if !missing.is_empty() {
-            self.sync.reset_low_rank();
+            self.sync.compression().into_iter().for_each(|c| c.reset());
             tracing::warn!(
                 "the compression state of step {step} did not load on ranks {missing:?}: every node's error feedback starts empty"
             );
@@ -133,8 +132,8 @@ impl TrainingRun<'_> {
         let _span = tracing::debug_span!("checkpoint").entered();
         self.settle()?;
         let gathered = self.sync.full_moments(&self.adam)?;
-        if let Some(state) = self.sync.low_rank_state() {
-            let node = (self.rank(), self.world());
+        let node = (self.rank(), self.world());
+        if let Some(state) = self.sync.compression().map(|c| c.state()) {
             low_rank_file::save(&self.plan.checkpoints, self.progress.step, node, &state, self.cfg.keep_checkpoints)?;
         }
         if self.rank() != 0 {
@@ -174,7 +173,7 @@ impl TrainingRun<'_> {
     /// says.
     pub(super) fn take_state(&mut self, ckpt: Checkpoint) -> Result<Meta, TrainError> {
         self.engine.params_mut()?.copy_from_slice(&ckpt.params);
-        self.adam.restore(AdamWState { step: ckpt.meta.adam_step, m: ckpt.m, v: ckpt.v })?;
+        self.adam.restore(&AdamWState { step: ckpt.meta.adam_step, m: ckpt.m, v: ckpt.v })?;
         self.progress = ckpt.meta.progress.clone();
         self.selection = ckpt.meta.selection.clone();
         Ok(ckpt.meta)

@@ -1,6 +1,6 @@
 //! Going on without lost nodes (`--min-nodes`): a step or an epoch's end of
 //! [`TrainingRun::run_epochs`] that fails because the ring broke is given up, the survivors form a new ring
-//! ([`GradSync::regroup`](crate::sync::GradSync::regroup)) and check that they hold the same
+//! ([`Regroup::regroup`](crate::sync::Regroup::regroup)) and check that they hold the same
 //! parameters, and the loop goes on from the last completed step with the same global batch,
 //! the lost nodes' rows taken by the rest. Each change is logged, written to `metrics.jsonl` and
 //! kept for `summary.json`.
@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::TrainingRun;
 use crate::checkpoint::{self, Checkpoint};
 use crate::metrics::{MembershipRecord, Record};
+use crate::sync::Regroup;
 use crate::TrainError;
 
 impl TrainingRun<'_> {
@@ -35,7 +36,7 @@ impl TrainingRun<'_> {
         let before = self.sync.nodes().clone();
         let min_nodes = before.min_nodes;
         self.log.bar.suspend(|| tracing::warn!("{error}: the nodes left form a new ring (--min-nodes {min_nodes})"));
-        if let Err(regroup) = self.sync.regroup() {
+        if let Err(regroup) = self.regroups()?.regroup() {
             self.save_after_failure();
             return Err(TrainError::CannotGoOn { broken: Box::new(error), regroup: Box::new(regroup) });
         }
@@ -58,7 +59,7 @@ impl TrainingRun<'_> {
     pub(super) fn admit(&mut self) -> Result<(), TrainError> {
         let since = Instant::now();
         let before = self.sync.nodes().clone();
-        self.sync.regroup()?;
+        self.regroups()?.regroup()?;
         self.regrouped(&before.members, before.rank == 0, since)?;
         let whole = self.reshard()?;
         let (before, now) = (before.members, self.sync.nodes().clone());
@@ -66,7 +67,7 @@ impl TrainingRun<'_> {
         if sender {
             let state = Bytes::from(self.handover(whole.as_ref())?);
             for id in now.members.iter().filter(|id| !before.contains(id)) {
-                self.sync.send_state(*id, state.clone())?;
+                self.regroups()?.send_state(*id, state.clone())?;
             }
         }
         self.check_params()
@@ -78,7 +79,7 @@ impl TrainingRun<'_> {
         let since = Instant::now();
         // The members put a sharded optimizer's state together first, this node among them.
         self.reshard()?;
-        let state = self.sync.recv_state()?;
+        let state = self.regroups()?.recv_state()?;
         let handover = Handover::decode(&state, &self.plan.layout_hash)?;
         self.take_state(handover.checkpoint)?;
         self.membership = handover.info.membership;
@@ -130,10 +131,16 @@ impl TrainingRun<'_> {
     }
 
     /// After a regroup: a sharded optimizer's state follows the new ring (see
-    /// [`GradSync::reshard`](crate::sync::GradSync::reshard)); the whole state when sharded.
+    /// [`Regroup::reshard`]); the whole state when sharded.
     fn reshard(&mut self) -> Result<Option<AdamWState>, TrainError> {
         let params = self.engine.params_mut()?;
-        self.sync.reshard(&mut self.adam, params)
+        let ring = self.sync.regroups().ok_or_else(no_ring)?;
+        ring.reshard(&mut self.adam, params)
+    }
+
+    /// How the ring changes; one node has none (it is never elastic).
+    fn regroups(&mut self) -> Result<&mut dyn Regroup, TrainError> {
+        self.sync.regroups().ok_or_else(no_ring)
     }
 
     /// The run's state for a node taken in: a checkpoint of the last step (with the optimizer's
@@ -180,6 +187,11 @@ impl TrainingRun<'_> {
             tracing::warn!("could not save the last completed step: {e}");
         }
     }
+}
+
+/// What one node answers when asked to change its ring.
+fn no_ring() -> TrainError {
+    TrainError::Sync { reason: "one node has no ring to form again".into() }
 }
 
 /// What a node taken in learns beside the checkpoint.
