@@ -95,6 +95,36 @@ impl AdamW {
     /// Steps only `pieces` of the buffer (in any order, none overlapping) and keeps moments
     /// for them alone; elements outside are left alone.
     pub fn owning(mut self, pieces: Vec<Range<usize>>) -> Result<Self, OptimError> {
+        self.check_pieces(&pieces)?;
+        let kept: usize = pieces.iter().map(Range::len).sum();
+        self.state.m = vec![0.0; kept];
+        self.state.v = vec![0.0; kept];
+        self.owned = pieces;
+        Ok(self)
+    }
+
+    /// Steps `pieces` from now on (as [`AdamW::owning`] says), from `whole`: moments over the
+    /// whole buffer and a step count, as a checkpoint holds them (a sharded optimizer whose
+    /// shards change with the nodes).
+    pub fn own_from(&mut self, pieces: Vec<Range<usize>>, whole: &AdamWState) -> Result<(), OptimError> {
+        self.check_pieces(&pieces)?;
+        for found in [whole.m.len(), whole.v.len()] {
+            if found != self.len {
+                return Err(OptimError::StateLength { found, expected: self.len });
+            }
+        }
+        // Into the buffers the moments had: no fresh pages to fault in.
+        for (kept, full) in [(&mut self.state.m, &whole.m), (&mut self.state.v, &whole.v)] {
+            kept.clear();
+            pieces.iter().for_each(|p| kept.extend_from_slice(&full[p.clone()]));
+        }
+        self.state.step = whole.step;
+        self.owned = pieces;
+        Ok(())
+    }
+
+    /// Fails unless `pieces` lie in the buffer without overlapping.
+    fn check_pieces(&self, pieces: &[Range<usize>]) -> Result<(), OptimError> {
         let mut sorted: Vec<(usize, &Range<usize>)> = pieces.iter().enumerate().collect();
         sorted.sort_by_key(|(_, p)| p.start);
         let mut end = 0;
@@ -108,11 +138,7 @@ impl AdamW {
             }
             end = p.end;
         }
-        let kept: usize = pieces.iter().map(Range::len).sum();
-        self.state.m = vec![0.0; kept];
-        self.state.v = vec![0.0; kept];
-        self.owned = pieces;
-        Ok(self)
+        Ok(())
     }
 
     /// The pieces this optimizer steps (the whole buffer unless [`AdamW::owning`] said less).
@@ -194,14 +220,7 @@ impl AdamW {
     /// Restores checkpointed state: moments over the whole buffer, of which the owned pieces
     /// are kept.
     pub fn restore(&mut self, state: &AdamWState) -> Result<(), OptimError> {
-        for found in [state.m.len(), state.v.len()] {
-            if found != self.len {
-                return Err(OptimError::StateLength { found, expected: self.len });
-            }
-        }
-        let keep = |full: &[f32]| self.owned.iter().flat_map(|p| full[p.clone()].iter().copied()).collect::<Vec<f32>>();
-        self.state = AdamWState { step: state.step, m: keep(&state.m), v: keep(&state.v) };
-        Ok(())
+        self.own_from(self.owned.clone(), state)
     }
 
     /// Writes the moments of the owned pieces into their places in `m` and `v` (buffers as long
@@ -390,8 +409,20 @@ mod tests {
         assert_eq!(ranks[1].state().m.len(), 119_990, "a rank keeps the moments of its pieces only");
         let mut again =
             AdamW::new(AdamWConfig::default(), &groups, len).expect("adam").owning(shards[1].clone()).expect("pieces");
-        again.restore(&AdamWState { step: 3, m, v }).expect("restore");
+        let placed = AdamWState { step: 3, m, v };
+        again.restore(&placed).expect("restore");
         assert_eq!(again.state(), ranks[1].state());
+        // Shards that change hands: rank 0 takes rank 2's pieces beside its own, from the whole
+        // state, and steps on as the whole optimizer does.
+        let mut merged = shards[0].clone();
+        merged.extend(shards[2].iter().cloned());
+        ranks[0].own_from(merged, &placed).expect("own");
+        whole.step(&mut expected, &grads, 1e-3);
+        ranks[0].step(&mut got, &grads, 1e-3);
+        ranks[1].step(&mut got, &grads, 1e-3);
+        assert_eq!((got, ranks[0].state().step), (expected, 4));
+        let beyond: Vec<Range<usize>> = std::iter::once(0..len + 1).collect();
+        assert!(ranks[0].own_from(beyond, &placed).is_err(), "outside the buffer");
         let overlapping = AdamW::new(AdamWConfig::default(), &groups, len).expect("adam").owning(vec![0..10, 5..20]);
         assert!(overlapping.expect_err("overlap").to_string().contains("overlaps"));
     }

@@ -383,6 +383,7 @@ impl<T: Transport> Regroup for RingSync<T> {
         if !self.exchange.mode.shard_optimizer {
             return Ok(None);
         }
+        let started = Instant::now();
         let before = self.before.take();
         let now = self.exchange.nodes.members.clone();
         let held = match &before {
@@ -392,7 +393,6 @@ impl<T: Transport> Regroup for RingSync<T> {
         let len = params.len();
         let (mut m, mut v) = (vec![0.0f32; len], vec![0.0f32; len]);
         adam.place_moments(&mut m, &mut v);
-        let started = Instant::now();
         let mut ring = lock(&self.exchange.ring);
         // A node taken in holds no parameters, and one whose last gather was cut short not all.
         let whole = u8::from(self.params_whole && before.is_some());
@@ -406,8 +406,7 @@ impl<T: Transport> Regroup for RingSync<T> {
             .map_err(|reason| self.exchange.abort_with(reason))?;
         self.params_whole = true;
         let full = AdamWState { step, m, v };
-        *adam = adam.clone().owning(self.exchange.stepped_pieces())?;
-        adam.restore(&full)?;
+        adam.own_from(self.exchange.stepped_pieces(), &full)?;
         tracing::info!(
             received_mb = parts.iter().map(Bytes::len).sum::<usize>() as f64 / 1e6,
             with_params,
