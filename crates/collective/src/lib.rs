@@ -54,7 +54,7 @@ pub use ops::Collective;
 pub use payload::Payload;
 pub use ring::{float_payload, RingAllReduce, RingGather, RingMode, Schedule};
 pub use sparse::{all_reduce_rows, decode_rows, encode_rows, pack_rows, union_rows, unpack_rows, used_rows};
-pub use transport::{all_reduce_mean, gather, ring, shift, Transport};
+pub use transport::{all_reduce_mean, gather, gather_streamed, ring, shift, Transport};
 pub use wire::{from_bf16, to_bf16, Wire};
 
 /// A frame that cannot be decoded.

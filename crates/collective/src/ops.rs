@@ -3,7 +3,7 @@
 
 use bytes::Bytes;
 
-use crate::{all_reduce_rows, gather, ring, shift, CollectiveError, RingMode, Transport, Wire, MAX_PAYLOAD};
+use crate::{all_reduce_rows, gather, gather_streamed, ring, shift, CollectiveError, RingMode, Transport, Wire};
 
 /// A transport with the ring's order of operations: every rank makes the same calls in the same
 /// order, so their operation ids agree, and a frame of another operation is refused by the
@@ -121,47 +121,14 @@ impl<T: Transport> Collective<T> {
         self.checked(result)
     }
 
-    /// Every rank's `value`, in rank order, however large: [`Collective::gather`] carries one
-    /// frame (at most [`MAX_PAYLOAD`] bytes), so the lengths go round first, then slices of every
-    /// value, as many rounds as the longest needs.
+    /// Every rank's `value`, in rank order, however large (see [`gather_streamed`]; a
+    /// [`Collective::gather`] carries one frame, at most [`crate::MAX_PAYLOAD`] bytes).
     pub fn gather_large(&mut self, value: Bytes) -> Result<Vec<Bytes>, CollectiveError> {
-        let slice = MAX_PAYLOAD as usize / 2;
-        let lengths = self.gather(Bytes::copy_from_slice(&(value.len() as u64).to_le_bytes()))?;
-        let lengths: Vec<usize> = lengths
-            .iter()
-            .enumerate()
-            .map(|(rank, b)| {
-                let bytes: [u8; 8] = b.as_ref().try_into().map_err(|_| CollectiveError::Protocol {
-                    peer: rank,
-                    reason: format!("sent a length of {} bytes", b.len()),
-                })?;
-                Ok(u64::from_le_bytes(bytes) as usize)
-            })
-            .collect::<Result<_, CollectiveError>>()
-            .map_err(|e| self.failed(e))?;
-        let rounds = lengths.iter().map(|len| len.div_ceil(slice)).max().unwrap_or(0);
-        let mut values: Vec<Vec<u8>> = lengths.iter().map(|&len| Vec::with_capacity(len)).collect();
-        for round in 0..rounds {
-            let from = (round * slice).min(value.len());
-            let parts = self.gather(value.slice(from..(from + slice).min(value.len())))?;
-            for (rank, (part, into)) in parts.iter().zip(&mut values).enumerate() {
-                let expected = lengths[rank].saturating_sub(round * slice).min(slice);
-                if part.len() != expected {
-                    return Err(self.failed(CollectiveError::Protocol {
-                        peer: rank,
-                        reason: format!("sent {} bytes of round {round} where {expected} were due", part.len()),
-                    }));
-                }
-                into.extend_from_slice(part);
-            }
-        }
-        Ok(values.into_iter().map(Bytes::from).collect())
-    }
-
-    /// Fails the ring with `error` (found in what an operation brought), telling the neighbours.
-    fn failed(&mut self, error: CollectiveError) -> CollectiveError {
-        self.transport.abort(&error.to_string());
-        error
+        // Small enough that a slice is passed on soon after it arrives.
+        const SLICE: usize = 1 << 20;
+        let op = self.next_op();
+        let result = gather_streamed(&mut self.transport, op, value, SLICE);
+        self.checked(result)
     }
 
     /// Leaves the ring because of `reason`: the neighbours fail at once, with it.
@@ -234,17 +201,22 @@ mod tests {
     }
 
     #[test]
-    fn values_larger_than_a_frame_are_gathered_in_rounds() {
-        let results = on_threads(3, |mut c| {
-            // Rank 1's value takes three rounds, rank 2's none.
-            let len = [10, 2 * MAX_PAYLOAD as usize + 7, 0][c.rank()];
-            let value: Vec<u8> = (0..len).map(|i| (i % 251) as u8 ^ c.rank() as u8).collect();
-            c.gather_large(Bytes::from(value)).expect("gather")
+    fn values_larger_than_a_frame_are_gathered_in_slices_passed_on() {
+        let lens = [10, 2 * crate::MAX_PAYLOAD as usize + 7, 0, 3 << 20];
+        let results = on_threads(4, move |mut c| {
+            let value: Vec<u8> = (0..lens[c.rank()]).map(|i| (i % 251) as u8 ^ c.rank() as u8).collect();
+            let values = c.gather_large(Bytes::from(value)).expect("gather");
+            // The ring's next operation agrees on its id.
+            let mut after = vec![1.0; 3];
+            (values, c.run(&mut after, RingMode::AllReduceMean, Wire::F32).is_ok())
         });
-        for values in results {
-            let lens: Vec<usize> = values.iter().map(Bytes::len).collect();
-            assert_eq!(lens, vec![10, 2 * MAX_PAYLOAD as usize + 7, 0]);
-            assert!(values[1].iter().enumerate().all(|(i, &b)| b == (i % 251) as u8 ^ 1));
+        for (rank, (values, next_op_agrees)) in results.into_iter().enumerate() {
+            assert_eq!(values.iter().map(Bytes::len).collect::<Vec<_>>(), lens, "rank {rank}");
+            for (origin, value) in values.iter().enumerate() {
+                let intact = value.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8 ^ origin as u8);
+                assert!(intact, "rank {rank}: rank {origin}'s value");
+            }
+            assert!(next_op_agrees, "rank {rank}");
         }
     }
 

@@ -125,6 +125,63 @@ pub fn shift(
     Ok(())
 }
 
+/// Every rank's `value`, however large, in rank order (operation id `op`): each value goes
+/// round the ring in frames of at most `slice` bytes; every rank sends its own at once and passes
+/// the others' on as each frame arrives, so no link waits for a whole value, nor for the
+/// largest one to go round before the next is sent.
+pub fn gather_streamed(
+    t: &mut impl Transport,
+    op: u64,
+    value: Bytes,
+    slice: usize,
+) -> Result<Vec<Bytes>, CollectiveError> {
+    let (rank, world) = (t.rank(), t.world());
+    let mut values: Vec<Vec<u8>> = vec![Vec::new(); world];
+    let mut done = vec![false; world];
+    done[rank] = true;
+    if world < 2 {
+        return Ok(vec![value]);
+    }
+    // A frame: `step` hops made before this one, `chunk` its origin, `offset` its first byte
+    // in the origin's value; the origin's last frame says so by its phase.
+    let frame = |step: usize, origin: usize, offset: usize, len: usize, last: bool| {
+        let mut header = Header::control(Kind::Gather, op, len as u32);
+        header.phase = if last { Phase::AllGather } else { Phase::ReduceScatter };
+        header.step = step as u16;
+        header.chunk = origin as u32;
+        header.offset = offset as u64;
+        header
+    };
+    let slice = slice.max(1);
+    let count = value.len().div_ceil(slice).max(1);
+    for i in 0..count {
+        let part = value.slice((i * slice).min(value.len())..((i + 1) * slice).min(value.len()));
+        t.send(frame(0, rank, i * slice, part.len(), i + 1 == count), part.into())?;
+    }
+    let prev = (rank + world - 1) % world;
+    while done.iter().any(|d| !d) {
+        let (header, payload) = t.recv()?;
+        let step = header.step as usize;
+        let origin = (rank + world * 2 - 1 - step % world) % world;
+        let expected = frame(step, origin, values[origin].len(), payload.len(), header.phase == Phase::AllGather);
+        if header != expected || step + 1 >= world || done[origin] {
+            return Err(CollectiveError::Protocol {
+                peer: prev,
+                reason: format!("sent {header:?} where a slice of rank {origin}'s value was due in a gather"),
+            });
+        }
+        let bytes = payload.to_bytes();
+        values[origin].extend_from_slice(&bytes);
+        let last = header.phase == Phase::AllGather;
+        done[origin] = last;
+        if step + 2 < world {
+            t.send(frame(step + 1, origin, header.offset as usize, bytes.len(), last), bytes.into())?;
+        }
+    }
+    values[rank] = value.to_vec();
+    Ok(values.into_iter().map(Bytes::from).collect())
+}
+
 /// Every rank's `value`, in rank order.
 pub fn gather(t: &mut impl Transport, op: u64, value: Bytes) -> Result<Vec<Bytes>, CollectiveError> {
     let schedule = Schedule::new(t.rank(), t.world(), 0, 1)?;

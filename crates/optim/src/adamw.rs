@@ -97,29 +97,38 @@ impl AdamW {
     pub fn owning(mut self, pieces: Vec<Range<usize>>) -> Result<Self, OptimError> {
         self.check_pieces(&pieces)?;
         let kept: usize = pieces.iter().map(Range::len).sum();
-        self.state.m = vec![0.0; kept];
-        self.state.v = vec![0.0; kept];
+        // Room for the whole buffer, unused pages never touched: pieces taken over later
+        // ([`AdamW::own_from`]) land there rather than moving the moments.
+        for moments in [&mut self.state.m, &mut self.state.v] {
+            *moments = Vec::with_capacity(self.len);
+            moments.resize(kept, 0.0);
+        }
         self.owned = pieces;
         Ok(self)
     }
 
-    /// Steps `pieces` from now on (as [`AdamW::owning`] says), from `whole`: moments over the
-    /// whole buffer and a step count, as a checkpoint holds them (a sharded optimizer whose
-    /// shards change with the nodes).
-    pub fn own_from(&mut self, pieces: Vec<Range<usize>>, whole: &AdamWState) -> Result<(), OptimError> {
-        self.check_pieces(&pieces)?;
+    /// Keeps its first `kept` pieces with their moments, and steps `pieces` after them from
+    /// now on, their moments taken from `whole` (moments over the whole buffer and a step
+    /// count, as a checkpoint holds them): a sharded optimizer whose shards change with the
+    /// nodes, the pieces every node steps alike kept in place.
+    pub fn own_from(&mut self, kept: usize, pieces: Vec<Range<usize>>, whole: &AdamWState) -> Result<(), OptimError> {
+        let kept = kept.min(self.owned.len());
+        let mut owned: Vec<Range<usize>> = self.owned[..kept].to_vec();
+        owned.extend(pieces);
+        self.check_pieces(&owned)?;
         for found in [whole.m.len(), whole.v.len()] {
             if found != self.len {
                 return Err(OptimError::StateLength { found, expected: self.len });
             }
         }
+        let floats: usize = owned[..kept].iter().map(Range::len).sum();
         // Into the buffers the moments had: no fresh pages to fault in.
-        for (kept, full) in [(&mut self.state.m, &whole.m), (&mut self.state.v, &whole.v)] {
-            kept.clear();
-            pieces.iter().for_each(|p| kept.extend_from_slice(&full[p.clone()]));
+        for (moments, full) in [(&mut self.state.m, &whole.m), (&mut self.state.v, &whole.v)] {
+            moments.truncate(floats);
+            owned[kept..].iter().for_each(|p| moments.extend_from_slice(&full[p.clone()]));
         }
         self.state.step = whole.step;
-        self.owned = pieces;
+        self.owned = owned;
         Ok(())
     }
 
@@ -220,18 +229,25 @@ impl AdamW {
     /// Restores checkpointed state: moments over the whole buffer, of which the owned pieces
     /// are kept.
     pub fn restore(&mut self, state: &AdamWState) -> Result<(), OptimError> {
-        self.own_from(self.owned.clone(), state)
+        self.own_from(0, self.owned.clone(), state)
     }
 
     /// Writes the moments of the owned pieces into their places in `m` and `v` (buffers as long
     /// as the parameters), to checkpoint a sharded optimizer once the pieces are gathered.
     pub fn place_moments(&self, m: &mut [f32], v: &mut [f32]) {
+        self.place_moments_from(0, m, v);
+    }
+
+    /// [`AdamW::place_moments`] of the owned pieces from the `first`-th on.
+    pub fn place_moments_from(&self, first: usize, m: &mut [f32], v: &mut [f32]) {
         let mut at = 0;
-        for piece in &self.owned {
+        for (index, piece) in self.owned.iter().enumerate() {
             let kept = at..at + piece.len();
             at = kept.end;
-            m[piece.clone()].copy_from_slice(&self.state.m[kept.clone()]);
-            v[piece.clone()].copy_from_slice(&self.state.v[kept]);
+            if index >= first {
+                m[piece.clone()].copy_from_slice(&self.state.m[kept.clone()]);
+                v[piece.clone()].copy_from_slice(&self.state.v[kept]);
+            }
         }
     }
 }
@@ -416,13 +432,14 @@ mod tests {
         // state, and steps on as the whole optimizer does.
         let mut merged = shards[0].clone();
         merged.extend(shards[2].iter().cloned());
-        ranks[0].own_from(merged, &placed).expect("own");
+        // Its first piece (10 floats) kept in place.
+        ranks[0].own_from(1, merged[1..].to_vec(), &placed).expect("own");
         whole.step(&mut expected, &grads, 1e-3);
         ranks[0].step(&mut got, &grads, 1e-3);
         ranks[1].step(&mut got, &grads, 1e-3);
         assert_eq!((got, ranks[0].state().step), (expected, 4));
         let beyond: Vec<Range<usize>> = std::iter::once(0..len + 1).collect();
-        assert!(ranks[0].own_from(beyond, &placed).is_err(), "outside the buffer");
+        assert!(ranks[0].own_from(0, beyond, &placed).is_err(), "outside the buffer");
         let overlapping = AdamW::new(AdamWConfig::default(), &groups, len).expect("adam").owning(vec![0..10, 5..20]);
         assert!(overlapping.expect_err("overlap").to_string().contains("overlaps"));
     }

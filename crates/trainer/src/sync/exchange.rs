@@ -69,14 +69,21 @@ impl<T: Transport> RingExchange<T> {
         self.mode.shard_optimizer && self.nodes.elastic() && self.nodes.world() > 1
     }
 
-    /// The pieces this node's sharded optimizer steps: its shard, and its backup of the node
-    /// before it (see [`RingExchange::keeps_backups`]).
+    /// The pieces this node's sharded optimizer steps: the word-embedding table (every node's,
+    /// first: it stays in place when the shards change), its dense shard, and its backup of the
+    /// node before it (see [`RingExchange::keeps_backups`]).
     pub(super) fn stepped_pieces(&self) -> Vec<Range<usize>> {
-        let mut pieces = self.plan.shard_of(self.nodes.rank);
+        let mut pieces = self.table_pieces();
+        pieces.extend(self.plan.dense_owned_by(self.nodes.rank));
         if self.keeps_backups() {
             pieces.extend(self.plan.shard_backup(self.nodes.rank));
         }
         pieces
+    }
+
+    /// The word-embedding table's range, when the plan has one (every node steps all of it).
+    pub(super) fn table_pieces(&self) -> Vec<Range<usize>> {
+        self.plan.buckets.iter().filter(|b| b.kind != BucketKind::Dense).map(|b| b.range.clone()).collect()
     }
 
     /// After the reduce-scatter: this node's reduced dense shard of `grads` goes to the next

@@ -188,8 +188,8 @@ pub trait Regroup {
     /// takes the run's state): a sharded optimizer's state as the last completed step left it
     /// is put together from the members that hold it (each shard's owner, or the next node,
     /// which steps it too), so that `params` holds every parameter and `adam` the moments of
-    /// the pieces this node steps in the new ring; returns the whole state (`None`: not
-    /// sharded, `adam` holds it all already).
+    /// the pieces this node steps in the new ring; returns the whole state where a node was
+    /// taken in, to hand it over (`None` otherwise, or when not sharded: `adam` holds it all).
     fn reshard(&mut self, adam: &mut AdamW, params: &mut [f32]) -> Result<Option<AdamWState>, TrainError>;
     /// Sends `state` to the member `id` (its rank at launch) alone, over a path of their own:
     /// a node taken in gets the run's state so, and no other node carries it.

@@ -386,13 +386,16 @@ impl<T: Transport> Regroup for RingSync<T> {
         let started = Instant::now();
         let before = self.before.take();
         let now = self.exchange.nodes.members.clone();
-        let held = match &before {
-            Some((old, plan)) => self.held(old, plan, &now)?,
-            None => Vec::new(),
+        let (held, newcomers) = match &before {
+            Some((old, plan)) => (self.held(old, plan, &now)?, now.iter().any(|id| !old.members.contains(id))),
+            None => (Vec::new(), true),
         };
+        // The table leads every node's pieces and stays in place, unless a node taken in, which
+        // has none, needs it (then it goes into the whole state handed over).
+        let table = if newcomers { 0 } else { self.exchange.table_pieces().len() };
         let len = params.len();
         let (mut m, mut v) = (vec![0.0f32; len], vec![0.0f32; len]);
-        adam.place_moments(&mut m, &mut v);
+        adam.place_moments_from(table, &mut m, &mut v);
         let mut ring = lock(&self.exchange.ring);
         // A node taken in holds no parameters, and one whose last gather was cut short not all.
         let whole = u8::from(self.params_whole && before.is_some());
@@ -406,7 +409,8 @@ impl<T: Transport> Regroup for RingSync<T> {
             .map_err(|reason| self.exchange.abort_with(reason))?;
         self.params_whole = true;
         let full = AdamWState { step, m, v };
-        adam.own_from(self.exchange.stepped_pieces(), &full)?;
+        let pieces = self.exchange.stepped_pieces().split_off(table);
+        adam.own_from(table, pieces, &full)?;
         tracing::info!(
             received_mb = parts.iter().map(Bytes::len).sum::<usize>() as f64 / 1e6,
             with_params,
@@ -414,7 +418,7 @@ impl<T: Transport> Regroup for RingSync<T> {
             total_s = started.elapsed().as_secs_f64(),
             "the optimizer's state put together for the new ring"
         );
-        Ok(Some(full))
+        Ok(newcomers.then_some(full))
     }
 
     fn send_state(&mut self, id: usize, state: Bytes) -> Result<(), TrainError> {
