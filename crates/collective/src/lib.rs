@@ -4,7 +4,9 @@
 //! all-reduce and gather state machines (in the manner of `quinn-proto`: frames in, frames out,
 //! every frame checked against the schedule; all-reduce, reduce-scatter or all-gather, in `f32` or
 //! bf16 on the wire), gradient buckets and which rank owns which piece, row-sparse averaging of
-//! embedding tables, low-rank compression with error feedback (PowerSGD), the wire format of frames, the [`Transport`] trait with a blocking driver,
+//! embedding tables, low-rank compression with error feedback (PowerSGD), the wire format of
+//! frames, the [`Transport`] trait with blocking drivers (also a one-hop shift and a streamed
+//! gather of values of any size),
 //! [`Collective`] (the ring's operations in one order, their ids allocated in one place), and
 //! an in-memory transport for tests.
 //!
