@@ -18,6 +18,7 @@ Arguments after `--` go to every rank. Prints one table row per run.
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -110,6 +111,21 @@ def one_run(args, certs, victim, at_step, peer_timeout, extra):
     }
 
 
+def prune(run):
+    """Removes what a run wrote but its records (metrics.jsonl, summary.json): checkpoints and
+    the model take about 0.5 GB a run."""
+    if not os.path.isdir(run):
+        return
+    for name in os.listdir(run):
+        path = os.path.join(run, name)
+        if name in ("metrics.jsonl", "summary.json"):
+            continue
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.remove(path)
+
+
 def main():
     argv = sys.argv[1:]
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -120,6 +136,8 @@ def main():
     parser.add_argument("--run", action="append", default=[], help="RANK@STEP, or none (no kill)")
     parser.add_argument("--timeout", type=float, default=900, help="longest run, seconds")
     parser.add_argument("--json", help="also write the rows here")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep each run's folder (logs, checkpoints, model: about 0.5 GB); else only its logs")
     args = parser.parse_args(argv)
     certs = tempfile.mkdtemp(prefix="kill-recovery-certs-")
     subprocess.run([args.ringtune, "certs", "--nodes", str(WORLD), "--out", certs], check=True,
@@ -131,6 +149,8 @@ def main():
         for spec in args.run or ["2@25"]:
             victim, at_step = (None, None) if spec == "none" else (int(spec.split("@")[0]), int(spec.split("@")[1]))
             row = one_run(args, certs, victim, at_step, peer_timeout, extra)
+            if not args.keep:
+                prune(os.path.join(row["output"], "run"))
             rows.append(row)
             kill = "-" if victim is None else f"rank {victim} after step {at_step}"
             fmt = lambda v: "-" if v is None else f"{v:.2f} s"
