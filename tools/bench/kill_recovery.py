@@ -137,7 +137,7 @@ def main():
     parser.add_argument("--timeout", type=float, default=900, help="longest run, seconds")
     parser.add_argument("--json", help="also write the rows here")
     parser.add_argument("--keep", action="store_true",
-                        help="keep each run's folder (logs, checkpoints, model: about 0.5 GB); else only its logs")
+                        help="keep each run's folder (logs, checkpoints, model: about 0.5 GB); else only its logs and records")
     args = parser.parse_args(argv)
     certs = tempfile.mkdtemp(prefix="kill-recovery-certs-")
     subprocess.run([args.ringtune, "certs", "--nodes", str(WORLD), "--out", certs], check=True,
