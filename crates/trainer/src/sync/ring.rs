@@ -169,8 +169,14 @@ impl<T: Transport> RingSync<T> {
 
     /// The pieces of the last ring's `plan` this node (`old`) sends the members `now`: its own
     /// shard, its predecessor's backup when that one is gone, and the word-embedding table from
-    /// the first old member when a new node needs it. Fails when a shard went with both copies.
-    fn held(&self, old: &Nodes, plan: &SyncPlan, now: &[usize]) -> Result<Vec<Range<usize>>, TrainError> {
+    /// the first old member when `newcomers` need it. Fails when a shard went with both copies.
+    fn held(
+        &self,
+        old: &Nodes,
+        plan: &SyncPlan,
+        now: &[usize],
+        newcomers: bool,
+    ) -> Result<Vec<Range<usize>>, TrainError> {
         if let Some((id, next)) = reshard::lost_with_backup(old, now) {
             return Err(self.exchange.abort_with(format!(
                 "nodes {id} and {next} were lost together, and with them both copies of node {id}'s shard of \
@@ -178,10 +184,9 @@ impl<T: Transport> RingSync<T> {
             )));
         }
         let mut held = reshard::held_pieces(old, plan, now);
-        let newcomer = now.iter().any(|id| !old.members.contains(id));
         let sender = now.iter().find(|id| old.members.contains(id)) == old.members.get(old.rank);
-        if newcomer && sender {
-            held.extend(plan.buckets.iter().filter(|b| b.kind != BucketKind::Dense).map(|b| b.range.clone()));
+        if newcomers && sender {
+            held.extend(self.exchange.table_pieces());
         }
         Ok(held)
     }
@@ -386,9 +391,10 @@ impl<T: Transport> Regroup for RingSync<T> {
         let started = Instant::now();
         let before = self.before.take();
         let now = self.exchange.nodes.members.clone();
-        let (held, newcomers) = match &before {
-            Some((old, plan)) => (self.held(old, plan, &now)?, now.iter().any(|id| !old.members.contains(id))),
-            None => (Vec::new(), true),
+        let newcomers = before.as_ref().is_none_or(|(old, _)| now.iter().any(|id| !old.members.contains(id)));
+        let held = match &before {
+            Some((old, plan)) => self.held(old, plan, &now, newcomers)?,
+            None => Vec::new(),
         };
         // The table leads every node's pieces and stays in place, unless a node taken in, which
         // has none, needs it (then it goes into the whole state handed over).
