@@ -90,7 +90,9 @@ impl<T: Transport> RingExchange<T> {
     /// node, and the previous node's comes into its backup pieces, so that both step it.
     pub(super) fn back_up(&self, ring: &mut Collective<T>, grads: &mut [f32]) -> Result<(), TrainError> {
         let rank = self.nodes.rank;
-        let own: Vec<f32> = self.plan.dense_owned_by(rank).into_iter().flat_map(|p| grads[p].to_vec()).collect();
+        let pieces = self.plan.dense_owned_by(rank);
+        let mut own = Vec::with_capacity(pieces.iter().map(Range::len).sum());
+        pieces.into_iter().for_each(|p| own.extend_from_slice(&grads[p]));
         let backup = self.plan.shard_backup(rank);
         let mut theirs = vec![0.0; backup.iter().map(Range::len).sum()];
         ring.shift(&own, &mut theirs).map_err(sync_error)?;

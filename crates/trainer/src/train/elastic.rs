@@ -131,7 +131,7 @@ impl TrainingRun<'_> {
     }
 
     /// After a regroup: a sharded optimizer's state follows the new ring (see
-    /// [`Regroup::reshard`]); the whole state when sharded.
+    /// [`Regroup::reshard`]); the whole state when a node was taken in and it is sharded.
     fn reshard(&mut self) -> Result<Option<AdamWState>, TrainError> {
         let params = self.engine.params_mut()?;
         let ring = self.sync.regroups().ok_or_else(no_ring)?;

@@ -43,15 +43,9 @@ pub use summary::{Int8Summary, Summary, TrainingShape};
 pub fn params_hash(params: &[f32]) -> [u8; 32] {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
-    if cfg!(target_endian = "little") {
-        // The floats' own bytes are their little-endian encoding: no copy.
-        h.update(bytemuck::cast_slice::<f32, u8>(params));
-    } else {
-        for chunk in params.chunks(1 << 16) {
-            let bytes: Vec<u8> = chunk.iter().flat_map(|v| v.to_le_bytes()).collect();
-            h.update(&bytes);
-        }
-    }
+    // The floats' own bytes are their little-endian encoding (ringtune-collective builds for
+    // little-endian targets only): no copy.
+    h.update(bytemuck::cast_slice::<f32, u8>(params));
     h.finalize().into()
 }
 
