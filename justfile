@@ -36,6 +36,19 @@ setup-python-check:
     mv "$site.partial" "$site"
     echo "setup-python-check: installed $site"
 
+# Remakes every PyTorch reference fixture under tests/fixtures (committed) with the Python RINGTUNE_PYTORCH names, which needs the packages of tests/fixtures/requirements.txt.
+fixtures: setup-mpnet (data "dev")
+    #!/usr/bin/env bash
+    set -euo pipefail
+    python="${RINGTUNE_PYTORCH:?set RINGTUNE_PYTORCH to a Python with the packages of tests/fixtures/requirements.txt}"
+    mrpc=$(cargo run -q -p ringtune-data-prep -- locate)
+    out=tests/fixtures
+    "$python" "$out/make_fixtures.py" --mrpc "$mrpc" --minilm models/all-MiniLM-L6-v2 --mpnet models/all-mpnet-base-v2 --out "$out"
+    "$python" "$out/pytorch-heads/make_heads.py" --out "$out/pytorch-heads"
+    "$python" "$out/families/make_families.py" --out "$out/families"
+    "$python" "$out/schedules/make_schedules.py"
+    echo "fixtures: remade under $out (git diff shows what changed)"
+
 # Formatting and lints, as CI checks them.
 lint:
     cargo fmt --all -- --check
@@ -45,8 +58,8 @@ lint:
 docs:
     RINGTUNE_BLESS_DOCS=1 cargo test -q -p ringtune-trainer --test docs_design
 
-# The whole test suite (after setup, MPNet and the int8 test's Python packages included, and lints), every crate's example, and a crate embedding ringtune-data alone.
-test: setup-mpnet setup-python-check lint
+# The whole test suite (after setup, MPNet, the int8 test's Python packages and MRPC as `just train` finds or fetches it, and lints), every crate's example, and a crate embedding ringtune-data alone.
+test: setup-mpnet setup-python-check (data "dev") lint
     cargo test -q --workspace
     just examples
     just embed-check

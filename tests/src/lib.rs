@@ -1,5 +1,5 @@
 //! Helpers shared by the end-to-end tests: where the fixtures, data and models are, and
-//! comparisons with the tolerances `../shared/fixtures/README.md` states.
+//! comparisons with the tolerances `tests/fixtures/README.md` states.
 //!
 //! Missing inputs fail loudly with what to do; no test skips silently.
 
@@ -15,17 +15,18 @@ fn existing(path: PathBuf, what: &str, fix: &str) -> PathBuf {
     path
 }
 
-/// `RINGTUNE_FIXTURES`, else `../shared/fixtures` next to the workspace.
+/// `RINGTUNE_FIXTURES`, else the repository's `tests/fixtures` (`just fixtures` remakes them).
 pub fn fixtures() -> PathBuf {
-    let dir =
-        std::env::var_os("RINGTUNE_FIXTURES").map(PathBuf::from).unwrap_or_else(|| root().join("../shared/fixtures"));
+    let dir = std::env::var_os("RINGTUNE_FIXTURES").map(PathBuf::from).unwrap_or_else(|| root().join("tests/fixtures"));
     existing(dir, "the PyTorch reference fixtures", "set RINGTUNE_FIXTURES to the fixtures folder")
 }
 
-/// `MRPC_DIR`, else `../shared/data/mrpc` next to the workspace.
+/// The MRPC folder, found as `ringtune train` finds it (`MRPC_DIR`, else `data/mrpc`, ...).
 pub fn mrpc_dir() -> PathBuf {
-    let dir = std::env::var_os("MRPC_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("../shared/data/mrpc"));
-    existing(dir, "the MRPC data", "set MRPC_DIR to the folder with train.tsv, dev.tsv and test.tsv (`just data`)")
+    match ringtune_data::data_dir(&root()) {
+        Ok(found) => found.path,
+        Err(e) => panic!("{e}"),
+    }
 }
 
 /// The provisioned all-MiniLM-L6-v2.
@@ -109,6 +110,18 @@ pub fn read_batch_prefixed(path: &Path, prefix: &str) -> ringtune_data::Batch {
         scores,
         indices: (0..shape[0]).collect(),
     }
+}
+
+/// The rows `row_ids` of a row-major matrix `values` of `columns` columns, in that order (the
+/// fixtures store large gradients as some of their rows).
+pub fn rows_of(values: &[f32], columns: usize, row_ids: &[i64]) -> Vec<f32> {
+    row_ids
+        .iter()
+        .flat_map(|&id| {
+            let start = usize::try_from(id).expect("a row id is not negative") * columns;
+            values[start..start + columns].iter().copied()
+        })
+        .collect()
 }
 
 /// Checks a gradient against its reference: within `tol` relative L2, except where the

@@ -6,7 +6,9 @@
 use ringtune_encoders::{load_params, read_tensor_file, ModelConfig};
 use ringtune_ops::{Kernels, Precision};
 use ringtune_runtime::{FlatBuffer, SessionOptions};
-use ringtune_tests::{assert_grad_close, fixtures, max_abs_diff, minilm_dir, mpnet_dir, read_batch, rel_l2, runtime};
+use ringtune_tests::{
+    assert_grad_close, fixtures, max_abs_diff, minilm_dir, mpnet_dir, read_batch, rel_l2, rows_of, runtime,
+};
 use ringtune_trainer::engine::{Engine, SyncHooks};
 use ringtune_trainer::model::GraphChoices;
 
@@ -223,13 +225,24 @@ fn stored_tensors(case: &str, model: &std::path::Path, kernels: Kernels, tol: f6
     let word = word.as_str();
     let mut checked = 0;
     for (name, tensor) in &reference {
-        let Some(entry) = engine.layout().get(name) else { continue };
-        assert_grad_close(
-            &format!("{name} ({kernels:?})"),
-            &engine.grads()[entry.range()],
-            tensor.f32s().expect("f32"),
-            tol,
-        );
+        // A tensor is stored whole, or as some of its rows (`NAME.rows` in `NAME.row_ids` order).
+        let (name, rows) = match name.strip_suffix(".rows") {
+            Some(matrix) => (matrix, Some(reference[&format!("{matrix}.row_ids")].i64s().expect("row ids"))),
+            None => (name.as_str(), None),
+        };
+        // The word table is checked below, with its untouched rows.
+        let Some(entry) = engine.layout().get(name).filter(|_| name != word) else { continue };
+        let ours = &engine.grads()[entry.range()];
+        let want = tensor.f32s().expect("f32");
+        match rows {
+            Some(ids) => assert_grad_close(
+                &format!("{name} ({} rows, {kernels:?})", ids.len()),
+                &rows_of(ours, entry.shape[1], ids),
+                want,
+                tol,
+            ),
+            None => assert_grad_close(&format!("{name} ({kernels:?})"), ours, want, tol),
+        }
         checked += 1;
     }
     assert!(checked >= 20, "checked {checked} tensors");
@@ -239,8 +252,7 @@ fn stored_tensors(case: &str, model: &std::path::Path, kernels: Kernels, tol: f6
     let table = &engine.grads()[entry.range()];
     let row_ids = reference[&format!("{word}.row_ids")].i64s().expect("ids");
     let rows = reference[&format!("{word}.rows")].f32s().expect("rows");
-    let touched: Vec<f32> =
-        row_ids.iter().flat_map(|&id| table[id as usize * hidden..(id as usize + 1) * hidden].to_vec()).collect();
+    let touched = rows_of(table, hidden, row_ids);
     assert_grad_close(&format!("{word} (rows in the batch, {kernels:?})"), &touched, rows, tol);
     if let Some(sum) = reference.get(&format!("{word}.untouched_abs_sum")) {
         assert_eq!(sum.f32s().expect("f32")[0], 0.0, "PyTorch's untouched rows are zero too");

@@ -58,7 +58,16 @@ fn int8_logits_do_not_depend_on_how_far_the_batch_is_padded() {
     };
     let (skipping, computing) = (model(Padding::Skipped), model(Padding::Computed));
     let (tight, loose) = (logits(&skipping, 7), logits(&skipping, 16));
-    assert!(max_abs_diff(&tight, &loose) < 1e-5, "{tight:?} vs {loose:?}");
+    let skipped_moves = max_abs_diff(&tight, &loose);
+    assert!(skipped_moves < 1e-5, "{tight:?} vs {loose:?}");
+    // The control: where the padding is computed, the padded positions move the scales, and so
+    // the logits, by far more than rounding moves the skipping model's. How far depends on the
+    // CPU's int8 kernels (under 1e-4 with AVX2 alone, more with VNNI), so the bound is relative.
     let (tight, loose) = (logits(&computing, 7), logits(&computing, 16));
-    assert!(max_abs_diff(&tight, &loose) > 1e-4, "the padded positions move the scales: {tight:?} vs {loose:?}");
+    let computed_moves = max_abs_diff(&tight, &loose);
+    assert!(
+        computed_moves > 10.0 * skipped_moves.max(1e-7),
+        "the padded positions move the scales ({computed_moves:e}, the skipping model {skipped_moves:e}): \
+         {tight:?} vs {loose:?}"
+    );
 }

@@ -1,6 +1,6 @@
-"""PyTorch beside `ringtune-bench table` for any family: a `...ForSequenceClassification` built by
-transformers from a `config.json` (random weights), trained or run as ../shared/reference/bench_bert.py
-runs BERT, so that the rows of RoBERTa, DeBERTa-v3 and ModernBERT are measured as BERT's are.
+"""PyTorch beside `ringtune-bench table`: a `...ForSequenceClassification` built by transformers
+from the `config.json` our row builds (random weights), trained or run under the same rules for
+every family (BERT, MiniLM, RoBERTa, DeBERTa-v3, ModernBERT, ...).
 
 usage: python bench_family.py --config models/roberta-base.json --task {train,eval} --prec {fp32,bf16}
        [--threads 2] [--batch N] [--seq 128] [--warmup 2] [--steps 5] [--repeats 3] [--max-wait 600]

@@ -26,7 +26,7 @@ aborted on a collective mismatch (2-core Zen 4, torch 2.15).
 Rank 0 writes `summary.json` (the wall from the start of `main`, after the imports, to the last
 score; the dev scores; the recipe; every evaluation's time; the mean step past the first tenth of
 the steps split into forward, backward with DDP's overlapped sync, and optimizer) and prints one JSON line per evaluation and
-one at the end. Written for ringtune after ../shared/reference/mrpc_finetune_torch.py.
+one at the end.
 """
 import argparse
 import csv

@@ -3,9 +3,10 @@
 
 usage: python gloo_rank.py --rank R --world N --master HOST:PORT [--sizes 22000000,110000000]
        [--warmup 2] [--iters 5]
-Every rank runs it in its own host; rank 0 prints one `RESULT {json}` line per size with the
-median over the timed repeats of the slowest rank's time, and the bus bandwidth.
-Written for ringtune after ../shared/reference/bench_allreduce.py (same timing rules).
+Every rank runs it in its own process (on loopback, or in its own emulated host); rank 0 prints
+one `RESULT {json}` line per size with the median over the timed repeats of the slowest rank's
+time, and the bus bandwidth. Before each timed all_reduce the ranks meet at a barrier; the
+slowest rank's time stands for the collective.
 """
 import argparse, json, os, statistics, time
 

@@ -1,5 +1,6 @@
-//! The pipeline on the real MRPC files (`MRPC_DIR` or `../shared/data/mrpc`) and the real
-//! all-MiniLM-L6-v2 tokenizer (`just setup`). Missing inputs fail with what to do.
+//! The pipeline on the real MRPC files (found as `ringtune train` finds them: `MRPC_DIR`, else
+//! `data/mrpc`, ...) and the real all-MiniLM-L6-v2 tokenizer (`just setup`). Missing inputs fail
+//! with what to do.
 
 use std::path::{Path, PathBuf};
 
@@ -26,8 +27,7 @@ fn model() -> PathBuf {
 }
 
 fn fixture(name: &str) -> PathBuf {
-    let dir =
-        std::env::var_os("RINGTUNE_FIXTURES").map(PathBuf::from).unwrap_or_else(|| root().join("../shared/fixtures"));
+    let dir = std::env::var_os("RINGTUNE_FIXTURES").map(PathBuf::from).unwrap_or_else(|| root().join("tests/fixtures"));
     let path = dir.join(name);
     assert!(path.exists(), "fixture {} is missing (set RINGTUNE_FIXTURES)", path.display());
     path

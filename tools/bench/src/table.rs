@@ -33,16 +33,14 @@ pub(crate) struct TableArgs {
     /// Forward values the training rows recompute (none, cheap, layer).
     #[arg(long, value_enum, default_value = "cheap")]
     recompute: ringtune_ops::Recompute,
-    /// A Python with torch and transformers: PyTorch is then measured in this run, with the
-    /// reference's own script, instead of quoted from the reference data file.
+    /// A Python with torch and transformers: PyTorch is then measured in this run (by
+    /// `--pytorch-script`) instead of quoted from the reference data file.
     #[arg(long, env = "RINGTUNE_PYTORCH")]
     pytorch: Option<PathBuf>,
-    /// The reference benchmark script (BERT's rows).
-    #[arg(long, default_value = "../shared/reference/bench_bert.py")]
-    pytorch_script: PathBuf,
-    /// Our script for the other families' rows, the reference's method over any `config.json`.
+    /// PyTorch's side of every row: the same `config.json` built by transformers and timed by
+    /// the same method (relative to the workspace).
     #[arg(long, default_value = "tools/bench/bench_family.py")]
-    pytorch_family_script: PathBuf,
+    pytorch_script: PathBuf,
     /// PyTorch's figures quoted when it is not measured (relative to the workspace).
     #[arg(long, default_value = "tools/bench/pytorch-reference.toml")]
     reference: PathBuf,
@@ -86,26 +84,19 @@ impl Reference {
     }
 }
 
-/// PyTorch measured in this run: BERT by the reference's script, the other families by ours.
+/// PyTorch measured in this run, each model from the `config.json` our row builds.
 struct PyTorch {
     python: PathBuf,
     script: PathBuf,
-    family_script: PathBuf,
 }
 
 impl PyTorch {
     /// One configuration's median samples/s and its process's peak RSS (the script's `RESULT` line).
     fn measure(&self, model: &str, task: &str, precision: &str, steps: usize, repeats: usize) -> Result<Anchored> {
-        let mut command = Command::new(&self.python);
-        match model {
-            "bert-base" | "bert-mini" | "minilm" => {
-                command.arg(&self.script).args(["--size", model.trim_start_matches("bert-")]);
-            }
-            other => {
-                command.arg(&self.family_script).arg("--config").arg(crate::one::config_path(other));
-            }
-        }
-        let out = command
+        let out = Command::new(&self.python)
+            .arg(&self.script)
+            .arg("--config")
+            .arg(crate::one::config_path(model))
             .args(["--task", task, "--prec", precision, "--max-wait", "30"])
             .args(["--steps", &steps.to_string(), "--repeats", &repeats.to_string()])
             .output()
@@ -219,11 +210,10 @@ fn print_breakdowns(recompute: ringtune_ops::Recompute, breakdowns: &[(String, S
 
 /// Prints the table.
 pub(crate) fn table(args: &TableArgs) -> Result<()> {
-    let pytorch = args.pytorch.as_ref().map(|python| PyTorch {
-        python: python.clone(),
-        script: crate::root().join(&args.pytorch_script),
-        family_script: crate::root().join(&args.pytorch_family_script),
-    });
+    let pytorch = args
+        .pytorch
+        .as_ref()
+        .map(|python| PyTorch { python: python.clone(), script: crate::root().join(&args.pytorch_script) });
     let reference = Reference::read(&crate::root().join(&args.reference))?;
     let bf16 = ringtune_ops::custom_ops(ringtune_ops::Kernels::OneDnn(ringtune_ops::Precision::Bf16), 1);
     let mut variants = vec![("mlas", "fp32"), ("onednn", "fp32")];
@@ -286,9 +276,9 @@ pub(crate) fn table(args: &TableArgs) -> Result<()> {
     println!(
         "\ntrain = forward + backward (dropout on) + optimizer step on both sides: ringtune runs forward and backward \
          as one ONNX Runtime run, then global-norm clipping and AdamW on the flat buffers; PyTorch runs forward, \
-         backward, AdamW and zero_grad. Batches: random ids, lengths 40..128 padded to 128, as the reference's. \
-         PyTorch's RoBERTa, DeBERTa-v3 and ModernBERT rows: tools/bench/bench_family.py, the reference's method \
-         over transformers' own class for each config (models/<name>.json, as the Hub ships it), random weights."
+         backward, AdamW and zero_grad. Batches: random ids, lengths 40..128 padded to 128, on both sides. \
+         PyTorch's rows: tools/bench/bench_family.py, transformers' own class for the config our row builds \
+         (models/<name>.json, as the Hub ships it; MiniLM's own config.json), random weights."
     );
     Ok(())
 }

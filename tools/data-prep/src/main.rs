@@ -1,6 +1,6 @@
 //! `data-prep`: any task's files (a GLUE task, MRPC by default, or your own CSV, TSV or JSON
 //! lines) to ringtune's tokenized cache, with statistics and every bad row by file and line;
-//! `data-prep fetch` gets MRPC (`just data`).
+//! `data-prep fetch` gets MRPC (`just data`), `data-prep locate` prints where it is.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -20,7 +20,7 @@ use ringtune_data::{
 #[command(version)]
 struct Args {
     #[command(subcommand)]
-    command: Option<Fetch>,
+    command: Option<MrpcCommand>,
     /// GLUE task: cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli (default: mrpc).
     #[arg(long)]
     task: Option<String>,
@@ -70,20 +70,27 @@ struct Args {
 }
 
 #[derive(Subcommand)]
-enum Fetch {
+enum MrpcCommand {
     /// Finds or downloads MRPC and checks it against the pinned sha256s.
     Fetch {
         /// Where to put downloaded files.
         #[arg(long, default_value = "data/mrpc")]
         dest: PathBuf,
     },
+    /// Prints the folder MRPC is read from, found as `ringtune train` finds it.
+    Locate,
 }
 
 fn main() -> Result<()> {
     let args = Args::parse();
     let root = workspace_root();
-    if let Some(Fetch::Fetch { dest }) = &args.command {
-        return fetch(&root, &root.join(dest));
+    match &args.command {
+        Some(MrpcCommand::Fetch { dest }) => return fetch(&root, &root.join(dest)),
+        Some(MrpcCommand::Locate) => {
+            println!("{}", data_dir(&root)?.path.display());
+            return Ok(());
+        }
+        None => {}
     }
     let choice = TaskChoice {
         task: args.task.clone(),

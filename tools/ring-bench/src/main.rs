@@ -63,13 +63,10 @@ struct Args {
     /// Also measure one TCP stream on loopback.
     #[arg(long)]
     tcp: bool,
-    /// A Python with torch: gloo is then measured in this run, else REFERENCE.md's figures are
+    /// A Python with torch: gloo is then measured in this run, else `gloo-reference.toml`'s figures are
     /// quoted.
     #[arg(long, env = "RINGTUNE_PYTORCH")]
     pytorch: Option<PathBuf>,
-    /// The reference's gloo script for loopback runs (`bench_allreduce.py`).
-    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/reference/bench_allreduce.py"))]
-    gloo_script: PathBuf,
     #[command(flatten)]
     cluster: ClusterArgs,
     #[command(flatten)]
@@ -246,9 +243,7 @@ fn main() -> Result<()> {
     }
     let reports = run_on_loopback(&args)?;
     let gloo = match &args.pytorch {
-        Some(python) => {
-            unless_failed(Gloo::measured_on_loopback(python, &args.gloo_script, args.ranks, &args.floats, args.repeats))
-        }
+        Some(python) => unless_failed(Gloo::measured_on_loopback(python, args.ranks, &args.floats, args.repeats)),
         None => Gloo::quoted(args.ranks)?,
     };
     println!(
