@@ -26,12 +26,14 @@
 pub mod certs;
 mod links;
 mod rendezvous;
+mod resolve;
 mod tls;
 mod transport;
 mod tuning;
 mod wire;
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 pub use links::Member;
 pub use rendezvous::{Message as RendezvousMessage, Peers};
@@ -53,6 +55,20 @@ pub enum QuicError {
     /// Finding the other nodes failed.
     #[error("rendezvous: {0}")]
     Rendezvous(String),
+    /// A host name that did not resolve by the rendezvous deadline.
+    #[error(
+        "rendezvous: {name} did not resolve in {:.1} s ({reason}): check the host name, that its node is up, and \
+         that DNS has a record for it (on Kubernetes, a pod's name resolves through the job's headless Service)",
+        waited.as_secs_f64()
+    )]
+    Unresolved {
+        /// The `host:port` asked for.
+        name: String,
+        /// How long it was asked for.
+        waited: Duration,
+        /// The last lookup's failure.
+        reason: String,
+    },
     /// The membership core refused this node or the ring it would form.
     #[error("rendezvous: {0}")]
     Refused(#[from] ringtune_membership::Refusal),

@@ -13,9 +13,11 @@ use std::time::Duration;
 
 use quinn::{Connection, Endpoint, VarInt};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 use crate::certs::node_name;
 use crate::links::{Bound, Formed, Member};
+use crate::resolve::{lookup, resolve, Lookup};
 use crate::tls::{client_config, peer_is, ALPN_JOIN, ALPN_RENDEZVOUS};
 use crate::wire::{describe_connection, dial_until_up};
 use crate::{QuicError, RingOptions};
@@ -276,14 +278,18 @@ fn decode_address(c: &[u8]) -> SocketAddr {
 }
 
 /// The ring at launch: every rank's address, by the means `o.peers` names; each rank's
-/// certificate id is its rank.
-pub(crate) async fn launch(o: &RingOptions, bound: &mut Bound) -> Result<Formed, QuicError> {
+/// certificate id is its rank. A host name that does not resolve yet is asked again until
+/// `until`, the rendezvous deadline.
+pub(crate) async fn launch(o: &RingOptions, bound: &mut Bound, until: Instant) -> Result<Formed, QuicError> {
     let endpoint = &bound.endpoints[0];
     let local = endpoint.local_addr().map_err(|e| QuicError::Io(e.to_string()))?;
     let addrs = match &o.peers {
-        Peers::List(list) => resolve_all(list).await?,
+        Peers::List(list) => resolve_all(list, until).await?,
         Peers::Coordinator(_) if o.rank == 0 => coordinate(o, local, &mut bound.registrations).await?,
-        Peers::Coordinator(coordinator) => register(o, endpoint, &bound.transport, local, coordinator).await?,
+        Peers::Coordinator(coordinator) => {
+            let coordinator = resolve(coordinator, until).await?;
+            register(o, endpoint, &bound.transport, local, coordinator).await?
+        }
     };
     if addrs.len() != o.world {
         return Err(QuicError::Rendezvous(format!("{} addresses for a world of {}", addrs.len(), o.world)));
@@ -351,8 +357,8 @@ pub(crate) async fn regroup(o: &RingOptions, bound: &mut Bound, ask: &Regroup<'_
 /// A node started to join a running ring: asks the nodes it knows of (the coordinator, or every
 /// address of the peer list but its own) in turn until one takes it in at its next step, and
 /// learns the ring it is in. Fails, naming why, when one refuses it (another model, an id that
-/// is in the ring) or none answers within the rendezvous deadline (the caller's bound).
-pub(crate) async fn ask_to_join(o: &RingOptions, bound: &Bound) -> Result<Formed, QuicError> {
+/// is in the ring) or none answers within the rendezvous deadline, `until`.
+pub(crate) async fn ask_to_join(o: &RingOptions, bound: &Bound, until: Instant) -> Result<Formed, QuicError> {
     // Each known node by the id its certificate names: rank 0 coordinates a launch.
     let known: Vec<(usize, String)> = match &o.peers {
         Peers::Coordinator(c) => vec![(0, c.clone())],
@@ -371,7 +377,15 @@ pub(crate) async fn ask_to_join(o: &RingOptions, bound: &Bound) -> Result<Formed
     let request = Message::Join { id: o.rank as u32, layout: o.layout, port };
     loop {
         for (id, host_port) in &known {
-            let addr = resolve(host_port).await?;
+            // A lost node's name may be gone from DNS: the others are asked meanwhile.
+            let addr = match lookup(host_port, until).await {
+                Lookup::Found(addr) => addr,
+                Lookup::NotYet(reason) => {
+                    tracing::info!("{host_port} does not resolve ({reason}): asking the next");
+                    continue;
+                }
+                Lookup::Malformed(reason) => return Err(QuicError::Setup(format!("`{host_port}`: {reason}"))),
+            };
             let dial = endpoint.connect_with(client.clone(), addr, &node_name(*id));
             let Ok(connecting) = dial else { continue };
             let Ok(Ok(conn)) = tokio::time::timeout(REACH_WAIT, connecting).await else { continue };
@@ -471,18 +485,10 @@ async fn coordinate_survivors(o: &RingOptions, bound: &mut Bound, ask: &Regroup<
     Ok(next)
 }
 
-async fn resolve(host_port: &str) -> Result<SocketAddr, QuicError> {
-    tokio::net::lookup_host(host_port)
-        .await
-        .map_err(|e| QuicError::Rendezvous(format!("cannot resolve {host_port}: {e}")))?
-        .next()
-        .ok_or_else(|| QuicError::Rendezvous(format!("{host_port} has no address")))
-}
-
-async fn resolve_all(list: &[String]) -> Result<Vec<SocketAddr>, QuicError> {
+async fn resolve_all(list: &[String], until: Instant) -> Result<Vec<SocketAddr>, QuicError> {
     let mut out = Vec::with_capacity(list.len());
     for entry in list {
-        out.push(resolve(entry).await?);
+        out.push(resolve(entry, until).await?);
     }
     Ok(out)
 }
@@ -496,15 +502,14 @@ async fn exchange(conn: &Connection, message: &Message) -> Result<Message, Strin
     Message::decode(&answer)
 }
 
-/// A rank other than 0: registers with the coordinator and receives the table.
+/// A rank other than 0: registers with the coordinator at `addr` and receives the table.
 async fn register(
     o: &RingOptions,
     endpoint: &Endpoint,
     transport: &Arc<quinn::TransportConfig>,
     local: SocketAddr,
-    coordinator: &str,
+    addr: SocketAddr,
 ) -> Result<Vec<SocketAddr>, QuicError> {
-    let addr = resolve(coordinator).await?;
     let client = client_config(&o.identity, ALPN_RENDEZVOUS, transport.clone())?;
     let conn = dial_until_up(endpoint, &client, addr, &node_name(0)).await?;
     let me = Message::Register { rank: o.rank as u32, world: o.world as u32, layout: o.layout, port: local.port() };

@@ -10,6 +10,7 @@ use bytes::Bytes;
 use quinn::{Connection, RecvStream, VarInt};
 use ringtune_collective::{CollectiveError, Header, Kind, Payload, Transport};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 use crate::certs::node_name;
 use crate::certs::NodeIdentity;
@@ -139,23 +140,24 @@ impl QuicRing {
     }
 
     /// `options`' node in the ring `find` forms or finds once its endpoints are bound, linked
-    /// to its neighbours, all within the rendezvous deadline (`late`: what the node says when
-    /// it is not).
+    /// to its neighbours, all within the rendezvous deadline (`find` is told when it falls, so
+    /// that what it waits for can be named; `late`: what the node says otherwise).
     fn linked(
         options: RingOptions,
         late: &str,
-        find: impl AsyncFnOnce(&RingOptions, &mut Bound) -> Result<Formed, QuicError>,
+        find: impl AsyncFnOnce(&RingOptions, &mut Bound, Instant) -> Result<Formed, QuicError>,
     ) -> Result<Self, QuicError> {
         let mut ring = QuicRing::unlinked(options)?;
         let o = &ring.options;
         let (bound, formed, links) = ring.rt.block_on(async {
+            let until = Instant::now() + o.rendezvous_deadline;
             let formed = async {
                 let mut bound = bind(o)?;
-                let formed = find(o, &mut bound).await?;
+                let formed = find(o, &mut bound, until).await?;
                 let links = link(o, &mut bound, &formed).await?;
                 Ok::<_, QuicError>((bound, formed, links))
             };
-            tokio::time::timeout(o.rendezvous_deadline, formed)
+            tokio::time::timeout_at(until, formed)
                 .await
                 .map_err(|_| QuicError::Rendezvous(format!("{late} within {:?}", o.rendezvous_deadline)))?
         })?;
@@ -246,7 +248,7 @@ impl QuicRing {
         if options.rank >= options.world {
             return Err(QuicError::Setup(format!("rank {} of world {}", options.rank, options.world)));
         }
-        let ask = async |o: &RingOptions, bound: &mut Bound| ask_to_join(o, bound).await;
+        let ask = async |o: &RingOptions, bound: &mut Bound, until: Instant| ask_to_join(o, bound, until).await;
         QuicRing::linked(options, "no node of the running ring took this one in", ask)
     }
 

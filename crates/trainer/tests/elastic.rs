@@ -7,26 +7,13 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Child;
 use std::time::{Duration, Instant};
 
-use common::cluster::{certs, free_ports, latest_step, spawn_node};
+use common::cluster::{certs, free_ports, latest_step, log_tail, spawn_node, Nodes};
 use common::{small_mrpc, tiny_model};
 use ringtune_trainer::metrics::{read_records, Record};
 
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// Kills every node still running when dropped, however the test ends.
-struct Nodes(Vec<Child>);
-
-impl Drop for Nodes {
-    fn drop(&mut self) {
-        for node in &mut self.0 {
-            let _ = node.kill();
-            let _ = node.wait();
-        }
-    }
-}
 
 /// Trains on four nodes allowing two losses (with `extra` arguments), kills `victim` once the
 /// run passes `kill_at`, and checks the rest finish the run; with `replace`, a node started with
@@ -139,13 +126,6 @@ impl Job {
         }
         Job { dir, certs, output, args, port, logs, nodes }
     }
-}
-
-/// The last lines of a node's log, to say why a run failed.
-fn log_tail(log: &Path) -> String {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    format!("{}:\n{}", log.display(), lines[lines.len().saturating_sub(15)..].join("\n"))
 }
 
 /// Two epochs on the nodes of `output`'s run, going on with two of them.

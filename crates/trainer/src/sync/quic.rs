@@ -31,6 +31,8 @@ pub struct ClusterOptions {
     pub listen: SocketAddr,
     /// Longest wait for a neighbour that is alive but sends nothing.
     pub deadline: Duration,
+    /// Longest wait for every node to show up (and for the names that find them to resolve).
+    pub rendezvous_deadline: Duration,
     /// How long a link may carry no packet before its peer counts as lost.
     pub peer_timeout: Duration,
     /// Connections per neighbour.
@@ -109,7 +111,7 @@ fn ring_options(options: &ClusterOptions, model: &ModelDir) -> Result<RingOption
         listen: options.listen,
         peers: options.peers.clone(),
         deadline: options.deadline,
-        rendezvous_deadline: options.deadline.max(Duration::from_secs(120)),
+        rendezvous_deadline: options.rendezvous_deadline,
         tuning: Tuning {
             lanes: options.lanes,
             mtu: options.mtu,

@@ -38,6 +38,7 @@ pub(crate) fn on_loopback(
         certs: certs.to_path_buf(),
         listen: std::net::SocketAddr::from(([127, 0, 0, 1], ports[rank])),
         deadline,
+        rendezvous_deadline: Duration::from_secs(120),
         peer_timeout: ringtune_quic::DEFAULT_PEER_TIMEOUT,
         lanes: 1,
         mtu: None,
@@ -92,20 +93,46 @@ pub(crate) fn l2(a: &[f32], b: &[f32]) -> f64 {
 
 /// `ringtune train ARGS` as rank `rank` of `world`, torchrun-style, its log in `log`.
 pub(crate) fn spawn_node(rank: usize, world: usize, port: u16, certs: &Path, args: &[String], log: &Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_ringtune"))
+    train_command(certs, args, log)
+        .env("RANK", rank.to_string())
+        .env("WORLD_SIZE", world.to_string())
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .spawn()
+        .expect("start ringtune")
+}
+
+/// `ringtune train ARGS` with `certs`, its log in `log`, for the launcher's variables to place.
+pub(crate) fn train_command(certs: &Path, args: &[String], log: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ringtune"));
+    command
         .arg("train")
         .args(args)
         .arg("--certs")
         .arg(certs)
         .args(["--deadline", "5"])
-        .env("RANK", rank.to_string())
-        .env("WORLD_SIZE", world.to_string())
-        .env("MASTER_ADDR", "127.0.0.1")
-        .env("MASTER_PORT", port.to_string())
         .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).expect("log"))
-        .spawn()
-        .expect("start ringtune")
+        .stderr(std::fs::File::create(log).expect("log"));
+    command
+}
+
+/// Kills every node still running when dropped, however the test ends.
+pub(crate) struct Nodes(pub(crate) Vec<Child>);
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        for node in &mut self.0 {
+            let _ = node.kill();
+            let _ = node.wait();
+        }
+    }
+}
+
+/// The last lines of a node's log, to say why a run failed.
+pub(crate) fn log_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    format!("{}:\n{}", log.display(), lines[lines.len().saturating_sub(15)..].join("\n"))
 }
 
 /// The highest step `output`'s metrics have reached.

@@ -228,13 +228,15 @@ pub(crate) struct TrainArgs {
 }
 
 /// Where this node stands in a multi-node run; without these, the launcher's environment
-/// (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, Slurm, Open MPI, PMI) is read, else one node.
+/// (Kubeflow's PET_NNODES/PET_NODE_RANK/PET_MASTER_ADDR/PET_MASTER_PORT,
+/// RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, Open MPI, PMI, Slurm) is read, else one node.
 #[derive(Args)]
 pub(crate) struct ClusterArgs {
     /// Nodes in the run.
     #[arg(long)]
     pub(crate) world: Option<usize>,
-    /// This node's rank.
+    /// This node's rank (with --world, default: JOB_COMPLETION_INDEX, an Indexed Job's or a
+    /// JobSet's).
     #[arg(long)]
     pub(crate) rank: Option<usize>,
     /// Every rank's host:port, comma separated, in rank order.
@@ -252,6 +254,11 @@ pub(crate) struct ClusterArgs {
     /// Seconds to wait for a neighbour that is alive but sends nothing before failing.
     #[arg(long, default_value_t = 60)]
     pub(crate) deadline: u64,
+    /// Seconds to wait at the start for every node to show up, and for the host names that
+    /// find them to resolve (a pod's appears in DNS after it starts), before failing (default:
+    /// 120, or --deadline where that is longer).
+    #[arg(long)]
+    pub(crate) rendezvous_timeout: Option<u64>,
     /// Seconds a link may carry no packet (keep-alives go every quarter of it) before its peer
     /// counts as lost: a node killed or cut off is named this soon, not at --deadline. Default:
     /// 2 when --min-nodes lets the run go on without it (the time a loss costs), else 4 (a link

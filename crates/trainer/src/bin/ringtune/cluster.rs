@@ -10,36 +10,48 @@ use ringtune_trainer::sync::{ClusterOptions, SyncMode};
 
 use crate::args::{ClusterArgs, WireFormat};
 
-/// The cluster this node joins (`None`: one node).
-pub(crate) fn cluster_options(args: &ClusterArgs) -> Result<Option<ClusterOptions>> {
-    cluster_options_from(args, |k| std::env::var(k).ok())
+/// Seconds the rendezvous waits for every node by default (or `--deadline` where longer).
+const DEFAULT_RENDEZVOUS_S: u64 = 120;
+
+/// The cluster this node joins (`None`: one node), going on after losses as `min_nodes` (the
+/// flag's or `--config`'s `--min-nodes`; 0: not given) or the launcher says.
+pub(crate) fn cluster_options(args: &ClusterArgs, min_nodes: usize) -> Result<Option<ClusterOptions>> {
+    cluster_options_from(args, min_nodes, |k| std::env::var(k).ok())
 }
 
-/// [`cluster_options`] with the environment looked up through `var`.
-fn cluster_options_from(args: &ClusterArgs, var: impl Fn(&str) -> Option<String>) -> Result<Option<ClusterOptions>> {
+/// [`cluster_options`] with the environment looked up through `var`. Flags win over the
+/// environment: `--world` (its rank `--rank`, else an Indexed Job's `JOB_COMPLETION_INDEX`),
+/// else the launcher's variables (`--rank` still winning); `--coordinator` over the
+/// environment's.
+fn cluster_options_from(
+    args: &ClusterArgs,
+    min_nodes: usize,
+    var: impl Fn(&str) -> Option<String>,
+) -> Result<Option<ClusterOptions>> {
     let from_env = crate::launcher::from_env(&var)?;
     let env_coordinator = from_env.as_ref().and_then(|l| l.coordinator.clone());
-    let (rank, world, coordinator) = match (args.world, &from_env) {
-        (Some(world), _) => (args.rank.context("--world needs --rank")?, world, args.coordinator.clone()),
-        (None, Some(l)) => {
-            tracing::debug!(
-                launcher = l.launcher,
-                rank = l.rank,
-                world = l.world,
-                "rank and world from the environment"
-            );
-            (args.rank.unwrap_or(l.rank), l.world, args.coordinator.clone())
-        }
+    // The launcher's minimum goes with the launcher's world.
+    let (rank, world, launcher_min_nodes) = match (args.world, &from_env) {
+        (Some(world), _) => match args.rank {
+            Some(rank) => (rank, world, None),
+            None => {
+                let index = crate::launcher::job_index(&var)?
+                    .context("--world needs --rank (or JOB_COMPLETION_INDEX, an Indexed Job's or a JobSet's)")?;
+                if index >= world {
+                    bail!("JOB_COMPLETION_INDEX={index} is not within --world {world}");
+                }
+                (index, world, None)
+            }
+        },
+        (None, Some(l)) => (l.rank_or(args.rank)?, l.world, l.min_nodes),
         // Every rank listed: the list's length is the world.
-        (None, None) if !args.peers.is_empty() => {
-            (args.rank.context("--peers needs --rank")?, args.peers.len(), args.coordinator.clone())
-        }
+        (None, None) if !args.peers.is_empty() => (args.rank.context("--peers needs --rank")?, args.peers.len(), None),
         (None, None) if args.rank.is_some() || args.coordinator.is_some() => {
             bail!("--rank and --coordinator need --world N, the number of nodes (or the launcher's WORLD_SIZE)")
         }
         (None, None) => return Ok(None),
     };
-    let coordinator = match coordinator.or(env_coordinator) {
+    let coordinator = match args.coordinator.clone().or(env_coordinator) {
         Some(c) => Some(c),
         None => crate::launcher::coordinator_from_env(&var)?,
     };
@@ -49,13 +61,19 @@ fn cluster_options_from(args: &ClusterArgs, var: impl Fn(&str) -> Option<String>
     if rank >= world {
         bail!("--rank {rank} is not within --world {world}");
     }
+    let min_nodes = resolve_min_nodes(min_nodes, launcher_min_nodes, world)?;
+    if let (None, Some(l)) = (args.world, &from_env) {
+        tracing::info!(launcher = l.launcher, rank, world, min_nodes, "this node's place from the environment");
+    }
     let peers = match (args.peers.is_empty(), coordinator) {
         (false, _) if args.peers.len() != world => {
             bail!("--peers lists {} addresses for a world of {world}", args.peers.len())
         }
         (false, _) => Peers::List(args.peers.clone()),
         (true, Some(c)) => Peers::Coordinator(c),
-        (true, None) => bail!("rank {rank} of {world}: give --peers or --coordinator (or set MASTER_ADDR)"),
+        (true, None) => {
+            bail!("rank {rank} of {world}: give --peers or --coordinator (or set MASTER_ADDR or PET_MASTER_ADDR)")
+        }
     };
     let certs = args.certs.clone().context(
         "multi-node training needs --certs DIR (or RINGTUNE_CERTS); make them with `ringtune certs --nodes N --out DIR`",
@@ -71,11 +89,14 @@ fn cluster_options_from(args: &ClusterArgs, var: impl Fn(&str) -> Option<String>
         certs,
         listen,
         deadline: std::time::Duration::from_secs(args.deadline.max(1)),
+        rendezvous_deadline: std::time::Duration::from_secs(
+            args.rendezvous_timeout.unwrap_or(args.deadline.max(DEFAULT_RENDEZVOUS_S)).max(1),
+        ),
         peer_timeout: peer_timeout(args.peer_timeout.unwrap_or(ringtune_quic::DEFAULT_PEER_TIMEOUT.as_secs_f64()))?,
         lanes: args.lanes.max(1),
         mtu: args.mtu,
         mode: sync_mode(args, args.powersgd_rank),
-        min_nodes: 0,
+        min_nodes,
     }))
 }
 
@@ -85,23 +106,22 @@ fn cluster_options_from(args: &ClusterArgs, var: impl Fn(&str) -> Option<String>
 /// one more hop of 1/N of the gradients a step, and twice a shard's moments), and gives a
 /// silent link up sooner (unless `--peer-timeout` says), since the time a loss costs is mostly
 /// that wait.
-pub(crate) fn allow_losses(cluster: &mut ClusterOptions, args: &ClusterArgs, min_nodes: usize) -> Result<()> {
-    let min_nodes = resolve_min_nodes(min_nodes, cluster.world)?;
-    cluster.min_nodes = min_nodes;
-    if min_nodes == 0 {
-        return Ok(());
+pub(crate) fn allow_losses(cluster: &mut ClusterOptions, args: &ClusterArgs) {
+    if cluster.min_nodes == 0 {
+        return;
     }
     cluster.mode.shard_optimizer = args.shard_optimizer == Some(true);
     if args.peer_timeout.is_none() {
         cluster.peer_timeout = ringtune_quic::FAST_PEER_TIMEOUT;
     }
-    Ok(())
 }
 
 /// `--min-nodes` against a run of `world` nodes, as every rank and the launcher read it: the
 /// fewest the run goes on with after a loss, or 0 where it stops at the first (`M` is 0, or the
-/// whole world); more than the world is an error.
-pub(crate) fn resolve_min_nodes(min_nodes: usize, world: usize) -> Result<usize> {
+/// whole world); more than the world is an error. `min_nodes` 0 (not given by the flag or
+/// `--config`) takes the launcher's minimum, where it has one (`PET_NNODES=min:max`).
+pub(crate) fn resolve_min_nodes(min_nodes: usize, launcher_min_nodes: Option<usize>, world: usize) -> Result<usize> {
+    let min_nodes = if min_nodes == 0 { launcher_min_nodes.unwrap_or(0) } else { min_nodes };
     if min_nodes > world {
         bail!("--min-nodes {min_nodes} is more than the {world} nodes of the run");
     }
@@ -153,15 +173,29 @@ mod tests {
     use clap::Parser;
 
     use super::*;
-    use crate::args::{Cli, Command};
+    use crate::args::{Cli, Command, TrainArgs};
 
-    fn cluster(flags: &str, env: &[(&str, &str)]) -> Result<Option<ClusterOptions>> {
+    fn train_args(flags: &str) -> Box<TrainArgs> {
         let line = format!("ringtune train --certs certs {flags}");
         let Command::Train(args) = Cli::parse_from(line.split_whitespace()).command else {
             panic!("not a train command");
         };
+        args
+    }
+
+    fn cluster(flags: &str, env: &[(&str, &str)]) -> Result<Option<ClusterOptions>> {
+        let args = train_args(flags);
+        let min_nodes = crate::args::train_config(&args)?.min_nodes;
         let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        cluster_options_from(&args.cluster, move |k| env.iter().find(|(name, _)| name == k).map(|(_, v)| v.clone()))
+        let var = move |k: &str| env.iter().find(|(name, _)| name == k).map(|(_, v)| v.clone());
+        cluster_options_from(&args.cluster, min_nodes, var)
+    }
+
+    /// The cluster `ringtune train` joins with `flags` in `env`, losses allowed as they say.
+    fn joined(flags: &str, env: &[(&str, &str)]) -> ClusterOptions {
+        let mut c = cluster(flags, env).expect("ok").expect("cluster");
+        allow_losses(&mut c, &train_args(flags).cluster);
+        c
     }
 
     #[test]
@@ -180,38 +214,65 @@ mod tests {
 
     #[test]
     fn a_run_that_may_lose_nodes_keeps_its_optimizer_whole() {
-        let mut c = cluster("--world 4 --rank 0 --coordinator h0:1", &[]).expect("ok").expect("cluster");
+        let four = "--world 4 --rank 0 --coordinator h0:1";
+        let c = joined(&format!("{four} --min-nodes 4"), &[]);
         assert!(c.mode.shard_optimizer, "fp32 shards by default");
-        let Command::Train(args) = Cli::parse_from("ringtune train".split_whitespace()).command else {
-            panic!("not a train command");
-        };
-        allow_losses(&mut c, &args.cluster, 4).expect("no loss allowed");
-        assert!(c.mode.shard_optimizer);
         assert_eq!(c.min_nodes, 0, "all 4 nodes needed: it stops at a loss, as without --min-nodes");
         assert_eq!(c.peer_timeout, ringtune_quic::DEFAULT_PEER_TIMEOUT);
-        allow_losses(&mut c, &args.cluster, 2).expect("losses allowed");
+        let c = joined(&format!("{four} --min-nodes 2"), &[]);
         assert!(!c.mode.shard_optimizer);
         assert_eq!(c.min_nodes, 2, "told to the other nodes in the handshake");
         assert_eq!(c.peer_timeout, ringtune_quic::FAST_PEER_TIMEOUT, "a loss costs little more than this wait");
-        let Command::Train(patient) =
-            Cli::parse_from("ringtune train --peer-timeout 5 --min-nodes 2".split_whitespace()).command
-        else {
-            panic!("not a train command");
-        };
-        let mut c =
-            cluster("--world 4 --rank 0 --coordinator h0:1 --peer-timeout 5", &[]).expect("ok").expect("cluster");
-        allow_losses(&mut c, &patient.cluster, 2).expect("losses allowed");
+        let c = joined(&format!("{four} --min-nodes 2 --peer-timeout 5"), &[]);
         assert_eq!(c.peer_timeout, std::time::Duration::from_secs(5), "the flag wins");
-        assert!(allow_losses(&mut c, &args.cluster, 5).expect_err("too many").to_string().contains("--min-nodes 5"));
-        let Command::Train(sharded) =
-            Cli::parse_from("ringtune train --shard-optimizer true".split_whitespace()).command
-        else {
-            panic!("not a train command");
-        };
-        let mut c =
-            cluster("--world 4 --rank 0 --coordinator h0:1 --shard-optimizer true", &[]).expect("ok").expect("cluster");
-        allow_losses(&mut c, &sharded.cluster, 2).expect("each shard is kept twice");
-        assert!(c.mode.shard_optimizer, "asked for");
+        let err = cluster(&format!("{four} --min-nodes 5"), &[]).expect_err("too many").to_string();
+        assert!(err.contains("--min-nodes 5"), "{err}");
+        let c = joined(&format!("{four} --min-nodes 2 --shard-optimizer true"), &[]);
+        assert!(c.mode.shard_optimizer, "asked for: each shard is kept twice");
+    }
+
+    #[test]
+    fn kubeflow_variables_alone_make_the_cluster() {
+        let trainer =
+            [("PET_NNODES", "2"), ("PET_NODE_RANK", "1"), ("PET_MASTER_ADDR", "lead"), ("PET_MASTER_PORT", "7")];
+        let c = joined("", &trainer);
+        assert_eq!((c.rank, c.world, c.min_nodes), (1, 2, 0));
+        assert!(matches!(&c.peers, Peers::Coordinator(addr) if addr == "lead:7"), "{:?}", c.peers);
+        let c = joined("--rank 0", &trainer);
+        assert_eq!((c.rank, c.listen.port()), (0, 7), "--rank wins; rank 0 listens on the coordinator's port");
+        let c = joined("--coordinator other:9", &trainer);
+        assert!(matches!(&c.peers, Peers::Coordinator(addr) if addr == "other:9"), "--coordinator wins");
+    }
+
+    #[test]
+    fn an_elastic_range_becomes_min_nodes_unless_the_flag_says() {
+        let elastic = [("PET_NNODES", "2:3"), ("PET_NODE_RANK", "2"), ("PET_RDZV_ENDPOINT", "job-worker-0:23456")];
+        let c = joined("", &elastic);
+        assert_eq!((c.rank, c.world, c.min_nodes), (2, 3, 2));
+        assert_eq!(c.peer_timeout, ringtune_quic::FAST_PEER_TIMEOUT, "losses allowed, as with --min-nodes 2");
+        assert!(matches!(&c.peers, Peers::Coordinator(addr) if addr == "job-worker-0:23456"), "{:?}", c.peers);
+        assert_eq!(joined("--min-nodes 3", &elastic).min_nodes, 0, "the flag wins: no loss allowed");
+        let file = tempfile::NamedTempFile::new().expect("file");
+        std::fs::write(file.path(), "min_nodes = 3\n").expect("config");
+        let c = joined(&format!("--config {}", file.path().display()), &elastic);
+        assert_eq!(c.min_nodes, 0, "so does --config's");
+        // The world from flags leaves the launcher's minimum behind.
+        assert_eq!(joined("--world 3 --rank 0 --coordinator h:1", &elastic).min_nodes, 0);
+    }
+
+    #[test]
+    fn a_jobset_index_is_the_rank_of_a_world_given_by_flags() {
+        let index = [("JOB_COMPLETION_INDEX", "3")];
+        let c = joined("--world 4 --coordinator ring-workers-0-0.ring:29500", &index);
+        assert_eq!((c.rank, c.world), (3, 4));
+        assert!(matches!(&c.peers, Peers::Coordinator(addr) if addr == "ring-workers-0-0.ring:29500"));
+        assert_eq!(joined("--world 4 --rank 1 --coordinator h:1", &index).rank, 1, "--rank wins");
+        let err = cluster("--world 4 --coordinator h:1", &[]).expect_err("no rank").to_string();
+        assert!(err.contains("--rank") && err.contains("JOB_COMPLETION_INDEX"), "{err}");
+        let err =
+            cluster("--world 4 --coordinator h:1", &[("JOB_COMPLETION_INDEX", "4")]).expect_err("past").to_string();
+        assert!(err.contains("JOB_COMPLETION_INDEX=4 is not within --world 4"), "{err}");
+        assert!(cluster("", &index).expect("one node").is_none(), "an index alone makes no cluster");
     }
 
     #[test]

@@ -50,6 +50,10 @@ pub(crate) fn launch(nodes: usize, port: u16, train: &[String]) -> Result<()> {
         if !sets_threads {
             cmd.args(["--threads", &threads]);
         }
+        // A launch inside a Kubeflow pod: the pod's variables would outrank the ranks' own.
+        for name in crate::launcher::KUBEFLOW_VARIABLES {
+            cmd.env_remove(name);
+        }
         cmd.env("RANK", rank.to_string())
             .env("WORLD_SIZE", nodes.to_string())
             .env("MASTER_ADDR", "127.0.0.1")
@@ -67,7 +71,7 @@ fn ranks_it_may_lose(nodes: usize, train: &[String]) -> Result<usize> {
     let Command::Train(args) = Cli::try_parse_from(line)?.command else {
         bail!("the arguments after -- are `ringtune train`'s")
     };
-    let min_nodes = resolve_min_nodes(train_config(&args)?.min_nodes, nodes)?;
+    let min_nodes = resolve_min_nodes(train_config(&args)?.min_nodes, None, nodes)?;
     Ok(if min_nodes == 0 { 0 } else { nodes - min_nodes })
 }
 

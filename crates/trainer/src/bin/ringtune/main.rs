@@ -38,7 +38,7 @@ fn default_file(model: &std::path::Path, split: &str) -> Result<PathBuf> {
     Ok(dir.join(file))
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
     use std::io::IsTerminal;
     let keeps_freed_memory = ringtune_alloc::keep_freed_memory();
     tracing_subscriber::fmt()
@@ -49,7 +49,33 @@ fn main() -> Result<()> {
     if !keeps_freed_memory {
         tracing::warn!("this mimalloc is not the one ringtune-alloc expects: freed memory goes back to the system");
     }
-    match Cli::parse().command {
+    match run(Cli::parse().command) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {}", one_line(&e));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// An error and its causes on one line (`a: b`), each cause once: one whose words the error
+/// it caused already says (a wrapper that words its source) is not repeated.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain().map(ToString::to_string) {
+        if line.contains(&cause) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&cause);
+    }
+    line
+}
+
+fn run(command: Command) -> Result<()> {
+    match command {
         Command::Train(args) => train(&args)?,
         Command::Certs { nodes, out } => {
             if nodes == 0 {
@@ -103,7 +129,7 @@ fn train(args: &TrainArgs) -> Result<()> {
         println!("{}", config.task_choice().task_name()?);
         return Ok(());
     }
-    let Some(mut cluster) = cluster::cluster_options(&args.cluster)? else {
+    let Some(mut cluster) = cluster::cluster_options(&args.cluster, config.min_nodes)? else {
         if args.cluster.join {
             bail!("--join takes a node into a running job of several: give it the job's world and rank");
         }
@@ -124,7 +150,7 @@ fn train(args: &TrainArgs) -> Result<()> {
         cluster.mode = cluster::sync_mode(&args.cluster, recipe.powersgd_rank);
         tracing::info!("{}", recipe.describe(cluster.world));
     }
-    cluster::allow_losses(&mut cluster, &args.cluster, config.min_nodes)?;
+    cluster::allow_losses(&mut cluster, &args.cluster);
     if args.cluster.join && args.resume {
         bail!("--join takes the running job's state, --resume a checkpoint's: give one of them");
     }
@@ -247,5 +273,22 @@ fn quantize_options(args: &args::QuantizeArgs) -> QuantizeOptions {
         range,
         feed_forward: args.feed_forward_input,
         calibration_rows: args.calibration_rows,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_reads_on_one_line_each_cause_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("rendezvous: h0:29500 did not resolve")]
+        struct Source;
+        #[derive(Debug, thiserror::Error)]
+        #[error("{0}")]
+        struct Wording(#[source] Source);
+        let e = anyhow::Error::new(Wording(Source)).context("joining the ring");
+        assert_eq!(one_line(&e), "joining the ring: rendezvous: h0:29500 did not resolve");
     }
 }
