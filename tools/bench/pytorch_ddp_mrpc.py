@@ -152,21 +152,25 @@ def tensors(encoded, idx, pad, with_types):
 
 
 def evaluate(model, encoded, rank, world, pad, with_types, autocast):
-    """Accuracy and F1 over the whole split, each node scoring every world-th example."""
+    """Accuracy, F1 and mean cross-entropy over the whole split, each node scoring every world-th
+    example."""
     model.eval()
-    counts = torch.zeros(4, dtype=torch.float64)  # correct, true positives, false positives, false negatives
+    # correct, true positives, false positives, false negatives, summed cross-entropy
+    counts = torch.zeros(5, dtype=torch.float64)
     mine = list(range(rank, len(encoded), world))
     with torch.no_grad(), autocast():
         for k in range(0, len(mine), 64):
             feeds, y = tensors(encoded, mine[k:k + 64], pad, with_types)
-            p = model(**feeds).logits.float().argmax(-1)
+            logits = model(**feeds).logits.float()
+            p = logits.argmax(-1)
+            loss = torch.nn.functional.cross_entropy(logits, y, reduction="sum")
             counts += torch.tensor([(p == y).sum(), ((p == 1) & (y == 1)).sum(), ((p == 1) & (y == 0)).sum(),
-                                    ((p == 0) & (y == 1)).sum()], dtype=torch.float64)
+                                    ((p == 0) & (y == 1)).sum(), loss], dtype=torch.float64)
     if world > 1:
         dist.all_reduce(counts)
     model.train()
-    correct, tp, fp, fn = counts.tolist()
-    return correct / len(encoded), 2 * tp / max(1.0, 2 * tp + fp + fn)
+    correct, tp, fp, fn, loss = counts.tolist()
+    return correct / len(encoded), 2 * tp / max(1.0, 2 * tp + fp + fn), loss / len(encoded)
 
 
 def load_model(path, seed):
@@ -265,9 +269,10 @@ def main(a):
             step += 1
             if a.max_steps and step >= a.max_steps:
                 break
-        accuracy, f1 = evaluate(model.module if world > 1 else model, dev, rank, world, pad, with_types, autocast)
+        accuracy, f1, loss = evaluate(model.module if world > 1 else model, dev, rank, world, pad, with_types,
+                                      autocast)
         evaluations.append({"epoch": epoch + 1, "step": step, "elapsed_s": round(time.time() - started, 2),
-                            "accuracy": round(accuracy, 4), "f1": round(f1, 4)})
+                            "accuracy": round(accuracy, 4), "f1": round(f1, 4), "loss": round(loss, 6)})
         if rank == 0:
             print(json.dumps(evaluations[-1]), flush=True)
         if a.max_steps and step >= a.max_steps:
@@ -275,7 +280,8 @@ def main(a):
     summary = {
         "tool": "pytorch",
         "wall_s": round(time.time() - started, 2),
-        "dev": {"accuracy": evaluations[-1]["accuracy"], "f1": evaluations[-1]["f1"]},
+        "dev": {"accuracy": evaluations[-1]["accuracy"], "f1": evaluations[-1]["f1"],
+                "loss": evaluations[-1]["loss"]},
         "training": {"nodes": world, "global_batch": a.global_batch, "learning_rate": a.lr, "epochs": a.epochs,
                      "steps": step, "group_by_length": a.group_by_length, "sync": sync,
                      "powersgd_rank": a.powersgd_rank if world > 1 and a.hook == "powersgd" else None,

@@ -11,6 +11,7 @@ mod int8;
 mod one;
 mod rounds;
 mod scaling;
+mod stats;
 mod table;
 
 use std::path::{Path, PathBuf};

@@ -71,10 +71,11 @@ struct Args {
     cluster: ClusterArgs,
     #[command(flatten)]
     child: ChildArgs,
-    /// With `--cluster netns`: instead of the all-reduce benchmark, run this command on every
-    /// emulated host with the variables a torchrun-style launcher sets (RANK, WORLD_SIZE,
-    /// MASTER_ADDR = host 0, MASTER_PORT) and RINGTUNE_CERTS, e.g. `-- target/release/ringtune
-    /// train --max-steps 20`; host 0's output is shown.
+    /// Instead of the all-reduce benchmark, run this command as `--ranks` ranks with the
+    /// variables a torchrun-style launcher sets (RANK, WORLD_SIZE, MASTER_ADDR = host 0,
+    /// MASTER_PORT) and RINGTUNE_CERTS, e.g. `-- target/release/ringtune train --max-steps 20`:
+    /// on every emulated host with `--cluster netns`, else as processes on this machine over
+    /// loopback (no emulation, no root); host 0's output is shown.
     #[arg(last = true)]
     exec: Vec<String>,
     /// With `-- COMMAND`: every host runs it alone, without the launcher's variables, each its
@@ -228,7 +229,7 @@ fn main() -> Result<()> {
     }
     args.cluster.check()?;
     if !args.exec.is_empty() && args.cluster.cluster.is_none() {
-        bail!("-- COMMAND runs on emulated hosts: give --cluster netns");
+        return exec_on_loopback(&args);
     }
     println!("CPU: {}", ringtune_runtime::cpu_model());
     if args.cluster.cluster == Some(ClusterKind::Netns) {
@@ -291,29 +292,82 @@ fn unless_failed(gloo: Result<Gloo>) -> Gloo {
 /// The launcher's variables: what a torchrun-style launcher tells each rank.
 const LAUNCHER_VARIABLES: [&str; 5] = ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "RINGTUNE_CERTS"];
 
-/// Runs `command` on every host of `net` as one rank of a job (or, `alone`, as a job of its
-/// own), each in its CPU share when there are shares, and waits for all of them; shows every
-/// host's standard error after it when `host_logs`; with `cut` (host, start and seconds), takes
-/// that host's link down meanwhile.
+/// Where `-- COMMAND`'s ranks run.
+enum Hosts<'a> {
+    /// One a host of the emulated cluster.
+    Emulated(&'a cluster::Cluster),
+    /// `count` processes on this machine, the coordinator on 127.0.0.1:`port`.
+    Loopback { count: usize, port: u16 },
+}
+
+impl Hosts<'_> {
+    fn count(&self) -> usize {
+        match self {
+            Hosts::Emulated(net) => net.hosts(),
+            Hosts::Loopback { count, .. } => *count,
+        }
+    }
+
+    /// A command that runs `program` as host `h`.
+    fn command(&self, h: usize, program: &std::path::Path) -> Command {
+        match self {
+            Hosts::Emulated(net) => net.command(h, program),
+            Hosts::Loopback { .. } => Command::new(program),
+        }
+    }
+
+    /// MASTER_ADDR and MASTER_PORT.
+    fn master(&self) -> (String, String) {
+        match self {
+            Hosts::Emulated(net) => (net.addr(0).to_string(), "29500".into()),
+            Hosts::Loopback { port, .. } => ("127.0.0.1".into(), port.to_string()),
+        }
+    }
+}
+
+/// `-- COMMAND` without a cluster: `--ranks` processes on this machine over loopback. The
+/// emulated cluster's settings do not apply there and are refused.
+fn exec_on_loopback(args: &Args) -> Result<()> {
+    let c = &args.cluster;
+    if c.link_rate.is_some()
+        || c.cpu_share.is_some()
+        || c.emulate.is_some()
+        || !c.cut.is_empty()
+        || !c.impair.is_empty()
+    {
+        bail!("--link-rate, --cpu-share, --emulate, --cut and --impair shape an emulated cluster: add --cluster netns");
+    }
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .context("finding a free port for the ranks' coordinator")?
+        .port();
+    exec_on_hosts(&args.exec, &Hosts::Loopback { count: args.ranks, port }, None, (args.alone, args.host_logs), None)
+}
+
+/// Runs `command` on every host as one rank of a job (or, `alone`, as a job of its own), each
+/// in its CPU share when there are shares, and waits for all of them; shows every host's
+/// standard error after it when `host_logs`; with `cut` (host, start and seconds) on an emulated
+/// cluster, takes that host's link down meanwhile.
 fn exec_on_hosts(
     command: &[String],
-    net: &cluster::Cluster,
+    hosts: &Hosts,
     shares: Option<&CpuShares>,
     (alone, host_logs): (bool, bool),
     cut: Option<(usize, f64, f64)>,
 ) -> Result<()> {
     let certs = tempfile::tempdir()?;
-    write(certs.path(), &generate(net.hosts())?)?;
+    write(certs.path(), &generate(hosts.count())?)?;
+    let (master_addr, master_port) = hosts.master();
     let mut ranks = Processes::default();
-    for h in 0..net.hosts() {
-        let mut cmd = net.command(h, std::path::Path::new(&command[0]));
+    for h in 0..hosts.count() {
+        let mut cmd = hosts.command(h, std::path::Path::new(&command[0]));
         cmd.args(command[1..].iter().map(|a| a.replace("{rank}", &h.to_string())));
         if alone {
             for variable in LAUNCHER_VARIABLES {
                 cmd.env_remove(variable);
             }
         } else {
-            let values = [h.to_string(), net.hosts().to_string(), net.addr(0).to_string(), "29500".into()];
+            let values = [h.to_string(), hosts.count().to_string(), master_addr.clone(), master_port.clone()];
             cmd.envs(LAUNCHER_VARIABLES.iter().zip(values)).env("RINGTUNE_CERTS", certs.path());
         }
         cmd.stdout(if h == 0 { Stdio::inherit() } else { Stdio::null() }).stderr(if h == 0 {
@@ -328,7 +382,10 @@ fn exec_on_hosts(
         }
     }
     let (ended, end) = std::sync::mpsc::channel::<()>();
-    let cut = cut.map(|(host, start, seconds)| cut_later(net, host, start, seconds, end));
+    let cut = match (cut, hosts) {
+        (Some((host, start, seconds)), Hosts::Emulated(net)) => Some(cut_later(net, host, start, seconds, end)),
+        _ => None,
+    };
     let outputs = ranks.wait_all();
     drop(ended);
     if let Some(cut) = cut {
@@ -354,7 +411,7 @@ fn exec_on_hosts(
         }
     }
     if let Some(shares) = shares {
-        let throttled: Vec<String> = (0..net.hosts()).map(|h| format!("{:.1}", shares.throttled_s(h))).collect();
+        let throttled: Vec<String> = (0..hosts.count()).map(|h| format!("{:.1}", shares.throttled_s(h))).collect();
         println!("ring-bench: seconds each host waited for its CPU share: {}", throttled.join(", "));
     }
     Ok(())
@@ -417,7 +474,7 @@ fn on_cluster(args: &Args) -> Result<()> {
             [host, start, seconds] => Some((*host as usize, *start, *seconds)),
             _ => None,
         };
-        return exec_on_hosts(&args.exec, &net, shares.as_ref(), (args.alone, args.host_logs), cut);
+        return exec_on_hosts(&args.exec, &Hosts::Emulated(&net), shares.as_ref(), (args.alone, args.host_logs), cut);
     }
     let addrs: Vec<SocketAddr> = (0..net.hosts()).map(|h| SocketAddr::new(net.addr(h).into(), 4000)).collect();
     let relays = match c.impair.as_slice() {

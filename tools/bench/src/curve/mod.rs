@@ -80,7 +80,7 @@ pub(crate) fn curve(args: &CurveArgs) -> Result<()> {
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let share = args.cpu_share.unwrap_or(cores as f64 / largest as f64);
-    check_seeds(args.seeds, args.to_accuracy || args.accuracy_only, share, cores)?;
+    check_seeds(args.seeds, args.to_accuracy || args.accuracy_only, !args.loopback, share, cores)?;
     if args.peer.is_some() && !(args.to_accuracy || args.accuracy_only) {
         bail!("--peer: a peer runs beside the runs to accuracy; add --to-accuracy or --accuracy-only");
     }

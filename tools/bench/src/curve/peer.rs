@@ -73,18 +73,18 @@ pub(crate) fn python(args: &CurveArgs) -> Result<(PathBuf, PathBuf)> {
 }
 
 /// The command every host runs for PyTorch's side of a run (`seed` may be ring-bench's
-/// `{rank}`): our recipe, grouped where ours is, one thread as ours.
+/// `{rank}`): our recipe, grouped where ours is, as many threads as ours.
 pub(crate) fn command(
     (python, script): (&Path, &Path),
     args: &CurveArgs,
     (model, mrpc): (&Path, &Path),
     out: &Path,
-    seed: &str,
+    (seed, threads): (&str, usize),
 ) -> Vec<String> {
     let mut command = vec![python.display().to_string(), script.display().to_string()];
     let path = |p: &Path| p.display().to_string();
     command.extend(["--model".into(), path(model), "--mrpc".into(), path(mrpc), "--output".into(), path(out)]);
-    command.extend(["--seed".into(), seed.into(), "--threads".into(), "1".into()]);
+    command.extend(["--seed".into(), seed.into(), "--threads".into(), threads.to_string()]);
     command.extend(["--global-batch".into(), args.batch.to_string()]);
     command.extend(["--group-by-length".into(), grouped(&args.train_args).to_string()]);
     command.extend(sync_flags(args));
@@ -101,8 +101,8 @@ pub(crate) fn sync_flags(args: &CurveArgs) -> Vec<String> {
 }
 
 /// A run of the script, from the `summary.json` it wrote in `out`.
-pub(crate) fn read_run(out: &Path, nodes: usize) -> Result<Run> {
-    let (summary, (wall_s, accuracy, f1)) = read_summary(out)?;
+pub(crate) fn read_run(out: &Path, nodes: usize, seed: usize) -> Result<Run> {
+    let (summary, scores) = read_summary(out)?;
     let training = &summary["training"];
     let mut recipe = format!(
         "batch {}, lr {:e}",
@@ -128,7 +128,8 @@ pub(crate) fn read_run(out: &Path, nodes: usize) -> Result<Run> {
             Some((label.to_string(), summary["step_s"][part].as_f64()?))
         })
         .collect();
-    Ok(Run { tool: Tool::PytorchDdp, nodes, recipe, wall_s, accuracy, f1, evaluations, step })
+    let (wall_s, accuracy, f1, loss) = (scores.wall_s, scores.accuracy, scores.f1, scores.loss);
+    Ok(Run { tool: Tool::PytorchDdp, nodes, seed, recipe, wall_s, accuracy, f1, loss, evaluations, step })
 }
 
 #[cfg(test)]
@@ -145,7 +146,7 @@ mod tests {
             &args,
             (Path::new("models/m"), Path::new("data/mrpc")),
             Path::new("/o/{rank}"),
-            "{rank}",
+            ("{rank}", 1),
         )
         .join(" ");
         assert!(line.starts_with("/venv/bin/python tools/bench/pytorch_ddp_mrpc.py --model models/m --mrpc data/mrpc"));
@@ -155,14 +156,16 @@ mod tests {
         assert!(line.contains("--group-by-length true"), "grouped as ours are by default: {line}");
         let shuffled = parse(["curve", "--peer", "pytorch", "--", "--group-by-length", "false"]);
         let line =
-            command((python, script), &shuffled, (Path::new("m"), Path::new("d")), Path::new("o"), "0").join(" ");
+            command((python, script), &shuffled, (Path::new("m"), Path::new("d")), Path::new("o"), ("0", 2)).join(" ");
         assert!(line.contains("--group-by-length false") && line.contains("--hook powersgd"), "{line}");
+        assert!(line.contains("--threads 2"), "the threads ours are given: {line}");
         assert!(line.ends_with("--powersgd-start 2"), "compressed from the first step PowerSGD allows: {line}");
         let tenth = parse(["curve", "--peer", "pytorch", "--peer-powersgd-start", "tenth"]);
-        let line = command((python, script), &tenth, (Path::new("m"), Path::new("d")), Path::new("o"), "0").join(" ");
+        let line =
+            command((python, script), &tenth, (Path::new("m"), Path::new("d")), Path::new("o"), ("0", 1)).join(" ");
         assert!(!line.contains("--powersgd-start"), "the script's default, a tenth: {line}");
         let at = parse(["curve", "--peer", "pytorch", "--peer-powersgd-start", "20"]);
-        let line = command((python, script), &at, (Path::new("m"), Path::new("d")), Path::new("o"), "0").join(" ");
+        let line = command((python, script), &at, (Path::new("m"), Path::new("d")), Path::new("o"), ("0", 1)).join(" ");
         assert!(line.ends_with("--powersgd-start 20"), "{line}");
         for bad in ["1", "soon"] {
             let refused = settings::try_parse(["curve", "--peer", "pytorch", "--peer-powersgd-start", bad]);
@@ -193,13 +196,13 @@ mod tests {
             "evaluations": [{"epoch": 1, "elapsed_s": 220.0, "accuracy": 0.7}, {"epoch": 3, "elapsed_s": 640.0, "accuracy": 0.8}],
             "step_s": {"forward": 0.4, "backward": 1.1, "optimizer": 0.1}}"#;
         std::fs::write(dir.path().join("summary.json"), summary).expect("written");
-        let run = read_run(dir.path(), 4).expect("a whole summary");
+        let run = read_run(dir.path(), 4, 3).expect("a whole summary");
         assert_eq!((run.tool, run.wall_s, run.accuracy, run.f1), (Tool::PytorchDdp, 640.5, 0.8, 0.86));
         assert_eq!(run.recipe, "batch 32, lr 1e-4, grouped, DDP powerSGD_hook rank 8 from step 34, bf16 autocast");
         assert_eq!(run.evaluations, [(220.0, 0.7), (640.0, 0.8)]);
         assert_eq!(run.step[1], ("backward with DDP's sync".to_string(), 1.1));
         std::fs::write(dir.path().join("summary.json"), r#"{"wall_s": 3.0}"#).expect("written");
-        let err = read_run(dir.path(), 1).expect_err("no scores").to_string();
+        let err = read_run(dir.path(), 1, 0).expect_err("no scores").to_string();
         assert!(err.contains("summary.json") && err.contains("dev accuracy"), "{err}");
     }
 

@@ -7,6 +7,8 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use serde::Serialize;
 
+use crate::stats::{mean as mean_of, paired, welch, Interval};
+
 /// How far below one node's mean accuracy and F1 (in points) a node count may end, and the
 /// most of one node's wall it may take: the goal for ringtune's nodes beside its one node.
 const WITHIN_POINTS: f64 = 0.5;
@@ -39,19 +41,33 @@ impl Tool {
 pub(crate) struct Run {
     pub(crate) tool: Tool,
     pub(crate) nodes: usize,
+    /// The seed it trained with: the same seed at another node count is its pair.
+    pub(crate) seed: usize,
     pub(crate) recipe: String,
     pub(crate) wall_s: f64,
     pub(crate) accuracy: f64,
     pub(crate) f1: f64,
+    /// Mean cross-entropy on dev (NaN where the summary has none).
+    pub(crate) loss: f64,
     /// (seconds since the start, dev accuracy) at each evaluation.
     pub(crate) evaluations: Vec<(f64, f64)>,
     /// The mean step's parts in seconds, as the tool splits it (none where it gave none).
     pub(crate) step: Vec<(String, f64)>,
 }
 
+/// What every run's summary gives: the wall and the final dev scores.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Final {
+    pub(crate) wall_s: f64,
+    pub(crate) accuracy: f64,
+    pub(crate) f1: f64,
+    /// NaN where the summary has no dev loss.
+    pub(crate) loss: f64,
+}
+
 /// A run's `summary.json` in `out` (either tool writes one) and the scores every run has in it:
-/// the wall, dev accuracy and F1; an error naming the file where one is missing.
-pub(crate) fn read_summary(out: &Path) -> Result<(serde_json::Value, (f64, f64, f64))> {
+/// the wall, dev accuracy and F1 (an error naming the file where one is missing) and dev loss.
+pub(crate) fn read_summary(out: &Path) -> Result<(serde_json::Value, Final)> {
     let path = out.join("summary.json");
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let summary: serde_json::Value =
@@ -59,11 +75,12 @@ pub(crate) fn read_summary(out: &Path) -> Result<(serde_json::Value, (f64, f64, 
     let number = |value: &serde_json::Value, name: &str| {
         value.as_f64().with_context(|| format!("{}: no {name}", path.display()))
     };
-    let scores = (
-        number(&summary["wall_s"], "wall_s")?,
-        number(&summary["dev"]["accuracy"], "dev accuracy")?,
-        number(&summary["dev"]["f1"], "dev F1")?,
-    );
+    let scores = Final {
+        wall_s: number(&summary["wall_s"], "wall_s")?,
+        accuracy: number(&summary["dev"]["accuracy"], "dev accuracy")?,
+        f1: number(&summary["dev"]["f1"], "dev F1")?,
+        loss: summary["dev"]["loss"].as_f64().unwrap_or(f64::NAN),
+    };
     Ok((summary, scores))
 }
 
@@ -89,10 +106,126 @@ pub(crate) struct Row {
     step: Vec<(String, f64)>,
 }
 
-/// The rows, in the order the runs first name each tool and node count.
+/// The rows, in the order the runs first name each tool and node count, and the differences
+/// with their intervals.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub(crate) struct Report {
     pub(crate) rows: Vec<Row>,
+    pub(crate) comparisons: Vec<Comparison>,
+}
+
+/// Two groups of runs compared metric by metric: ringtune's one node against more, paired by
+/// seed; or the two tools at one node count, unpaired (their seeds mean different things).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(crate) struct Comparison {
+    /// What the two columns are.
+    pub(crate) columns: (String, String),
+    /// Paired by seed, or Welch's unpaired interval.
+    pub(crate) paired: bool,
+    /// The seeds on each side (paired: the seeds both have).
+    pub(crate) seeds: (Vec<usize>, Vec<usize>),
+    pub(crate) metrics: Vec<MetricDifference>,
+}
+
+/// One metric's means on the two sides and the difference (second minus first) with its 95%
+/// interval (`None` under two seeds).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(crate) struct MetricDifference {
+    pub(crate) metric: &'static str,
+    pub(crate) means: (f64, f64),
+    pub(crate) difference: Option<Interval>,
+}
+
+/// A metric's name and how a run gives it.
+type Metric = (&'static str, fn(&Run) -> f64);
+
+/// The metrics compared.
+const METRICS: [Metric; 3] = [("dev accuracy", |r| r.accuracy), ("dev F1", |r| r.f1), ("dev loss", |r| r.loss)];
+
+impl Comparison {
+    /// ringtune's one node against `nodes` nodes, over the seeds both ran.
+    fn paired(runs: &[Run], nodes: usize) -> Comparison {
+        let of = |n: usize| runs.iter().filter(move |r| r.tool == Tool::Ringtune && r.nodes == n);
+        let pairs: Vec<(&Run, &Run)> =
+            of(1).filter_map(|one| of(nodes).find(|r| r.seed == one.seed).map(|more| (one, more))).collect();
+        let metrics = METRICS
+            .iter()
+            .map(|(metric, value)| {
+                let (first, second): (Vec<f64>, Vec<f64>) = pairs.iter().map(|(a, b)| (value(a), value(b))).unzip();
+                MetricDifference {
+                    metric,
+                    means: (mean_of(&first), mean_of(&second)),
+                    difference: paired(&first, &second),
+                }
+            })
+            .collect();
+        let seeds: Vec<usize> = pairs.iter().map(|(one, _)| one.seed).collect();
+        Comparison {
+            columns: ("1 node".into(), format!("{nodes} nodes")),
+            paired: true,
+            seeds: (seeds.clone(), seeds),
+            metrics,
+        }
+    }
+
+    /// The peer against ringtune at `nodes` nodes, each over all its seeds.
+    fn between_tools(runs: &[Run], nodes: usize) -> Comparison {
+        let of = |tool: Tool| runs.iter().filter(move |r| r.tool == tool && r.nodes == nodes);
+        let metrics = METRICS
+            .iter()
+            .map(|(metric, value)| {
+                let first: Vec<f64> = of(Tool::PytorchDdp).map(value).collect();
+                let second: Vec<f64> = of(Tool::Ringtune).map(value).collect();
+                MetricDifference {
+                    metric,
+                    means: (mean_of(&first), mean_of(&second)),
+                    difference: welch(&first, &second),
+                }
+            })
+            .collect();
+        let seeds = (of(Tool::PytorchDdp).map(|r| r.seed).collect(), of(Tool::Ringtune).map(|r| r.seed).collect());
+        let label = |tool: Tool| format!("{} on {nodes} node{}", tool.label(), if nodes == 1 { "" } else { "s" });
+        Comparison { columns: (label(Tool::PytorchDdp), label(Tool::Ringtune)), paired: false, seeds, metrics }
+    }
+
+    /// The table: `| metric | first | second | paired difference | 95% interval |`, then which
+    /// differences are inside the noise.
+    pub(crate) fn markdown(&self) -> String {
+        let kind = if self.paired { "paired difference" } else { "difference (Welch)" };
+        let mut out = format!(
+            "| metric | {} | {} | {kind} | 95% interval |\n|---|---|---|---|---|\n",
+            self.columns.0, self.columns.1
+        );
+        for m in &self.metrics {
+            let (difference, interval) = match m.difference {
+                Some(d) => (format!("{:+.4}", d.estimate), format!("[{:.4}, {:.4}]", d.low, d.high)),
+                None => ("-".to_string(), "- (under two seeds)".to_string()),
+            };
+            out.push_str(&format!(
+                "| {} | {:.4} | {:.4} | {difference} | {interval} |\n",
+                m.metric, m.means.0, m.means.1
+            ));
+        }
+        let inside: Vec<&str> =
+            self.metrics.iter().filter(|m| m.difference.is_some_and(|d| d.holds_zero())).map(|m| m.metric).collect();
+        let seeds = |s: &[usize]| s.len();
+        out.push_str(&format!(
+            "\n{} against {}, {}: {}\n",
+            self.columns.1,
+            self.columns.0,
+            if self.paired {
+                format!("{} seeds paired", seeds(&self.seeds.0))
+            } else {
+                format!("{} and {} seeds", seeds(&self.seeds.1), seeds(&self.seeds.0))
+            },
+            if inside.is_empty() {
+                "no interval holds zero".to_string()
+            } else {
+                format!("inside the noise (the interval holds zero): {}", inside.join(", "))
+            }
+        ));
+        out
+    }
 }
 
 fn mean(values: impl Iterator<Item = f64>) -> f64 {
@@ -148,7 +281,25 @@ impl Report {
                 }
             })
             .collect();
-        Report { rows }
+        let mut larger: Vec<usize> =
+            runs.iter().filter(|r| r.tool == Tool::Ringtune && r.nodes > 1).map(|r| r.nodes).collect();
+        larger.sort_unstable();
+        larger.dedup();
+        let has = |tool: Tool, nodes: usize| runs.iter().any(|r| r.tool == tool && r.nodes == nodes);
+        let mut comparisons: Vec<Comparison> = match has(Tool::Ringtune, 1) {
+            true => larger.iter().map(|&n| Comparison::paired(runs, n)).collect(),
+            false => Vec::new(),
+        };
+        let mut counts: Vec<usize> = runs.iter().map(|r| r.nodes).collect();
+        counts.sort_unstable();
+        counts.dedup();
+        comparisons.extend(
+            counts
+                .into_iter()
+                .filter(|&n| has(Tool::Ringtune, n) && has(Tool::PytorchDdp, n))
+                .map(|n| Comparison::between_tools(runs, n)),
+        );
+        Report { rows, comparisons }
     }
 
     fn row(&self, tool: Tool, nodes: usize) -> Option<&Row> {
@@ -213,6 +364,10 @@ impl Report {
                 verdict(&shortfalls),
             ));
         }
+        for comparison in &self.comparisons {
+            out.push_str("\n\n");
+            out.push_str(&comparison.markdown());
+        }
         for row in self.rows.iter().filter(|r| !r.step.is_empty()) {
             let parts = row.step.iter().map(|(name, s)| format!("{name} {s:.3}")).collect::<Vec<_>>().join(", ");
             let total: f64 = row.step.iter().map(|(_, s)| s).sum();
@@ -258,7 +413,8 @@ pub(crate) mod tests {
 
     pub(crate) fn run(tool: Tool, nodes: usize, wall_s: f64, accuracy: f64, evaluations: Vec<(f64, f64)>) -> Run {
         let step = vec![("forward and backward".to_string(), wall_s / 1000.0), ("optimizer".to_string(), 0.01)];
-        Run { tool, nodes, recipe: "batch 32".into(), wall_s, accuracy, f1: accuracy + 0.05, evaluations, step }
+        let (recipe, f1, loss) = ("batch 32".to_string(), accuracy + 0.05, 1.0 - accuracy);
+        Run { tool, nodes, seed: 0, recipe, wall_s, accuracy, f1, loss, evaluations, step }
     }
 
     #[test]
@@ -331,5 +487,47 @@ pub(crate) mod tests {
         assert!(table.contains("PyTorch DDP on 4 nodes, the mean step 0.960 s: forward and backward 0.950"), "{table}");
         let json = serde_json::to_value(&report).expect("json");
         assert_eq!(json["rows"][1]["tool"], "PyTorch DDP");
+    }
+
+    #[test]
+    fn one_node_and_more_are_paired_by_seed_and_the_tools_compared_unpaired() {
+        let (ours, peer) = (Tool::Ringtune, Tool::PytorchDdp);
+        let seeded = |tool, nodes, seed, accuracy| Run { seed, ..run(tool, nodes, 100.0, accuracy, vec![]) };
+        let runs = [
+            seeded(ours, 1, 0, 0.80),
+            seeded(ours, 1, 1, 0.82),
+            seeded(ours, 1, 2, 0.81),
+            // In another order, and seed 2 without a 4-node run: two pairs.
+            seeded(ours, 4, 1, 0.83),
+            seeded(ours, 4, 0, 0.80),
+            seeded(peer, 4, 0, 0.79),
+            seeded(peer, 4, 1, 0.81),
+        ];
+        let report = Report::of(&runs);
+        assert_eq!(report.comparisons.len(), 2, "ours 1 against 4, and the tools at 4 nodes");
+        let (within, between) = (&report.comparisons[0], &report.comparisons[1]);
+        assert!(within.paired && !between.paired);
+        assert_eq!(within.seeds.0, [0, 1]);
+        // Differences 0 and 0.01 (scipy: ttest_1samp([0, 0.01], 0).confidence_interval()).
+        let accuracy = within.metrics[0].difference.expect("two pairs");
+        assert!((accuracy.estimate - 0.005).abs() < 1e-12);
+        assert!(
+            (accuracy.low + 0.05853102368087348).abs() < 1e-9 && (accuracy.high - 0.06853102368087348).abs() < 1e-9
+        );
+        // scipy: ttest_ind([0.83, 0.80], [0.79, 0.81], equal_var=False).confidence_interval()
+        let tools = between.metrics[0].difference.expect("two a side");
+        assert!((tools.low + 0.07467061768081333).abs() < 1e-8 && (tools.high - 0.10467061768081314).abs() < 1e-8);
+        let table = report.markdown();
+        for line in [
+            "| metric | 1 node | 4 nodes | paired difference | 95% interval |",
+            "| dev accuracy | 0.8100 | 0.8150 | +0.0050 | [-0.0585, 0.0685] |",
+            "| dev loss | 0.1900 | 0.1850 | -0.0050 | [-0.0685, 0.0585] |",
+            "| metric | PyTorch DDP on 4 nodes | ringtune on 4 nodes | difference (Welch) | 95% interval |",
+            "4 nodes against 1 node, 2 seeds paired: inside the noise (the interval holds zero): dev accuracy, dev F1, dev loss",
+        ] {
+            assert!(table.contains(line), "{line}\n{table}");
+        }
+        let one_seed = Report::of(&[seeded(ours, 1, 0, 0.80), seeded(ours, 4, 0, 0.81)]);
+        assert!(one_seed.markdown().contains("| dev accuracy | 0.8000 | 0.8100 | - | - (under two seeds) |"));
     }
 }

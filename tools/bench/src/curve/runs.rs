@@ -1,5 +1,6 @@
-//! The curve's runs: `ringtune train` on the emulated cluster (`ring-bench --cluster netns`),
-//! synced or each node alone, and the model folders they train.
+//! The curve's runs: `ringtune train` on the emulated cluster (`ring-bench --cluster netns`) or
+//! on loopback (`ring-bench -- COMMAND`), synced or each node alone, and the model folders they
+//! train.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -107,9 +108,10 @@ impl Bound {
     }
 }
 
-/// Runs `command` (a program and its arguments) on `nodes` emulated nodes of `share` cores
-/// (each node a run of its own when `alone`), within `bound`; shows ring-bench's account of the
-/// emulation when `show` (once a run).
+/// Runs `command` (a program and its arguments) on `nodes` emulated nodes of `share` cores, or
+/// with `--loopback` as `nodes` processes on this machine (each node a run of its own when
+/// `alone`), within `bound`; shows ring-bench's account of the emulation when `show` (once a
+/// run).
 pub(crate) fn emulated(
     args: &CurveArgs,
     nodes: usize,
@@ -118,9 +120,11 @@ pub(crate) fn emulated(
     (show, alone): (bool, bool),
     bound: Bound,
 ) -> Result<()> {
-    let mut ring_bench: Vec<String> =
-        ["--cluster", "netns", "--ranks", &nodes.to_string(), "--cpu-share"].iter().map(|s| s.to_string()).collect();
-    ring_bench.extend([share.to_string(), "--emulate".into(), args.emulate.clone()]);
+    let mut ring_bench = vec!["--ranks".to_string(), nodes.to_string()];
+    if !args.loopback {
+        ring_bench.extend(["--cluster".into(), "netns".into(), "--cpu-share".into(), share.to_string()]);
+        ring_bench.extend(["--emulate".into(), args.emulate.clone()]);
+    }
     if alone {
         ring_bench.push("--alone".into());
     }

@@ -55,11 +55,21 @@ pub(crate) struct CurveArgs {
     /// `--to-accuracy`'s runs alone, without the curve.
     #[arg(long)]
     pub(crate) accuracy_only: bool,
+    /// With `--accuracy-only`: every node a process on this machine over loopback, without the
+    /// emulated cluster (no root): accuracy does not depend on the links' speed, so many seeds
+    /// train at full speed. One node's runs then use every core, one seed after another; a
+    /// synced run's nodes a thread each.
+    #[arg(long, requires = "accuracy_only")]
+    pub(crate) loopback: bool,
     /// How many seeds `--to-accuracy` trains every node count with: one is the recipe's seed
     /// (42); more are seeds 0, 1, ..., and one node's runs then go side by side, each alone on
     /// an emulated node of its own (at most the largest node count of them).
     #[arg(long, default_value_t = 1)]
     pub(crate) seeds: usize,
+    /// The first of `--seeds` seeds (seeds S to S + seeds - 1), so that invocations can add
+    /// seeds to earlier ones; with `--loopback`, where one node's seeds run one after another.
+    #[arg(long, default_value_t = 0, requires = "loopback")]
+    pub(crate) first_seed: usize,
     /// `--to-accuracy`'s runs with `--batch` per node and this learning rate of one node's
     /// batch scaled by the square root of the nodes (the runs of before the multi-node recipe);
     /// without it every node count trains as `ringtune train` does on it (one node's recipe, or
@@ -249,13 +259,14 @@ pub(crate) fn default_accuracy_out() -> PathBuf {
     PathBuf::from("runs/time-to-accuracy")
 }
 
-/// `--seeds`: at least one, more only for the runs to accuracy (`to_accuracy`), and one node's
-/// runs of them side by side fit this machine's `cores` at `share` cores each.
-pub(crate) fn check_seeds(seeds: usize, to_accuracy: bool, share: f64, cores: usize) -> Result<()> {
+/// `--seeds`: at least one, more only for the runs to accuracy (`to_accuracy`), and, where one
+/// node's runs of them go side by side (`side_by_side`: on the emulated cluster), they fit this
+/// machine's `cores` at `share` cores each.
+pub(crate) fn check_seeds(seeds: usize, to_accuracy: bool, side_by_side: bool, share: f64, cores: usize) -> Result<()> {
     if seeds > 1 && !to_accuracy {
         bail!("--seeds {seeds}: seeds are for the runs to accuracy; add --to-accuracy or --accuracy-only");
     }
-    if seeds == 0 || (seeds > 1 && seeds as f64 * share > cores as f64 + 1e-9) {
+    if seeds == 0 || (side_by_side && seeds > 1 && seeds as f64 * share > cores as f64 + 1e-9) {
         bail!(
             "--seeds {seeds}: one node's seeds train side by side at {share} cores each, on this machine's {cores}; \
              use 1 to {} seeds",
@@ -305,14 +316,29 @@ mod tests {
 
     #[test]
     fn seeds_that_do_not_fit_side_by_side_are_refused_with_the_most_that_do() {
-        assert!(check_seeds(4, true, 0.5, 2).is_ok() && check_seeds(1, true, 2.0, 2).is_ok());
-        assert!(check_seeds(1, false, 0.5, 2).is_ok(), "one seed is the default of every curve");
+        assert!(check_seeds(4, true, true, 0.5, 2).is_ok() && check_seeds(1, true, true, 2.0, 2).is_ok());
+        assert!(check_seeds(1, false, true, 0.5, 2).is_ok(), "one seed is the default of every curve");
         for (seeds, share) in [(0usize, 0.5), (5, 0.5), (2, 2.0)] {
-            let err = check_seeds(seeds, true, share, 2).expect_err("refused").to_string();
+            let err = check_seeds(seeds, true, true, share, 2).expect_err("refused").to_string();
             assert!(err.starts_with(&format!("--seeds {seeds}:")) && err.contains("use 1 to"), "{err}");
         }
-        assert!(check_seeds(5, true, 0.5, 2).expect_err("refused").to_string().contains("use 1 to 4 seeds"));
-        let unused = check_seeds(4, false, 0.5, 2).expect_err("seeds without runs to accuracy").to_string();
+        assert!(check_seeds(5, true, true, 0.5, 2).expect_err("refused").to_string().contains("use 1 to 4 seeds"));
+        let unused = check_seeds(4, false, true, 0.5, 2).expect_err("seeds without runs to accuracy").to_string();
         assert!(unused.contains("--to-accuracy or --accuracy-only"), "{unused}");
+        // On loopback one node's seeds run one after another: any number fits.
+        assert!(check_seeds(16, true, false, 0.5, 2).is_ok());
+        assert!(check_seeds(0, true, false, 0.5, 2).is_err());
+    }
+
+    #[test]
+    fn loopback_and_a_first_seed_apply_only_to_the_runs_to_accuracy_on_loopback() {
+        let args =
+            parse(["curve", "--accuracy-only", "--loopback", "--nodes", "1,4", "--seeds", "16", "--first-seed", "16"]);
+        assert!(args.loopback && args.first_seed == 16 && args.seeds == 16);
+        assert_eq!(parse(["curve", "--accuracy-only", "--loopback"]).first_seed, 0);
+        for refused in [&["curve", "--loopback"][..], &["curve", "--accuracy-only", "--first-seed", "3"]] {
+            let err = try_parse(refused).err().expect("refused").to_string();
+            assert!(err.contains("--accuracy-only") || err.contains("--loopback"), "{refused:?}: {err}");
+        }
     }
 }

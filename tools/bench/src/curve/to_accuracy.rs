@@ -28,7 +28,8 @@ const RECIPE_STEP_OVERHEAD: f64 = 1.6;
 /// rate scaled by the square root of the nodes (the runs of before the multi-node recipe);
 /// without, none: every node count trains as `ringtune train` does on it.
 fn recipe_settings(args: &CurveArgs, nodes: usize) -> Vec<String> {
-    let mut train = vec!["--threads".into(), "1".into(), "--overlap".into(), "true".into()];
+    let threads = threads(args, nodes).to_string();
+    let mut train = vec!["--threads".into(), threads, "--overlap".into(), "true".into()];
     train.extend(["--wire".into(), args.wire.clone()]);
     if let Some(base) = args.learning_rate {
         train.extend(["--batch-size".into(), args.batch.to_string()]);
@@ -36,6 +37,26 @@ fn recipe_settings(args: &CurveArgs, nodes: usize) -> Vec<String> {
     }
     train.extend(args.train_args.iter().cloned());
     train
+}
+
+/// The threads of each node at `nodes` nodes: one, on an emulated node's share or beside the
+/// other nodes on loopback; on loopback one node alone has every core.
+pub(crate) fn threads(args: &CurveArgs, nodes: usize) -> usize {
+    if args.loopback && nodes == 1 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        1
+    }
+}
+
+/// The seed of the `index`-th run of a node count (an index, or ring-bench's `{rank}` for one
+/// node's seeds side by side): one seed is the recipe's 42; more are `--first-seed` on.
+pub(crate) fn seed_of(args: &CurveArgs, index: &str) -> String {
+    match index.parse::<usize>() {
+        Ok(index) if args.seeds > 1 => (args.first_seed + index).to_string(),
+        Ok(_) => "42".to_string(),
+        Err(_) => index.to_string(),
+    }
 }
 
 /// The learning rate of a global batch `nodes` times one node's: `base` scaled by the square
@@ -97,8 +118,7 @@ pub(crate) fn to_accuracy(args: &CurveArgs, share: f64, deadline: Instant) -> Re
     let mut runs = Vec::new();
     for &nodes in &args.nodes {
         let out = |tool: Tool, seed: &str| dir.join(format!("{}-{nodes}-seed-{seed}", tool.label().replace(' ', "-")));
-        // One seed is the recipe's 42; more are 0, 1, ... (`{rank}` where they go side by side).
-        let seed_of = |index: &str| if args.seeds > 1 { index.to_string() } else { "42".to_string() };
+        let seed_of = |index: &str| seed_of(args, index);
         let ours = |seed: &str| {
             let mut settings = recipe_settings(args, nodes);
             settings.extend(["--output".into(), out(Tool::Ringtune, seed).display().to_string()]);
@@ -108,12 +128,12 @@ pub(crate) fn to_accuracy(args: &CurveArgs, share: f64, deadline: Instant) -> Re
         let theirs = |seed: &str| {
             peer.as_ref().map(|(python, script)| {
                 let out = out(Tool::PytorchDdp, seed);
-                peer::command((python, script), args, (&model, &mrpc), &out, &seed_of(seed))
+                peer::command((python, script), args, (&model, &mrpc), &out, (&seed_of(seed), threads(args, nodes)))
             })
         };
         // One node's seeds side by side, each alone on an emulated node of its own: the load
-        // the synced nodes train under, at the cost of one run.
-        let turns: Vec<(usize, bool, String)> = if nodes == 1 && args.seeds > 1 {
+        // the synced nodes train under, at the cost of one run. On loopback one after another.
+        let turns: Vec<(usize, bool, String)> = if nodes == 1 && args.seeds > 1 && !args.loopback {
             vec![(args.seeds, true, "{rank}".to_string())]
         } else {
             (0..args.seeds).map(|seed| (nodes, false, seed.to_string())).collect()
@@ -125,18 +145,19 @@ pub(crate) fn to_accuracy(args: &CurveArgs, share: f64, deadline: Instant) -> Re
             }
         }
         for seed in 0..args.seeds {
-            let seed = seed.to_string();
-            let mut of_seed = vec![read_run(&out(Tool::Ringtune, &seed), nodes)?];
+            let index = seed.to_string();
+            let seed = seed_of(&index).parse().context("a seed is a number")?;
+            let mut of_seed = vec![read_run(&out(Tool::Ringtune, &index), nodes, seed)?];
             if peer.is_some() {
-                of_seed.push(peer::read_run(&out(Tool::PytorchDdp, &seed), nodes)?);
+                of_seed.push(peer::read_run(&out(Tool::PytorchDdp, &index), nodes, seed)?);
             }
             for run in of_seed {
                 eprintln!(
-                    "curve: MRPC, {} on {nodes} nodes, seed {}: {:.0} s, dev {:.4}",
+                    "curve: MRPC, {} on {nodes} nodes, seed {seed}: {:.0} s, dev {:.4}, dev loss {:.4}",
                     run.tool.label(),
-                    seed_of(&seed),
                     run.wall_s,
-                    run.accuracy
+                    run.accuracy,
+                    run.loss
                 );
                 runs.push(run);
             }
@@ -151,7 +172,19 @@ pub(crate) fn to_accuracy(args: &CurveArgs, share: f64, deadline: Instant) -> Re
 
 /// What the table stands for: the recipes, the emulated nodes, the seeds, the peer.
 fn heading(args: &CurveArgs, share: f64) -> String {
-    let seeds = if args.seeds > 1 { format!("seeds 0 to {}", args.seeds - 1) } else { "seed 42".into() };
+    let seeds = match args.seeds {
+        1 => "seed 42".to_string(),
+        n => format!("seeds {} to {}", args.first_seed, args.first_seed + n - 1),
+    };
+    let nodes = if args.loopback {
+        format!(
+            "on processes over loopback (one node with {} threads, a synced run's nodes a thread each)",
+            threads(args, 1)
+        )
+    } else {
+        format!("on emulated {} nodes ({share} cores each)", args.emulate)
+    };
+    let side_by_side = args.seeds > 1 && !args.loopback;
     let recipes = match args.learning_rate {
         Some(base) => format!("{} per node, the learning rate {base:e} x sqrt(nodes)", args.batch),
         None => "each node count with `ringtune train`'s own recipe".to_string(),
@@ -165,10 +198,9 @@ fn heading(args: &CurveArgs, share: f64) -> String {
     };
     let settings = std::iter::once(format!("--wire {}", args.wire)).chain(args.train_args.iter().cloned());
     format!(
-        "Time to accuracy: MiniLM on MRPC, 3 epochs, {recipes}, {}, on emulated {} nodes ({share} cores each), {seeds}{}{beside}:",
+        "Time to accuracy: MiniLM on MRPC, 3 epochs, {recipes}, {}, {nodes}, {seeds}{}{beside}:",
         settings.collect::<Vec<_>>().join(" "),
-        args.emulate,
-        if args.seeds > 1 { ", one node's runs side by side" } else { "" },
+        if side_by_side { ", one node's runs side by side" } else { "" },
     )
 }
 
@@ -195,8 +227,8 @@ fn write_outputs(stem: &Path, markdown: &str, report: &Report, runs: &[Run]) -> 
 
 /// One run of ours: its recipe and scores (`summary.json`), its dev accuracy at each evaluation
 /// and the mean step's parts (`metrics.jsonl`).
-fn read_run(out: &Path, nodes: usize) -> Result<Run> {
-    let (summary, (wall_s, accuracy, f1)) = read_summary(out)?;
+fn read_run(out: &Path, nodes: usize, seed: usize) -> Result<Run> {
+    let (summary, scores) = read_summary(out)?;
     let training = &summary["training"];
     let recipe = match training["global_batch"].as_u64() {
         Some(batch) => {
@@ -219,7 +251,9 @@ fn read_run(out: &Path, nodes: usize) -> Result<Run> {
             _ => None,
         })
         .collect();
-    Ok(Run { tool: Tool::Ringtune, nodes, step: mean_step(&records), recipe, wall_s, accuracy, f1, evaluations })
+    let (wall_s, accuracy, f1, loss) = (scores.wall_s, scores.accuracy, scores.f1, scores.loss);
+    let step = mean_step(&records);
+    Ok(Run { tool: Tool::Ringtune, nodes, seed, step, recipe, wall_s, accuracy, f1, loss, evaluations })
 }
 
 /// The mean step's parts over the run's step records, each window weighed by its steps.
@@ -306,12 +340,12 @@ mod tests {
     fn a_summary_without_dev_scores_is_an_error_naming_the_file() {
         let dir = tempfile::tempdir().expect("a temporary folder");
         std::fs::write(dir.path().join("summary.json"), r#"{"wall_s": 12.5}"#).expect("written");
-        let err = read_run(dir.path(), 4).expect_err("no dev scores").to_string();
+        let err = read_run(dir.path(), 4, 0).expect_err("no dev scores").to_string();
         assert!(err.contains("summary.json") && err.contains("dev accuracy"), "{err}");
         let summary = r#"{"wall_s": 12.5, "dev": {"accuracy": 0.8, "f1": 0.86},
             "training": {"nodes": 4, "global_batch": 32, "learning_rate": 1e-4, "group_by_length": true, "powersgd_rank": 4}}"#;
         std::fs::write(dir.path().join("summary.json"), summary).expect("written");
-        let run = read_run(dir.path(), 4).expect("a whole summary");
+        let run = read_run(dir.path(), 4, 7).expect("a whole summary");
         assert_eq!((run.tool, run.wall_s, run.accuracy, run.f1), (Tool::Ringtune, 12.5, 0.8, 0.86));
         assert_eq!(run.recipe, "batch 32, lr 1e-4, grouped, PowerSGD rank 4");
         assert!(run.evaluations.is_empty() && run.step.is_empty(), "no metrics file: no curve, no steps");
