@@ -12,8 +12,16 @@
 //! the sum of their gradients and errors would, so a global batch's compressed step does not
 //! depend on how many nodes hold it (up to the order of float sums). Vectors (biases,
 //! LayerNorm) and matrices too thin to gain are averaged as they are.
+//!
+//! As in PyTorch's hook, a run may average its first steps whole ([`LowRankBucket::average_whole`],
+//! its `start_powerSGD_iter`), and what is sent whole may go at another precision than the
+//! factors ([`LowRankBucket::with_wires`]: fp32 beside bf16 factors, as PyTorch sends it). The
+//! first `Q` is not orthonormalised, as PyTorch's is: Gram-Schmidt of `M Q R` for an upper
+//! triangular `R` gives the `P` of `M Q`, so it would change nothing but rounding.
 
 use std::ops::Range;
+
+use crate::Wire;
 
 /// A tensor of a bucket: where it lies (in the bucket's floats) and its shape.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +53,8 @@ pub struct LowRankBucket {
     seed: u64,
     factored: Vec<Factored>,
     whole: Vec<Range<usize>>,
+    /// The precision of the factors on the wire, and of what is sent whole.
+    wires: (Wire, Wire),
 }
 
 /// A bucket's compressor state, as a checkpoint keeps it: each factored matrix's `Qᵀ` (the same
@@ -86,7 +96,25 @@ impl LowRankBucket {
                 whole.push(tensor.range.clone());
             }
         }
-        LowRankBucket { rank, seed, factored, whole }
+        LowRankBucket { rank, seed, factored, whole, wires: (Wire::F32, Wire::F32) }
+    }
+
+    /// The factors sent at `factors`, what goes whole at `whole` (fp32 by default); where the
+    /// two differ, what goes whole takes an all-reduce of its own.
+    pub fn with_wires(self, factors: Wire, whole: Wire) -> Self {
+        LowRankBucket { wires: (factors, whole), ..self }
+    }
+
+    /// Averages every float of the bucket as it is, through `all_reduce_mean` at the wire of
+    /// what goes whole, leaving the compressor as it was: a step before compression starts.
+    /// Returns the floats sent.
+    pub fn average_whole<E>(
+        &self,
+        floats: &mut [f32],
+        mut all_reduce_mean: impl FnMut(&mut [f32], Wire) -> Result<(), E>,
+    ) -> Result<usize, E> {
+        all_reduce_mean(floats, self.wires.1)?;
+        Ok(floats.len())
     }
 
     /// Back to the state [`LowRankBucket::new`] gave: the first `Q`s, no error.
@@ -103,17 +131,20 @@ impl LowRankBucket {
     }
 
     /// Averages `floats` (the bucket's gradients on this node) over the nodes through
-    /// `all_reduce_mean` (called twice, with buffers of the same length on every node): on return
+    /// `all_reduce_mean` (called twice, or three times where what goes whole has a wire of its
+    /// own, with buffers of the same length on every node, at the wire it is given): on return
     /// `floats` holds the compressed mean. Returns the floats sent through it.
     pub fn reduce<E>(
         &mut self,
         floats: &mut [f32],
-        mut all_reduce_mean: impl FnMut(&mut [f32]) -> Result<(), E>,
+        mut all_reduce_mean: impl FnMut(&mut [f32], Wire) -> Result<(), E>,
     ) -> Result<usize, E> {
         let r = self.rank;
+        let (factor_wire, whole_wire) = self.wires;
         let p_len: usize = self.factored.iter().map(|f| f.rows * r).sum();
         let whole_len: usize = self.whole.iter().map(Range::len).sum();
-        // First pass: every P, then the tensors sent whole.
+        // First pass: every P, then the tensors sent whole (in the same call where they share
+        // the wire).
         let mut first = vec![0.0f32; p_len + whole_len];
         let mut at = 0;
         for f in &mut self.factored {
@@ -128,7 +159,13 @@ impl LowRankBucket {
             first[at..at + range.len()].copy_from_slice(&floats[range.clone()]);
             at += range.len();
         }
-        all_reduce_mean(&mut first)?;
+        if factor_wire == whole_wire || p_len == 0 || whole_len == 0 {
+            all_reduce_mean(&mut first, if p_len == 0 { whole_wire } else { factor_wire })?;
+        } else {
+            let (p, whole) = first.split_at_mut(p_len);
+            all_reduce_mean(p, factor_wire)?;
+            all_reduce_mean(whole, whole_wire)?;
+        }
         let mut at = p_len;
         for range in &self.whole {
             floats[range.clone()].copy_from_slice(&first[at..at + range.len()]);
@@ -148,7 +185,7 @@ impl LowRankBucket {
             p_at += f.rows * r;
             q_at += f.cols * r;
         }
-        all_reduce_mean(&mut second)?;
+        all_reduce_mean(&mut second, factor_wire)?;
         let (mut p_at, mut q_at) = (0, 0);
         for f in &mut self.factored {
             f.q_t.copy_from_slice(&second[q_at..q_at + f.cols * r]);
@@ -308,8 +345,8 @@ mod tests {
     }
 
     /// One process's mean: no other node.
-    fn alone(floats: &mut [f32]) -> Result<(), ()> {
-        let _ = floats;
+    fn alone(floats: &mut [f32], wire: Wire) -> Result<(), ()> {
+        let _ = (floats, wire);
         Ok(())
     }
 
@@ -322,13 +359,54 @@ mod tests {
         let mut floats = matrix(1, 245, 1);
         let mut lengths = Vec::new();
         let sent = LowRankBucket::new(&tensors(), 2, 7)
-            .reduce(&mut floats, |b| {
-                lengths.push(b.len());
-                alone(b)
+            .reduce(&mut floats, |b, wire| {
+                lengths.push((b.len(), wire));
+                alone(b, wire)
             })
             .expect("reduced");
-        assert_eq!(lengths, vec![12 * 2 + 5 + 48, 16 * 2]);
+        assert_eq!(lengths, vec![(12 * 2 + 5 + 48, Wire::F32), (16 * 2, Wire::F32)]);
         assert_eq!(sent, 24 + 53 + 32);
+    }
+
+    #[test]
+    fn what_goes_whole_may_go_at_a_wire_of_its_own() {
+        let calls = std::cell::RefCell::new(Vec::new());
+        let record = |b: &mut [f32], wire| {
+            calls.borrow_mut().push((b.len(), wire));
+            alone(b, wire)
+        };
+        let mut bucket = LowRankBucket::new(&tensors(), 2, 7).with_wires(Wire::Bf16, Wire::F32);
+        let sent = bucket.reduce(&mut matrix(1, 245, 1), record).expect("reduced");
+        assert_eq!(calls.take(), vec![(24, Wire::Bf16), (5 + 48, Wire::F32), (32, Wire::Bf16)]);
+        assert_eq!(sent, 24 + 53 + 32, "the same floats, in one more call");
+        // A step before compression starts: every float whole, the compressor untouched.
+        let before = bucket.state();
+        let mut floats = matrix(1, 245, 2);
+        let sent = bucket.average_whole(&mut floats, record).expect("averaged");
+        assert_eq!((calls.take(), sent), (vec![(245, Wire::F32)], 245));
+        assert_eq!(bucket.state(), before);
+        assert_eq!(floats, matrix(1, 245, 2), "one node's mean is its own");
+    }
+
+    #[test]
+    fn an_orthonormal_first_q_compresses_as_the_drawn_one() {
+        // PyTorch orthonormalises its first Q; Gram-Schmidt of M Q's columns gives the same P
+        // whatever upper-triangular mix of Q's columns it starts from, so ours need not.
+        let tensors = [TensorAt { range: 0..1920, shape: vec![40, 48] }];
+        let (mut drawn, mut orthonormal) = (LowRankBucket::new(&tensors, 3, 11), LowRankBucket::new(&tensors, 3, 11));
+        let f = &mut orthonormal.factored[0];
+        // Qᵀ's rows are Q's columns: orthonormalise them as P's columns are.
+        let mut q: Vec<f32> = (0..f.cols * 3).map(|i| f.q_t[(i % 3) * f.cols + i / 3]).collect();
+        orthonormalise(&mut q, 3);
+        f.q_t = (0..f.cols * 3).map(|i| q[(i % f.cols) * 3 + i / f.cols]).collect();
+        assert_ne!(drawn.state().q, orthonormal.state().q);
+        for step in 0..3 {
+            let (mut a, mut b) = (matrix(40, 48, step), matrix(40, 48, step));
+            drawn.reduce(&mut a, alone).expect("reduced");
+            orthonormal.reduce(&mut b, alone).expect("reduced");
+            let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+            assert!(worst < 1e-4, "step {step}: {worst}");
+        }
     }
 
     #[test]
@@ -411,7 +489,7 @@ mod tests {
                     for g in mine {
                         let mut floats = g;
                         bucket
-                            .reduce(&mut floats, |b| ring.run(b, RingMode::AllReduceMean, Wire::F32))
+                            .reduce(&mut floats, |b, wire| ring.run(b, RingMode::AllReduceMean, wire))
                             .expect("reduce");
                         out.push(floats);
                     }

@@ -188,7 +188,8 @@ impl TrainError {
 
 /// The settings the nodes' handshake compares beside the parameter layout (`sync::quic`'s
 /// `handshake_hash`), by flag, as a refusal for other settings names them.
-pub(crate) const SHARED_SETTINGS: &str = "--wire, --shard-optimizer, --overlap, --powersgd-rank, --min-nodes";
+pub(crate) const SHARED_SETTINGS: &str =
+    "--wire, --shard-optimizer, --overlap, --powersgd-rank, --powersgd-start, --powersgd-whole-fp32, --seed, --min-nodes";
 
 /// A ring's failure as a person reads it: a refusal for too few nodes names the flag that set
 /// the minimum.

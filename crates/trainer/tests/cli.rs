@@ -24,7 +24,26 @@ fn bad_training_values_are_refused_by_name() {
         (&["train", "--epochs", "many"][..], "invalid value 'many'"),
         (&["train", "--epoch", "1"][..], "unexpected argument '--epoch'"),
         // Refused, not ignored: one node has nothing to compress.
-        (&["train", "--powersgd-rank", "4"][..], "--powersgd-rank compresses what nodes send each other"),
+        (&["train", "--powersgd-rank", "4"][..], "--powersgd-rank sets what nodes send each other"),
+        (&["train", "--powersgd-start", "10"][..], "--powersgd-start sets what nodes send each other"),
+        (
+            &[
+                "train",
+                "--world",
+                "2",
+                "--rank",
+                "1",
+                "--peers",
+                "a:1,b:2",
+                "--certs",
+                "x",
+                "--powersgd-rank",
+                "0",
+                "--powersgd-start",
+                "5",
+            ][..],
+            "--powersgd-start sets how PowerSGD compresses, and this run sends every float",
+        ),
         // A join needs a job of several to join, and takes its state from it, not a checkpoint.
         (&["train", "--join"][..], "--join takes a node into a running job"),
         (

@@ -15,7 +15,7 @@ use common::{config, small_mrpc, tiny_model};
 use ringtune_collective::Wire;
 use ringtune_runtime::{FlatBuffer, LendableBuffer, SessionOptions};
 use ringtune_trainer::predict::{Precision, Predictor};
-use ringtune_trainer::sync::{GradSync, QuicSync, Regroup, SyncMode};
+use ringtune_trainer::sync::{GradSync, LowRank, QuicSync, Regroup, SyncMode};
 use ringtune_trainer::train::Start;
 use ringtune_trainer::TrainConfig;
 
@@ -24,7 +24,8 @@ const BOTH: SyncMode = SyncMode { wire: Wire::F32, overlap: true, shard_optimize
 const NEITHER: SyncMode = SyncMode { wire: Wire::F32, overlap: false, shard_optimizer: false, low_rank: None };
 const BF16: SyncMode = SyncMode { wire: Wire::Bf16, overlap: true, shard_optimizer: true, low_rank: None };
 /// Gradients as PowerSGD factors of rank 2 (the tiny model's matrices are 32 wide).
-const POWERSGD: SyncMode = SyncMode { wire: Wire::F32, overlap: true, shard_optimizer: false, low_rank: Some(2) };
+const POWERSGD: SyncMode =
+    SyncMode { wire: Wire::F32, overlap: true, shard_optimizer: false, low_rank: Some(LowRank::of_rank(2, 7)) };
 
 #[test]
 fn two_and_four_nodes_reach_the_single_node_parameters() {
@@ -186,6 +187,27 @@ fn a_sharded_run_resumes_bit_for_bit_and_on_another_number_of_nodes() {
     assert!(l2(&after, &straight) > 0.0 && after.iter().all(|p| p.is_finite()));
 }
 
+/// `--powersgd-start K`: the first K steps average every float, as a run that compresses
+/// nothing does (two nodes' fp32 means are exact, whatever the buckets), and compression
+/// starts after them.
+#[test]
+fn a_compressed_run_averages_its_first_steps_whole() {
+    let dir = tempfile::tempdir().expect("dir");
+    let certs = certs(dir.path(), 2);
+    let base = TrainConfig { epochs: 1, batch_size: 4, ..config(dir.path(), "runs") };
+    let late = SyncMode { low_rank: Some(LowRank { start_step: 3, ..LowRank::of_rank(2, 7) }), ..POWERSGD };
+    let whole = SyncMode { low_rank: None, ..POWERSGD };
+    let run = |steps: u64, mode: SyncMode, name: &str| {
+        let config = TrainConfig { stop_after: steps, ..base.clone() };
+        params(&train_on_nodes(&config, 2, dir.path(), &certs, mode, Start::Fresh, name))
+    };
+    let bits = |p: &[f32]| p.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&run(3, late, "late-3")), bits(&run(3, whole, "whole-3")), "three steps whole");
+    let (late, whole, early) = (run(5, late, "late-5"), run(5, whole, "whole-5"), run(5, POWERSGD, "early-5"));
+    assert!(l2(&late, &whole) > 0.0, "compressed from the fourth step");
+    assert!(l2(&late, &early) > 0.0, "not from the first");
+}
+
 #[test]
 fn a_compressed_run_resumes_bit_for_bit_from_every_nodes_error_feedback() {
     let dir = tempfile::tempdir().expect("dir");
@@ -247,9 +269,12 @@ fn nodes_with_other_sync_settings_are_refused_by_name() {
     let certs = certs(dir.path(), 2);
     let model = tiny_model(dir.path());
     let gather_after = SyncMode { overlap: false, ..BOTH };
-    for (other, flag) in [(BF16, "--wire"), (gather_after, "--overlap")] {
+    let other_seed = SyncMode { low_rank: Some(LowRank::of_rank(2, 8)), ..POWERSGD };
+    for (mine, other, flag) in
+        [(BOTH, BF16, "--wire"), (BOTH, gather_after, "--overlap"), (POWERSGD, other_seed, "--seed")]
+    {
         let ports = free_ports(2);
-        let handles: Vec<_> = [BOTH, other]
+        let handles: Vec<_> = [mine, other]
             .into_iter()
             .enumerate()
             .map(|(rank, mode)| {
@@ -282,7 +307,7 @@ fn a_node_lost_or_failing_mid_backward_stops_the_others_by_name() {
             .map(|mut sync| {
                 let layout = layout.clone();
                 std::thread::spawn(move || {
-                    sync.begin(&[101, 2023, 102], 1.0).expect("begin");
+                    sync.begin(0, &[101, 2023, 102], 1.0).expect("begin");
                     let half = layout.entries().len() / 2;
                     hand_over(&sync, &layout, 0, half);
                     std::thread::sleep(Duration::from_millis(300));
@@ -297,7 +322,7 @@ fn a_node_lost_or_failing_mid_backward_stops_the_others_by_name() {
         match failure {
             "vanishes" => drop(last),
             _ => {
-                last.begin(&[101, 102], 1.0).expect("begin");
+                last.begin(0, &[101, 102], 1.0).expect("begin");
                 last.abandon("its forward or backward pass failed: out of memory");
                 drop(last);
             }
@@ -331,7 +356,7 @@ fn gradients_that_are_not_finite_stop_every_node_before_the_step() {
             let layout = layout.clone();
             std::thread::spawn(move || {
                 let sink = sync.hooks().grads.expect("a gradient sink");
-                sync.begin(&[101, 2023, 102], 1.0).expect("begin");
+                sync.begin(0, &[101, 2023, 102], 1.0).expect("begin");
                 let last = layout.entries().len() - 1;
                 for (i, e) in layout.entries().iter().enumerate().rev() {
                     let mut grad = vec![0.25; e.len()];
@@ -557,7 +582,7 @@ fn one_step(
     id: usize,
     step: usize,
 ) -> Result<(), ringtune_trainer::TrainError> {
-    sync.begin(&batch_tokens(id), 1.0)?;
+    sync.begin(step as u64, &batch_tokens(id), 1.0)?;
     let sink = sync.hooks().grads.expect("a gradient sink");
     for tensor in (0..layout.entries().len()).rev() {
         sink.take(tensor, &varied_grad(layout, tensor, id, step))

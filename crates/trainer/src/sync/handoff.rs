@@ -171,7 +171,7 @@ pub(crate) enum ToSync {
     /// A step begins: reduce the buckets as they complete (the rows of the word-embedding table
     /// this node's batch used), each scaled by `weight` first unless it is 1 (nodes whose
     /// batches differ in rows weigh their mean gradients by them).
-    Begin { used_rows: Vec<u32>, weight: f32 },
+    Begin { step: u64, used_rows: Vec<u32>, weight: f32 },
     /// A failed step will be run again: drop what it left, then say so.
     Forget(std::sync::mpsc::Sender<()>),
     /// The step's forward or backward pass failed: stop, and tell the other nodes why.

@@ -48,10 +48,42 @@ pub struct SyncMode {
     /// updated parameters are then all-gathered. The word-embedding table is every node's
     /// (`SyncPlan::shard_of`).
     pub shard_optimizer: bool,
-    /// Each matrix's gradient is sent as two factors of this rank, with error feedback
-    /// (PowerSGD, [`ringtune_collective::LowRankBucket`]); `None`: every float is sent. Buckets
-    /// then hold whole tensors, and the optimizer is not sharded.
-    pub low_rank: Option<usize>,
+    /// Each matrix's gradient is sent as two factors, with error feedback (PowerSGD,
+    /// [`ringtune_collective::LowRankBucket`]); `None`: every float is sent. Buckets then hold
+    /// whole tensors, and the optimizer is not sharded.
+    pub low_rank: Option<LowRank>,
+}
+
+/// How PowerSGD compresses, with PyTorch's `powerSGD_hook`'s levers. Every node must be given
+/// the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LowRank {
+    /// The factors' rank.
+    pub rank: usize,
+    /// Steps averaged whole before compression starts (PyTorch's `start_powerSGD_iter`).
+    pub start_step: u64,
+    /// What is not factored (vectors, thin matrices, the word-embedding table's rows, every
+    /// float before `start_step`) goes in fp32 under a bf16 wire, as PyTorch sends it.
+    pub whole_in_f32: bool,
+    /// Draws the first `Q`s: the run's seed, so that runs of other seeds start from other ones.
+    pub seed: u64,
+}
+
+impl LowRank {
+    /// Compression at `rank` from the first step, everything on the run's wire, the first `Q`s
+    /// drawn from `seed`.
+    pub const fn of_rank(rank: usize, seed: u64) -> Self {
+        LowRank { rank, start_step: 0, whole_in_f32: false, seed }
+    }
+
+    /// The wire of what goes whole, beside the factors' `wire`.
+    pub fn whole_wire(&self, wire: Wire) -> Wire {
+        if self.whole_in_f32 {
+            Wire::F32
+        } else {
+            wire
+        }
+    }
 }
 
 impl SyncMode {
@@ -142,7 +174,8 @@ pub trait GradSync {
     /// node's batch's input ids (the rows of the word-embedding table it touches); `weight`
     /// scales its mean gradient and loss before they are averaged over the nodes (nodes × this
     /// node's rows / the step's rows: 1 when every node has as many rows).
-    fn begin(&mut self, token_ids: &[i64], weight: f32) -> Result<(), TrainError>;
+    /// `step` counts the run's optimizer steps from 0 (PowerSGD's first steps go whole).
+    fn begin(&mut self, step: u64, token_ids: &[i64], weight: f32) -> Result<(), TrainError>;
     /// The step's forward or backward pass failed: the other nodes are told `reason`.
     fn abandon(&mut self, reason: &str);
     /// Waits for every bucket, and returns the mean of `loss` over the nodes.
@@ -274,7 +307,7 @@ impl GradSync for OneNode {
         None
     }
 
-    fn begin(&mut self, _token_ids: &[i64], _weight: f32) -> Result<(), TrainError> {
+    fn begin(&mut self, _step: u64, _token_ids: &[i64], _weight: f32) -> Result<(), TrainError> {
         Ok(())
     }
 

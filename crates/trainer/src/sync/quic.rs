@@ -57,9 +57,13 @@ fn handshake_hash(layout: [u8; 32], mode: &SyncMode, min_nodes: usize) -> [u8; 3
     let mut h = Sha256::new();
     h.update(layout);
     h.update([u8::from(mode.wire == Wire::Bf16), u8::from(mode.shard_optimizer), u8::from(mode.gathers_behind())]);
-    if let Some(rank) = mode.low_rank {
+    if let Some(low_rank) = mode.low_rank {
         h.update(b"low-rank");
-        h.update((rank as u64).to_le_bytes());
+        h.update((low_rank.rank as u64).to_le_bytes());
+        // Nodes that drew other first Qs would add up factors of other spaces.
+        for n in [low_rank.start_step, u64::from(low_rank.whole_in_f32), low_rank.seed] {
+            h.update(n.to_le_bytes());
+        }
     }
     if min_nodes > 0 {
         h.update(b"min-nodes");

@@ -33,12 +33,9 @@ use crate::engine::SyncHooks;
 use crate::train::params_hash;
 use crate::TrainError;
 
-/// The seed of the compressors' first `Q`s: the same on every node, whatever the run's seed.
-const LOW_RANK_SEED: u64 = 0x5EED_0FC0;
-
 /// The compressors of `plan`'s dense buckets (whole tensors each) at `mode`'s rank.
 fn low_rank_buckets(plan: &SyncPlan, layout: &ParamLayout, mode: &SyncMode) -> Vec<Option<LowRankBucket>> {
-    let Some(rank) = mode.low_rank else { return Vec::new() };
+    let Some(low_rank) = mode.low_rank else { return Vec::new() };
     let entries = layout.entries();
     plan.buckets
         .iter()
@@ -55,7 +52,8 @@ fn low_rank_buckets(plan: &SyncPlan, layout: &ParamLayout, mode: &SyncMode) -> V
                         }
                     })
                     .collect();
-                LowRankBucket::new(&tensors, rank, LOW_RANK_SEED)
+                LowRankBucket::new(&tensors, low_rank.rank, low_rank.seed)
+                    .with_wires(mode.wire, low_rank.whole_wire(mode.wire))
             })
         })
         .collect()
@@ -223,7 +221,7 @@ impl<T: Transport> GradSync for RingSync<T> {
         self.exchange.mode.shard_optimizer.then(|| self.exchange.stepped_pieces())
     }
 
-    fn begin(&mut self, token_ids: &[i64], weight: f32) -> Result<(), TrainError> {
+    fn begin(&mut self, step: u64, token_ids: &[i64], weight: f32) -> Result<(), TrainError> {
         // The last step's parameters never all arrived: the ring is broken.
         if let Some(failed) = &self.exchange.gather_failed {
             return Err(TrainError::Ring(failed.clone()));
@@ -235,7 +233,7 @@ impl<T: Transport> GradSync for RingSync<T> {
         self.weight = weight;
         self.worker
             .to_sync
-            .send(ToSync::Begin { used_rows, weight })
+            .send(ToSync::Begin { step, used_rows, weight })
             .map_err(|_| self.exchange.abort_with("the sync thread has stopped"))?;
         self.in_step = true;
         Ok(())

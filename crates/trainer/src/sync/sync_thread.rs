@@ -77,9 +77,9 @@ impl<T: Transport> SyncThread<T> {
                     self.forget_step();
                     let _ = done.send(());
                 }
-                ToSync::Begin { used_rows, weight } => {
+                ToSync::Begin { step, used_rows, weight } => {
                     let _span = tracing::debug_span!("sync_buckets").entered();
-                    let result = self.reduce_step(&used_rows, weight);
+                    let result = self.reduce_step(step, &used_rows, weight);
                     self.forget_step();
                     if self.report.send(result).is_err() || self.stopped {
                         return;
@@ -160,7 +160,7 @@ impl<T: Transport> SyncThread<T> {
     }
 
     /// Reduces every bucket in plan order, each as soon as all its gradients have arrived.
-    fn reduce_step(&mut self, used_rows: &[u32], weight: f32) -> Result<Reduced, TrainError> {
+    fn reduce_step(&mut self, step: u64, used_rows: &[u32], weight: f32) -> Result<Reduced, TrainError> {
         let plan = self.plan.clone();
         let low_rank = self.low_rank.clone();
         let mut low_rank = low_rank.lock().unwrap_or_else(|p| p.into_inner());
@@ -192,13 +192,21 @@ impl<T: Transport> SyncThread<T> {
                 buffer.iter_mut().for_each(|g| *g *= weight);
             }
             let wire = self.mode.wire;
+            let whole_wire = self.mode.low_rank.map_or(wire, |l| l.whole_wire(wire));
+            let compressing = self.mode.low_rank.is_some_and(|l| step >= l.start_step);
             let done = match bucket.kind {
                 BucketKind::Dense => match low_rank.get_mut(index).and_then(Option::as_mut) {
-                    Some(compressor) => compressor.reduce(buffer, |b| ring.run(b, RingMode::AllReduceMean, wire)),
+                    Some(compressor) => {
+                        let mut all_reduce = |b: &mut [f32], wire| ring.run(b, RingMode::AllReduceMean, wire);
+                        match compressing {
+                            true => compressor.reduce(buffer, all_reduce),
+                            false => compressor.average_whole(buffer, &mut all_reduce),
+                        }
+                    }
                     None => ring.run(buffer, self.mode.bucket_mode(), wire).map(|()| bucket.range.len()),
                 },
                 BucketKind::Table { width } => {
-                    ring.all_reduce_rows(buffer, width, used_rows, wire).map(|rows| rows * width)
+                    ring.all_reduce_rows(buffer, width, used_rows, whole_wire).map(|rows| rows * width)
                 }
             };
             let done = done?;

@@ -103,7 +103,7 @@ const PLAIN: SyncMode = SyncMode { wire: Wire::F32, overlap: true, shard_optimiz
 #[test]
 fn buckets_handed_over_mid_pass_reduce_to_every_ranks_mean() {
     let results = on_ranks(PLAIN, |rank, mut sync| {
-        sync.begin(&tokens(rank), 1.0).expect("begin");
+        sync.begin(0, &tokens(rank), 1.0).expect("begin");
         hand_over(&sync, rank, all_tensors());
         let averaged = sync.finish(rank as f32).expect("reduced");
         let grads = sync.optimizer_view(&mut []).expect("every piece back").0.floats().expect("whole").to_vec();
@@ -134,7 +134,7 @@ fn weighted_nodes_average_to_the_mean_over_their_rows() {
     // is rank 0's gradient twice and rank 1's once, over 3.
     let weights = [2.0f32, 1.0, 0.0];
     let results = on_ranks(PLAIN, move |rank, mut sync| {
-        sync.begin(&tokens(rank), weights[rank]).expect("begin");
+        sync.begin(0, &tokens(rank), weights[rank]).expect("begin");
         hand_over(&sync, rank, all_tensors());
         let averaged = sync.finish(rank as f32 + 1.0).expect("reduced");
         let grads = sync.optimizer_view(&mut []).expect("every piece back").0.floats().expect("whole").to_vec();
@@ -172,7 +172,7 @@ fn step_all_of(syncs: Vec<RingSync<MemoryTransport>>) -> Vec<(Vec<f32>, Vec<f32>
             adam = adam.owning(pieces).expect("pieces");
         }
         let mut params = LendableBuffer::new(FlatBuffer::from_slice(&vec![0.25f32; len]));
-        sync.begin(&tokens(rank), 1.0).expect("begin");
+        sync.begin(0, &tokens(rank), 1.0).expect("begin");
         hand_over(&sync, rank, all_tensors());
         sync.finish(0.0).expect("reduced");
         let (mut grads, exchange) = sync.optimizer_view(&mut []).expect("every piece back");
@@ -217,7 +217,7 @@ fn a_sharded_step_gathered_at_once_or_behind_changes_no_bit() {
 fn a_rank_that_abandons_its_step_stops_the_others_with_its_reason() {
     let started = Instant::now();
     let results = on_ranks(PLAIN, |rank, mut sync| {
-        sync.begin(&tokens(rank), 1.0).expect("begin");
+        sync.begin(0, &tokens(rank), 1.0).expect("begin");
         if rank == 2 {
             sync.abandon("its forward or backward pass failed: out of memory");
             return None;
@@ -239,7 +239,7 @@ fn a_rank_that_abandons_its_step_stops_the_others_with_its_reason() {
 fn a_rank_lost_mid_backward_is_named_by_every_other() {
     let started = Instant::now();
     let results = on_ranks(PLAIN, |rank, mut sync| {
-        sync.begin(&tokens(rank), 1.0).expect("begin");
+        sync.begin(0, &tokens(rank), 1.0).expect("begin");
         if rank == 1 {
             // Half its gradients, then its run is gone (the sync dropped mid-step).
             hand_over(&sync, rank, all_tensors().take(2));

@@ -285,7 +285,7 @@ impl<'s> TrainingRun<'s> {
                 wire = mode.wire_name(),
                 overlap = mode.overlap,
                 shard_optimizer = mode.shard_optimizer,
-                powersgd_rank = mode.low_rank,
+                powersgd_rank = mode.low_rank.map(|l| l.rank),
                 "gradient sync"
             );
         }
@@ -375,7 +375,7 @@ impl<'s> TrainingRun<'s> {
         };
         let overlap = self.sync.mode().overlap;
         if overlap {
-            self.sync.begin(&ids, weight)?;
+            self.sync.begin(self.progress.step, &ids, weight)?;
         }
         let out = {
             let _span = tracing::debug_span!("forward_backward").entered();
@@ -392,7 +392,7 @@ impl<'s> TrainingRun<'s> {
         };
         let padded_tokens: u64 = batches.iter().map(|b| (b.rows * b.seq) as u64).sum();
         if !overlap {
-            self.sync.begin(&ids, weight)?;
+            self.sync.begin(self.progress.step, &ids, weight)?;
         }
         let t2 = Instant::now();
         let averaged = {

@@ -186,7 +186,7 @@ impl TrainingRun<'_> {
             lr_scheduler: self.plan.schedule.kind,
             warmup_steps: self.plan.schedule.warmup,
             group_by_length: self.cfg.group_by_length,
-            powersgd_rank: self.sync.mode().low_rank,
+            powersgd_rank: self.sync.mode().low_rank.map(|l| l.rank),
         }
     }
 

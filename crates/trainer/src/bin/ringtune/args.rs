@@ -298,6 +298,15 @@ pub(crate) struct ClusterArgs {
     /// Every node must use the same; the optimizer is then not sharded.
     #[arg(long)]
     pub(crate) powersgd_rank: Option<usize>,
+    /// With PowerSGD: average the first K steps' gradients whole, then compress (PyTorch's
+    /// `start_powerSGD_iter`).
+    #[arg(long, value_name = "K")]
+    pub(crate) powersgd_start: Option<u64>,
+    /// With PowerSGD and `--wire bf16`: send what is not factored (vectors, thin matrices, the
+    /// word-embedding table's rows, every float of the steps before `--powersgd-start`) in
+    /// fp32, as PyTorch's hook does.
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub(crate) powersgd_whole_fp32: Option<bool>,
 }
 
 /// `--wire`'s values.

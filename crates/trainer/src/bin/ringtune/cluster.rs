@@ -6,17 +6,18 @@ use std::net::SocketAddr;
 use anyhow::{bail, Context, Result};
 use ringtune_collective::Wire;
 use ringtune_quic::Peers;
-use ringtune_trainer::sync::{ClusterOptions, SyncMode};
+use ringtune_trainer::sync::{ClusterOptions, LowRank, SyncMode};
+use ringtune_trainer::TrainConfig;
 
 use crate::args::{ClusterArgs, WireFormat};
 
 /// Seconds the rendezvous waits for every node by default (or `--deadline` where longer).
 const DEFAULT_RENDEZVOUS_S: u64 = 120;
 
-/// The cluster this node joins (`None`: one node), going on after losses as `min_nodes` (the
-/// flag's or `--config`'s `--min-nodes`; 0: not given) or the launcher says.
-pub(crate) fn cluster_options(args: &ClusterArgs, min_nodes: usize) -> Result<Option<ClusterOptions>> {
-    cluster_options_from(args, min_nodes, |k| std::env::var(k).ok())
+/// The cluster this node joins (`None`: one node) to train `config`, going on after losses as
+/// its `min_nodes` (the flag's or `--config`'s `--min-nodes`; 0: not given) or the launcher says.
+pub(crate) fn cluster_options(args: &ClusterArgs, config: &TrainConfig) -> Result<Option<ClusterOptions>> {
+    cluster_options_from(args, config, |k| std::env::var(k).ok())
 }
 
 /// [`cluster_options`] with the environment looked up through `var`. Flags win over the
@@ -25,7 +26,7 @@ pub(crate) fn cluster_options(args: &ClusterArgs, min_nodes: usize) -> Result<Op
 /// environment's.
 fn cluster_options_from(
     args: &ClusterArgs,
-    min_nodes: usize,
+    config: &TrainConfig,
     var: impl Fn(&str) -> Option<String>,
 ) -> Result<Option<ClusterOptions>> {
     let from_env = crate::launcher::from_env(&var)?;
@@ -61,7 +62,7 @@ fn cluster_options_from(
     if rank >= world {
         bail!("--rank {rank} is not within --world {world}");
     }
-    let min_nodes = resolve_min_nodes(min_nodes, launcher_min_nodes, world)?;
+    let min_nodes = resolve_min_nodes(config.min_nodes, launcher_min_nodes, world)?;
     if let (None, Some(l)) = (args.world, &from_env) {
         tracing::info!(launcher = l.launcher, rank, world, min_nodes, "this node's place from the environment");
     }
@@ -95,7 +96,7 @@ fn cluster_options_from(
         peer_timeout: peer_timeout(args.peer_timeout.unwrap_or(ringtune_quic::DEFAULT_PEER_TIMEOUT.as_secs_f64()))?,
         lanes: args.lanes.max(1),
         mtu: args.mtu,
-        mode: sync_mode(args, args.powersgd_rank),
+        mode: sync_mode(args, args.powersgd_rank, config.seed),
         min_nodes,
     }))
 }
@@ -137,19 +138,42 @@ fn peer_timeout(seconds: f64) -> Result<std::time::Duration> {
 }
 
 /// How a node of `args` syncs, its gradients compressed at `powersgd_rank` (0 or `None`: sent
-/// whole); the optimizer is sharded by default only where that costs no bytes and nothing is
-/// compressed.
-pub(crate) fn sync_mode(args: &ClusterArgs, powersgd_rank: Option<usize>) -> SyncMode {
-    let low_rank = powersgd_rank.filter(|&r| r > 0);
+/// whole) from `seed`'s first `Q`s; the optimizer is sharded by default only where that costs
+/// no bytes and nothing is compressed.
+pub(crate) fn sync_mode(args: &ClusterArgs, powersgd_rank: Option<usize>, seed: u64) -> SyncMode {
     let wire = match args.wire {
         WireFormat::Bf16 => Wire::Bf16,
         WireFormat::Fp32 => Wire::F32,
     };
+    let low_rank = powersgd_rank.filter(|&r| r > 0).map(|rank| LowRank {
+        start_step: args.powersgd_start.unwrap_or(0),
+        whole_in_f32: args.powersgd_whole_fp32.unwrap_or(false),
+        ..LowRank::of_rank(rank, seed)
+    });
     SyncMode {
         wire,
         overlap: args.overlap,
         shard_optimizer: args.shard_optimizer.unwrap_or(SyncMode::shards_by_default(wire) && low_rank.is_none()),
         low_rank,
+    }
+}
+
+/// Refuses PowerSGD's flags where they change nothing in the run's final `mode`: every float
+/// sent, or fp32 asked for what already goes in fp32.
+pub(crate) fn check_powersgd_flags(args: &ClusterArgs, mode: &SyncMode) -> Result<()> {
+    let given =
+        [args.powersgd_start.map(|_| "--powersgd-start"), args.powersgd_whole_fp32.map(|_| "--powersgd-whole-fp32")];
+    match mode.low_rank {
+        None => match given.into_iter().flatten().next() {
+            Some(flag) => bail!(
+                "{flag} sets how PowerSGD compresses, and this run sends every float (--powersgd-rank 0, or a sharded optimizer): drop it, or give --powersgd-rank"
+            ),
+            None => Ok(()),
+        },
+        Some(l) if l.whole_in_f32 && mode.wire == Wire::F32 => bail!(
+            "--powersgd-whole-fp32 keeps in fp32 what a bf16 wire would round, and the wire is fp32: drop it, or give --wire bf16"
+        ),
+        Some(_) => Ok(()),
     }
 }
 
@@ -185,10 +209,10 @@ mod tests {
 
     fn cluster(flags: &str, env: &[(&str, &str)]) -> Result<Option<ClusterOptions>> {
         let args = train_args(flags);
-        let min_nodes = crate::args::train_config(&args)?.min_nodes;
+        let config = crate::args::train_config(&args)?;
         let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         let var = move |k: &str| env.iter().find(|(name, _)| name == k).map(|(_, v)| v.clone());
-        cluster_options_from(&args.cluster, min_nodes, var)
+        cluster_options_from(&args.cluster, &config, var)
     }
 
     /// The cluster `ringtune train` joins with `flags` in `env`, losses allowed as they say.
@@ -290,13 +314,33 @@ mod tests {
     #[test]
     fn compressed_gradients_leave_the_optimizer_whole_unless_told() {
         let c = cluster("--world 2 --rank 0 --coordinator h0:1 --powersgd-rank 4", &[]).expect("ok").expect("cluster");
-        assert_eq!((c.mode.low_rank, c.mode.shard_optimizer), (Some(4), false));
+        assert_eq!((c.mode.low_rank.map(|l| l.rank), c.mode.shard_optimizer), (Some(4), false));
         let c = cluster("--world 2 --rank 0 --coordinator h0:1 --powersgd-rank 0", &[]).expect("ok").expect("cluster");
         assert_eq!((c.mode.low_rank, c.mode.shard_optimizer), (None, true), "fp32 shards by default");
         let Command::Train(args) = Cli::parse_from("ringtune train --wire bf16".split_whitespace()).command else {
             panic!("not a train command");
         };
-        assert_eq!(sync_mode(&args.cluster, Some(8)).low_rank, Some(8), "the recipe's rank");
+        let low_rank = sync_mode(&args.cluster, Some(8), 3).low_rank;
+        assert_eq!(low_rank, Some(LowRank::of_rank(8, 3)), "the recipe's rank, the first Qs from the run's seed");
+    }
+
+    #[test]
+    fn powersgd_levers_apply_to_compressed_runs_and_the_whole_in_fp32_to_a_bf16_wire() {
+        let two = "--world 2 --rank 0 --coordinator h0:1 --seed 5";
+        let checked = |flags: &str| {
+            let c = cluster(&format!("{two} {flags}"), &[]).expect("ok").expect("cluster");
+            check_powersgd_flags(&train_args(&format!("{two} {flags}")).cluster, &c.mode).map(|()| c.mode)
+        };
+        let mode = checked("--powersgd-rank 4 --powersgd-start 10 --wire bf16 --powersgd-whole-fp32 true").expect("ok");
+        let expected = LowRank { rank: 4, start_step: 10, whole_in_f32: true, seed: 5 };
+        assert_eq!(mode.low_rank, Some(expected));
+        assert_eq!(expected.whole_wire(Wire::Bf16), Wire::F32);
+        let err = checked("--powersgd-rank 4 --powersgd-whole-fp32 true").expect_err("fp32 wire").to_string();
+        assert!(err.contains("--powersgd-whole-fp32") && err.contains("--wire bf16"), "{err}");
+        for flag in ["--powersgd-start 3", "--powersgd-whole-fp32 false"] {
+            let err = checked(&format!("--powersgd-rank 0 {flag}")).expect_err("nothing compressed").to_string();
+            assert!(err.contains(flag.split(' ').next().expect("flag")), "{err}");
+        }
     }
 
     #[test]

@@ -129,12 +129,19 @@ fn train(args: &TrainArgs) -> Result<()> {
         println!("{}", config.task_choice().task_name()?);
         return Ok(());
     }
-    let Some(mut cluster) = cluster::cluster_options(&args.cluster, config.min_nodes)? else {
+    let Some(mut cluster) = cluster::cluster_options(&args.cluster, &config)? else {
         if args.cluster.join {
             bail!("--join takes a node into a running job of several: give it the job's world and rank");
         }
-        if args.cluster.powersgd_rank.is_some_and(|rank| rank > 0) {
-            bail!("--powersgd-rank compresses what nodes send each other, and one node sends nothing: drop it, or give the run a world");
+        let powersgd = [
+            args.cluster.powersgd_rank.filter(|&rank| rank > 0).map(|_| "--powersgd-rank"),
+            args.cluster.powersgd_start.map(|_| "--powersgd-start"),
+            args.cluster.powersgd_whole_fp32.map(|_| "--powersgd-whole-fp32"),
+        ];
+        if let Some(flag) = powersgd.into_iter().flatten().next() {
+            bail!(
+                "{flag} sets what nodes send each other, and one node sends nothing: drop it, or give the run a world"
+            );
         }
         print_summary(&ringtune_trainer::train::train(&config, &root(), start(args.resume), None)?);
         return Ok(());
@@ -147,9 +154,10 @@ fn train(args: &TrainArgs) -> Result<()> {
     let chosen = MultiNodeRecipe::choose(&config, cluster.world, args.sets_batch(), powersgd_rank);
     if let Some(recipe) = chosen {
         recipe.apply(&mut config);
-        cluster.mode = cluster::sync_mode(&args.cluster, recipe.powersgd_rank);
+        cluster.mode = cluster::sync_mode(&args.cluster, recipe.powersgd_rank, config.seed);
         tracing::info!("{}", recipe.describe(cluster.world));
     }
+    cluster::check_powersgd_flags(&args.cluster, &cluster.mode)?;
     cluster::allow_losses(&mut cluster, &args.cluster);
     if args.cluster.join && args.resume {
         bail!("--join takes the running job's state, --resume a checkpoint's: give one of them");
