@@ -74,6 +74,9 @@ fn estimate_s(args: &CurveArgs, share: f64, bf16: bool) -> f64 {
 
 /// Measures every point, prints the table and draws the plot.
 pub(crate) fn curve(args: &CurveArgs) -> Result<()> {
+    if !args.combine.is_empty() {
+        return to_accuracy::combine(args);
+    }
     let largest = args.nodes.iter().copied().max().context("--nodes is empty")?;
     if args.nodes.contains(&0) {
         bail!("--nodes: a node count is at least 1");

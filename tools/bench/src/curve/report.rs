@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::stats::{mean as mean_of, paired, welch, Interval};
 
@@ -19,7 +19,7 @@ const OF_THE_WALL: f64 = 0.36;
 const OF_THE_PEERS_WALL: f64 = 0.33;
 
 /// The tool a run trained with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Tool {
     #[serde(rename = "ringtune")]
     Ringtune,
@@ -37,7 +37,7 @@ impl Tool {
 }
 
 /// One run: its recipe and scores.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Run {
     pub(crate) tool: Tool,
     pub(crate) nodes: usize,
@@ -47,12 +47,47 @@ pub(crate) struct Run {
     pub(crate) wall_s: f64,
     pub(crate) accuracy: f64,
     pub(crate) f1: f64,
-    /// Mean cross-entropy on dev (NaN where the summary has none).
+    /// Mean cross-entropy on dev (NaN where the summary has none; JSON writes it `null`).
+    #[serde(deserialize_with = "nan_if_null")]
     pub(crate) loss: f64,
     /// (seconds since the start, dev accuracy) at each evaluation.
     pub(crate) evaluations: Vec<(f64, f64)>,
     /// The mean step's parts in seconds, as the tool splits it (none where it gave none).
     pub(crate) step: Vec<(String, f64)>,
+}
+
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
+/// The runs of earlier invocations' tables (`runs` in their JSON), one list; a run (tool, node
+/// count, seed) found twice is an error naming both files.
+pub(crate) fn read_runs(files: &[std::path::PathBuf]) -> Result<Vec<Run>> {
+    let mut runs: Vec<(Run, &Path)> = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+        #[derive(Deserialize)]
+        struct Table {
+            runs: Vec<Run>,
+        }
+        let table: Table = serde_json::from_str(&text)
+            .with_context(|| format!("{}: not a table of runs (the JSON beside --accuracy-out)", file.display()))?;
+        for run in table.runs {
+            let same = |(r, _): &&(Run, &Path)| (r.tool, r.nodes, r.seed) == (run.tool, run.nodes, run.seed);
+            if let Some((_, first)) = runs.iter().find(same) {
+                anyhow::bail!(
+                    "{} on {} nodes, seed {}, is in {} and in {}: combine each run once",
+                    run.tool.label(),
+                    run.nodes,
+                    run.seed,
+                    first.display(),
+                    file.display()
+                );
+            }
+            runs.push((run, file));
+        }
+    }
+    Ok(runs.into_iter().map(|(run, _)| run).collect())
 }
 
 /// What every run's summary gives: the wall and the final dev scores.

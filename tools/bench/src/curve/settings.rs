@@ -70,6 +70,10 @@ pub(crate) struct CurveArgs {
     /// seeds to earlier ones; with `--loopback`, where one node's seeds run one after another.
     #[arg(long, default_value_t = 0, requires = "loopback")]
     pub(crate) first_seed: usize,
+    /// Trains nothing: the table over the runs of earlier invocations' JSON files (written
+    /// beside their `--accuracy-out`), such as batches of seeds, written to `--accuracy-out`.
+    #[arg(long, num_args = 1.., value_name = "JSON", conflicts_with_all = ["to_accuracy", "accuracy_only", "peer"])]
+    pub(crate) combine: Vec<PathBuf>,
     /// `--to-accuracy`'s runs with `--batch` per node and this learning rate of one node's
     /// batch scaled by the square root of the nodes (the runs of before the multi-node recipe);
     /// without it every node count trains as `ringtune train` does on it (one node's recipe, or
@@ -340,5 +344,9 @@ mod tests {
             let err = try_parse(refused).err().expect("refused").to_string();
             assert!(err.contains("--accuracy-only") || err.contains("--loopback"), "{refused:?}: {err}");
         }
+        let args = parse(["curve", "--combine", "a.json", "b.json"]);
+        assert_eq!(args.combine, [PathBuf::from("a.json"), PathBuf::from("b.json")]);
+        let err = try_parse(["curve", "--accuracy-only", "--combine", "a.json"]).err().expect("refused").to_string();
+        assert!(err.contains("--combine"), "it trains nothing: {err}");
     }
 }

@@ -15,7 +15,7 @@ use ringtune_trainer::plot::register_font;
 
 use crate::curve::peer;
 use crate::curve::plot::legend_and_present;
-use crate::curve::report::{read_summary, Report, Run, Tool};
+use crate::curve::report::{read_runs, read_summary, Report, Run, Tool};
 use crate::curve::runs::{emulated, ringtune_train, Bound};
 use crate::curve::settings::{step_s, CurveArgs, CurveModel, Peer, MRPC_TRAIN, RUN_OVERHEAD_S_PER_CORE};
 
@@ -167,6 +167,17 @@ pub(crate) fn to_accuracy(args: &CurveArgs, share: f64, deadline: Instant) -> Re
     let heading = heading(args, share);
     let markdown = format!("{heading}\n\n{}", report.markdown());
     println!("\n{markdown}");
+    write_outputs(&args.accuracy_out, &markdown, &report, &runs)
+}
+
+/// `--combine`: the table over earlier invocations' runs, printed and written beside
+/// `args.accuracy_out` (its JSON combines again).
+pub(crate) fn combine(args: &CurveArgs) -> Result<()> {
+    let runs = read_runs(&args.combine)?;
+    let report = Report::of(&runs);
+    let files: Vec<String> = args.combine.iter().map(|f| f.display().to_string()).collect();
+    let markdown = format!("The runs of {} ({} runs):\n\n{}", files.join(", "), runs.len(), report.markdown());
+    println!("{markdown}");
     write_outputs(&args.accuracy_out, &markdown, &report, &runs)
 }
 
@@ -395,6 +406,19 @@ mod tests {
             (Some(4), Some("PyTorch DDP"))
         );
         assert_eq!(json["runs"][1]["tool"], "PyTorch DDP");
+        // A second batch of seeds combines with the first; a run in both is refused by name.
+        let later = [Run { seed: 1, loss: f64::NAN, ..runs[0].clone() }];
+        let second = dir.path().join("runs/later");
+        write_outputs(&second, "", &Report::of(&later), &later).expect("written");
+        let (first, second) = (stem.with_extension("json"), second.with_extension("json"));
+        let combined = read_runs(&[first.clone(), second.clone()]).expect("combined");
+        assert_eq!(combined.len(), 5);
+        assert!(combined[4].loss.is_nan() && combined[4].seed == 1, "a missing loss stays missing");
+        let err = read_runs(&[first.clone(), first.clone()]).expect_err("twice").to_string();
+        assert!(err.contains("ringtune on 1 nodes, seed 0") && err.contains("time-to-accuracy.json"), "{err}");
+        std::fs::write(&second, "[]").expect("written");
+        let err = format!("{:#}", read_runs(&[second]).expect_err("not a table"));
+        assert!(err.contains("later.json: not a table of runs"), "{err}");
     }
 
     #[test]
