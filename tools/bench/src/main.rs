@@ -43,7 +43,7 @@ enum Cmd {
     Cluster(scaling::ClusterArgs),
     /// The 1 / 2 / 4-node scaling curve on emulated nodes with cores of their own, scaled in
     /// time to stand for a real cluster (needs root): a table and a PNG.
-    Curve(curve::CurveArgs),
+    Curve(Box<curve::CurveArgs>),
     /// The inference model in fp32 and int8 side by side (and ONNX Runtime's own
     /// quantize_dynamic, given a Python with onnxruntime): samples/s, batch-1 latency, size.
     Int8(int8::Int8Args),
