@@ -147,6 +147,9 @@ pub(crate) struct Row {
 pub(crate) struct Report {
     pub(crate) rows: Vec<Row>,
     pub(crate) comparisons: Vec<Comparison>,
+    /// The walls are a speed figure (one invocation on the emulated cluster), so the goals on
+    /// them are judged; not for processes sharing this machine's cores, or several invocations.
+    pub(crate) walls_compare: bool,
 }
 
 /// Two groups of runs compared metric by metric: ringtune's one node against more, paired by
@@ -334,7 +337,12 @@ impl Report {
                 .filter(|&n| has(Tool::Ringtune, n) && has(Tool::PytorchDdp, n))
                 .map(|n| Comparison::between_tools(runs, n)),
         );
-        Report { rows, comparisons }
+        Report { rows, comparisons, walls_compare: true }
+    }
+
+    /// The same runs' accuracy alone: their walls are no speed figure (see `walls_compare`).
+    pub(crate) fn accuracy_alone(self) -> Report {
+        Report { walls_compare: false, ..self }
     }
 
     fn row(&self, tool: Tool, nodes: usize) -> Option<&Row> {
@@ -371,7 +379,10 @@ impl Report {
             ));
         }
         out.push('\n');
-        if let Some(one) = self.row(Tool::Ringtune, 1) {
+        if !self.walls_compare {
+            out.push_str("\nThe walls are of processes sharing this machine's cores, or of several invocations: no speed figure.");
+        }
+        if let Some(one) = self.row(Tool::Ringtune, 1).filter(|_| self.walls_compare) {
             for row in self.rows.iter().filter(|r| r.tool == Tool::Ringtune && r.nodes > 1) {
                 let (accuracy, f1) = (100.0 * (row.accuracy - one.accuracy), 100.0 * (row.f1 - one.f1));
                 let shortfalls = [
@@ -388,7 +399,7 @@ impl Report {
                 out.push_str(&format!(" (within {WITHIN_POINTS} points in at most {OF_THE_WALL} of the wall)"));
             }
         }
-        for row in self.rows.iter().filter(|r| r.tool == Tool::Ringtune && r.nodes > 1) {
+        for row in self.rows.iter().filter(|r| r.tool == Tool::Ringtune && r.nodes > 1 && self.walls_compare) {
             let Some(peer) = self.row(Tool::PytorchDdp, row.nodes) else { continue };
             let (accuracy, f1) = (100.0 * (row.accuracy - peer.accuracy), 100.0 * (row.f1 - peer.f1));
             let ratio = row.wall_s / peer.wall_s;
@@ -564,5 +575,10 @@ pub(crate) mod tests {
         }
         let one_seed = Report::of(&[seeded(ours, 1, 0, 0.80), seeded(ours, 4, 0, 0.81)]);
         assert!(one_seed.markdown().contains("| dev accuracy | 0.8000 | 0.8100 | - | - (under two seeds) |"));
+        // On loopback the walls are no speed figure: no goal is judged on them.
+        assert!(table.contains("ringtune's wall") && table.contains("of its wall time"), "{table}");
+        let loopback = report.accuracy_alone().markdown();
+        assert!(!loopback.contains("ringtune's wall") && !loopback.contains("of its wall time"), "{loopback}");
+        assert!(loopback.contains("no speed figure") && loopback.contains("| dev loss |"), "{loopback}");
     }
 }

@@ -163,7 +163,10 @@ pub(crate) fn to_accuracy(args: &CurveArgs, share: f64, deadline: Instant) -> Re
             }
         }
     }
-    let report = Report::of(&runs);
+    let report = match args.loopback {
+        true => Report::of(&runs).accuracy_alone(),
+        false => Report::of(&runs),
+    };
     let heading = heading(args, share);
     let markdown = format!("{heading}\n\n{}", report.markdown());
     println!("\n{markdown}");
@@ -174,7 +177,7 @@ pub(crate) fn to_accuracy(args: &CurveArgs, share: f64, deadline: Instant) -> Re
 /// `args.accuracy_out` (its JSON combines again).
 pub(crate) fn combine(args: &CurveArgs) -> Result<()> {
     let runs = read_runs(&args.combine)?;
-    let report = Report::of(&runs);
+    let report = Report::of(&runs).accuracy_alone();
     let files: Vec<String> = args.combine.iter().map(|f| f.display().to_string()).collect();
     let markdown = format!("The runs of {} ({} runs):\n\n{}", files.join(", "), runs.len(), report.markdown());
     println!("{markdown}");
