@@ -72,11 +72,27 @@ fn estimate_s(args: &CurveArgs, share: f64, bf16: bool) -> f64 {
     total
 }
 
+/// The binaries the runs start are there, or an error that says how to build them.
+fn check_built(args: &CurveArgs) -> Result<()> {
+    for (binary, package) in
+        [(&args.ring_bench, "ringtune-ring-bench"), (&args.ringtune, "ringtune-trainer --bin ringtune")]
+    {
+        if !binary.exists() {
+            bail!(
+                "{}: not built; run `cargo build --release -p {package}` (`just scaling-curve` builds both)",
+                binary.display()
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Measures every point, prints the table and draws the plot.
 pub(crate) fn curve(args: &CurveArgs) -> Result<()> {
     if !args.combine.is_empty() {
         return to_accuracy::combine(args);
     }
+    check_built(args)?;
     let largest = args.nodes.iter().copied().max().context("--nodes is empty")?;
     if args.nodes.contains(&0) {
         bail!("--nodes: a node count is at least 1");
