@@ -186,6 +186,34 @@ mod tests {
     use settings::parse;
 
     #[test]
+    fn a_missing_binary_is_named_with_the_command_that_builds_it() {
+        let dir = tempfile::tempdir().expect("dir");
+        let built = dir.path().join("ringtune");
+        std::fs::write(&built, "").expect("a stand-in");
+        let missing = dir.path().join("ring-bench");
+        let args = parse([
+            "curve",
+            "--ringtune",
+            built.to_str().expect("utf8"),
+            "--ring-bench",
+            missing.to_str().expect("utf8"),
+        ]);
+        let err = check_built(&args).expect_err("missing").to_string();
+        assert!(
+            err.contains("ring-bench: not built") && err.contains("cargo build --release -p ringtune-ring-bench"),
+            "{err}"
+        );
+        let args = parse([
+            "curve",
+            "--ringtune",
+            built.to_str().expect("utf8"),
+            "--ring-bench",
+            built.to_str().expect("utf8"),
+        ]);
+        assert!(check_built(&args).is_ok());
+    }
+
+    #[test]
     fn the_default_curve_is_estimated_to_fit_twenty_minutes_on_two_cores() {
         let args = parse(["curve"]);
         assert_eq!(args.models, [CurveModel::Minilm]);
