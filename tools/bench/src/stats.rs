@@ -24,13 +24,14 @@ impl Interval {
 }
 
 /// The mean of `values` (NaN for none).
-pub(crate) fn mean(values: &[f64]) -> f64 {
-    values.iter().sum::<f64>() / values.len() as f64
+pub(crate) fn mean(values: impl IntoIterator<Item = f64>) -> f64 {
+    let (sum, n) = values.into_iter().fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
+    sum / n as f64
 }
 
 /// The sample variance (n - 1 in the denominator).
 fn variance(values: &[f64]) -> f64 {
-    let m = mean(values);
+    let m = mean(values.iter().copied());
     values.iter().map(|v| (v - m).powi(2)).sum::<f64>() / (values.len() as f64 - 1.0)
 }
 
@@ -42,7 +43,11 @@ pub(crate) fn paired(first: &[f64], second: &[f64]) -> Option<Interval> {
         return None;
     }
     let differences: Vec<f64> = first.iter().zip(second).map(|(a, b)| b - a).collect();
-    Some(Interval::around(mean(&differences), (variance(&differences) / n as f64).sqrt(), n as f64 - 1.0))
+    Some(Interval::around(
+        mean(differences.iter().copied()),
+        (variance(&differences) / n as f64).sqrt(),
+        n as f64 - 1.0,
+    ))
 }
 
 /// `mean(second) - mean(first)` and its 95% interval by Welch's unequal-variance t (degrees
@@ -57,7 +62,11 @@ pub(crate) fn welch(first: &[f64], second: &[f64]) -> Option<Interval> {
     // Both sides without spread: the difference is exact.
     let degrees_of_freedom =
         if s1 + s2 == 0.0 { f64::INFINITY } else { (s1 + s2).powi(2) / (s1 * s1 / (n1 - 1.0) + s2 * s2 / (n2 - 1.0)) };
-    Some(Interval::around(mean(second) - mean(first), standard_error, degrees_of_freedom))
+    Some(Interval::around(
+        mean(second.iter().copied()) - mean(first.iter().copied()),
+        standard_error,
+        degrees_of_freedom,
+    ))
 }
 
 /// The `p` quantile of Student's t with `df` degrees of freedom (`p` in (0.5, 1)), by bisection

@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::stats::{mean as mean_of, paired, welch, Interval};
+use crate::stats::{mean, paired, welch, Interval};
 
 /// How far below one node's mean accuracy and F1 (in points) a node count may end, and the
 /// most of one node's wall it may take: the goal for ringtune's nodes beside its one node.
@@ -192,7 +192,7 @@ impl Comparison {
                 let (first, second): (Vec<f64>, Vec<f64>) = pairs.iter().map(|(a, b)| (value(a), value(b))).unzip();
                 MetricDifference {
                     metric,
-                    means: (mean_of(&first), mean_of(&second)),
+                    means: (mean(first.iter().copied()), mean(second.iter().copied())),
                     difference: paired(&first, &second),
                 }
             })
@@ -216,7 +216,7 @@ impl Comparison {
                 let second: Vec<f64> = of(Tool::Ringtune).map(value).collect();
                 MetricDifference {
                     metric,
-                    means: (mean_of(&first), mean_of(&second)),
+                    means: (mean(first.iter().copied()), mean(second.iter().copied())),
                     difference: welch(&first, &second),
                 }
             })
@@ -266,15 +266,6 @@ impl Comparison {
     }
 }
 
-fn mean(values: impl Iterator<Item = f64>) -> f64 {
-    let (sum, n) = values.fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
-    if n == 0 {
-        f64::NAN
-    } else {
-        sum / n as f64
-    }
-}
-
 impl Report {
     pub(crate) fn of(runs: &[Run]) -> Report {
         let mut keys: Vec<(Tool, usize)> = Vec::new();
@@ -301,7 +292,7 @@ impl Report {
                     .copied()
                     .collect::<Option<Vec<f64>>>()
                     .filter(|times| !times.is_empty() && !one.is_empty())
-                    .map(|times| one_wall / mean(times.into_iter()));
+                    .map(|times| one_wall / mean(times));
                 let wall_s = mean(of.iter().map(|r| r.wall_s));
                 Row {
                     tool,

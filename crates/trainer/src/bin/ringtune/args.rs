@@ -309,6 +309,17 @@ pub(crate) struct ClusterArgs {
     pub(crate) powersgd_whole_fp32: Option<bool>,
 }
 
+impl ClusterArgs {
+    /// The first flag given that sets how PowerSGD compresses (beside its rank), for refusing
+    /// it where nothing is compressed.
+    pub(crate) fn powersgd_setting_given(&self) -> Option<&'static str> {
+        [self.powersgd_start.map(|_| "--powersgd-start"), self.powersgd_whole_fp32.map(|_| "--powersgd-whole-fp32")]
+            .into_iter()
+            .flatten()
+            .next()
+    }
+}
+
 /// `--wire`'s values.
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum WireFormat {

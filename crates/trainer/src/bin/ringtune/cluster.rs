@@ -161,10 +161,8 @@ pub(crate) fn sync_mode(args: &ClusterArgs, powersgd_rank: Option<usize>, seed: 
 /// Refuses PowerSGD's flags where they change nothing in the run's final `mode`: every float
 /// sent, or fp32 asked for what already goes in fp32.
 pub(crate) fn check_powersgd_flags(args: &ClusterArgs, mode: &SyncMode) -> Result<()> {
-    let given =
-        [args.powersgd_start.map(|_| "--powersgd-start"), args.powersgd_whole_fp32.map(|_| "--powersgd-whole-fp32")];
     match mode.low_rank {
-        None => match given.into_iter().flatten().next() {
+        None => match args.powersgd_setting_given() {
             Some(flag) => bail!(
                 "{flag} sets how PowerSGD compresses, and this run sends every float (--powersgd-rank 0, or a sharded optimizer): drop it, or give --powersgd-rank"
             ),

@@ -133,12 +133,8 @@ fn train(args: &TrainArgs) -> Result<()> {
         if args.cluster.join {
             bail!("--join takes a node into a running job of several: give it the job's world and rank");
         }
-        let powersgd = [
-            args.cluster.powersgd_rank.filter(|&rank| rank > 0).map(|_| "--powersgd-rank"),
-            args.cluster.powersgd_start.map(|_| "--powersgd-start"),
-            args.cluster.powersgd_whole_fp32.map(|_| "--powersgd-whole-fp32"),
-        ];
-        if let Some(flag) = powersgd.into_iter().flatten().next() {
+        let rank_given = args.cluster.powersgd_rank.filter(|&rank| rank > 0).map(|_| "--powersgd-rank");
+        if let Some(flag) = rank_given.or_else(|| args.cluster.powersgd_setting_given()) {
             bail!(
                 "{flag} sets what nodes send each other, and one node sends nothing: drop it, or give the run a world"
             );
